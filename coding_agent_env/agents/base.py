@@ -1,0 +1,57 @@
+"""The agent contract.
+
+An agent gets an `AgentContext` (the request, the open sandbox, where the instruction file is and where its
+log goes) and returns its exit code. The pipeline owns the deadline: it cancels `run()` when the agent's time
+is up, and `run()` must leave no process behind when it returns or is cancelled. `run_in_sandbox` gives every
+agent that guarantee: spawn -> wait -> kill the whole tree in `finally`.
+
+`AgentError` means the agent could not be run at all (infrastructure); a non-zero exit code is the agent's
+own outcome.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from coding_agent_env.models import RolloutRequest
+from coding_agent_env.sandbox.base import Sandbox
+from coding_agent_env.settings import Settings
+
+__all__ = ["Agent", "AgentContext", "run_in_sandbox"]
+
+
+@dataclass(frozen=True)
+class AgentContext:
+    request: RolloutRequest
+    sandbox: Sandbox
+    settings: Settings
+    instruction_path: str
+    """Sandbox path of a file holding the instruction verbatim."""
+    agent_dir: str
+    """Sandbox directory private to the agent's bookkeeping (scripts, configs)."""
+    log_path: str
+    """Sandbox path where the agent's stdout and stderr go; its tail lands in the result."""
+
+
+class Agent(abc.ABC):
+    name: ClassVar[str]
+    needs_llm: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    async def run(self, ctx: AgentContext) -> int:
+        """Run to completion and return the exit code. Cancellation must kill everything started."""
+
+
+async def run_in_sandbox(
+    ctx: AgentContext, argv: Sequence[str], *, env: Mapping[str, str] | None = None
+) -> int:
+    """Spawn argv in the workdir with output to the agent log, wait, and always kill the whole tree."""
+    process = await ctx.sandbox.spawn(argv, env=env, cwd=ctx.sandbox.paths.workdir, log_path=ctx.log_path)
+    try:
+        return await process.wait()
+    finally:
+        await asyncio.shield(process.kill())

@@ -1,0 +1,34 @@
+"""Agents by name, imported lazily. A name the models accept but this server cannot run is refused with
+`UnknownAgentError` before anything starts."""
+
+from __future__ import annotations
+
+import importlib
+
+from coding_agent_env.agents.base import Agent
+from coding_agent_env.errors import UnknownAgentError
+from coding_agent_env.models import AGENT_NAMES
+
+__all__ = ["AGENTS", "available_agents", "get_agent"]
+
+AGENTS: dict[str, str] = {
+    "oracle": "coding_agent_env.agents.oracle:OracleAgent",
+    "nop": "coding_agent_env.agents.oracle:NopAgent",
+}
+"""name -> import path of the agent class."""
+
+
+def available_agents() -> list[str]:
+    return list(AGENTS)
+
+
+def get_agent(name: str) -> Agent:
+    target = AGENTS.get(name)
+    if target is None:
+        known = ", ".join(AGENTS)
+        if name in AGENT_NAMES:
+            raise UnknownAgentError(f"agent {name!r} is not available on this server (available: {known})")
+        raise UnknownAgentError(f"unknown agent {name!r} (available: {known})")
+    module_name, _, attr = target.partition(":")
+    agent_cls: type[Agent] = getattr(importlib.import_module(module_name), attr)
+    return agent_cls()

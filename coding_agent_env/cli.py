@@ -1,0 +1,120 @@
+"""The `coding-agent-env` command.
+
+    coding-agent-env rollout TASK [--json]     run one rollout locally (TASK: JSON/YAML file, or - for stdin)
+    coding-agent-env check                     report which sandbox backends and agents can run here
+
+Invalid input ends with a one-line message on stderr and exit code 2; a rollout that ran exits 0 whatever
+its reward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from coding_agent_env.agents.registry import available_agents
+from coding_agent_env.errors import CodingAgentEnvError, InvalidTaskError
+from coding_agent_env.models import RolloutRequest, RolloutResult
+from coding_agent_env.rollout import run_rollout
+from coding_agent_env.sandbox.registry import get_backend
+from coding_agent_env.settings import Settings
+
+__all__ = ["main"]
+
+EXIT_USAGE = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="coding-agent-env", description="Environment server for coding agents.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    rollout = commands.add_parser("rollout", help="run one rollout locally and print its result")
+    rollout.add_argument("task", help="a JSON or YAML file with RolloutRequest fields, or - for stdin")
+    rollout.add_argument("--json", action="store_true", help="print the full RolloutResult as JSON")
+    rollout.add_argument("--agent", help="override the task's agent")
+    commands.add_parser("check", help="report which sandbox backends and agents can run here")
+    return parser
+
+
+def load_task(source: str) -> RolloutRequest:
+    """Parse a task file (or stdin for `-`) into a request; InvalidTaskError with a one-line reason."""
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidTaskError(f"cannot read task {source!r}: {getattr(exc, 'strerror', None) or exc}") from exc
+    try:
+        data: Any = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidTaskError(f"task {source!r} is not valid JSON or YAML: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(data, dict):
+        raise InvalidTaskError(f"task {source!r} must be a mapping of RolloutRequest fields")
+    try:
+        return RolloutRequest.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "task"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise InvalidTaskError(f"invalid task {source!r}: {where}: {first['msg']}{more}") from exc
+
+
+def summary(result: RolloutResult) -> str:
+    reward = "null" if result.reward is None else f"{result.reward:.3f}"
+    lines = [
+        f"rollout {result.rollout_id}  agent={result.agent}  sandbox={result.sandbox} ({result.isolation})",
+        f"status={result.status.value}  reward={reward}  agent_exit_code={result.agent_exit_code}",
+    ]
+    for title, results in (("setup", result.setup_results), ("verify", result.verify_results)):
+        for cmd in results:
+            mark = "ok " if cmd.ok else ("TIMEOUT" if cmd.timed_out else f"exit {cmd.exit_code}")
+            lines.append(f"  {title:6} [{mark}] {cmd.cmd[:100]}  ({cmd.duration_s:.2f}s)")
+    if result.reward_note:
+        lines.append(f"note: {result.reward_note}")
+    if result.error:
+        lines.append(f"error: {result.error.type} in {result.error.stage}: {result.error.message}")
+    lines.append(f"files: {len(result.files)} collected, {len(result.files_omitted)} omitted; total {result.timings.total_s:.2f}s")
+    return "\n".join(lines)
+
+
+def _cmd_rollout(args: argparse.Namespace) -> int:
+    request = load_task(args.task)
+    if args.agent:
+        request = RolloutRequest.model_validate({**request.model_dump(), "agent": args.agent, "api_key": request.api_key})
+    result = asyncio.run(run_rollout(request, settings=Settings.from_env()))
+    print(result.model_dump_json(indent=2) if args.json else summary(result))
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    report: dict[str, Any] = {"backends": {}, "agents": available_agents()}
+    for name in settings.sandbox_backends:
+        try:
+            status = get_backend(name, settings).check()
+            report["backends"][name] = {"available": status.available, "isolation": status.isolation, "detail": status.detail}
+        except CodingAgentEnvError as exc:
+            report["backends"][name] = {"available": False, "detail": str(exc)}
+    print(json.dumps(report, indent=2))
+    return 0 if all(b["available"] for b in report["backends"].values()) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handlers = {"rollout": _cmd_rollout, "check": _cmd_check}
+    try:
+        return handlers[args.command](args)
+    except CodingAgentEnvError as exc:
+        print(f"coding-agent-env: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValidationError as exc:
+        print(f"coding-agent-env: {exc.errors()[0]['msg']}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Typed errors, named after the boundary they cross.
+
+    CodingAgentEnvError
+    ├── SettingsError            operator configuration is invalid
+    ├── RequestError             the caller asked for something this server will not do
+    │   ├── UnknownAgentError        agent not registered here
+    │   ├── UnknownBackendError      sandbox backend not enabled here
+    │   └── InvalidTaskError         a task file could not be read or parsed
+    ├── SandboxError             the sandbox boundary (provision, exec, files, close)
+    │   ├── SandboxUnavailableError  a backend's engine or SDK is missing
+    │   │   └── MissingExtraError        the backend's Python extra is not installed
+    │   ├── SandboxClosedError       used after close
+    │   └── SandboxFileError         a file operation failed or left the sandbox
+    │       └── SandboxFileNotFoundError
+    └── AgentError               the agent boundary (start, run)
+
+Protocol-plane errors (`RequestError`) are raised to the caller; everything that goes wrong while a rollout
+runs is reported as data in `RolloutResult.error` with the class name as its `type`.
+Messages never contain secrets.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentError",
+    "CodingAgentEnvError",
+    "InvalidTaskError",
+    "MissingExtraError",
+    "RequestError",
+    "SandboxClosedError",
+    "SandboxError",
+    "SandboxFileError",
+    "SandboxFileNotFoundError",
+    "SandboxUnavailableError",
+    "SettingsError",
+    "UnknownAgentError",
+    "UnknownBackendError",
+]
+
+
+class CodingAgentEnvError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class SettingsError(CodingAgentEnvError):
+    """The operator's configuration is invalid."""
+
+
+class RequestError(CodingAgentEnvError):
+    """The caller asked for something this server will not do; nothing was started."""
+
+
+class UnknownAgentError(RequestError):
+    """The requested agent is not registered (or not runnable) on this server."""
+
+
+class UnknownBackendError(RequestError):
+    """The requested sandbox backend is not enabled on this server."""
+
+
+class InvalidTaskError(RequestError):
+    """A task file could not be read or does not describe a valid request."""
+
+
+class SandboxError(CodingAgentEnvError):
+    """A sandbox operation failed (provision, exec, file transfer, close)."""
+
+
+class SandboxUnavailableError(SandboxError):
+    """A backend cannot run here: its engine, binary or credentials are missing."""
+
+
+class MissingExtraError(SandboxUnavailableError):
+    """A backend's optional Python dependency is not installed."""
+
+    def __init__(self, backend: str, extra: str) -> None:
+        super().__init__(f"sandbox backend {backend!r} needs: pip install 'coding-agent-env[{extra}]'")
+        self.backend = backend
+        self.extra = extra
+
+
+class SandboxClosedError(SandboxError):
+    """The sandbox was used after it was closed."""
+
+
+class SandboxFileError(SandboxError):
+    """A file operation failed or would have left the sandbox."""
+
+
+class SandboxFileNotFoundError(SandboxFileError):
+    """The file does not exist in the sandbox."""
+
+
+class AgentError(CodingAgentEnvError):
+    """The agent could not be started or run (not its task outcome: that is the exit code)."""

@@ -1,0 +1,313 @@
+"""Wire models shared by the server, the client and the gate.
+
+`RolloutRequest` is the `run_rollout` tool's argument set; `RolloutResult` is what every rollout returns.
+These models are the lowest layer of the package: they import nothing from it but the wire limits in `settings`.
+
+Request validation here is structural (types, sizes, path shapes). Whether a named agent, backend or
+endpoint is *available* is the server's business and is checked by the pipeline against `Settings`.
+"""
+
+from __future__ import annotations
+
+import math
+import posixpath
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from coding_agent_env.settings import WireLimits
+
+__all__ = [
+    "AGENT_NAMES",
+    "CommandResult",
+    "ErrorInfo",
+    "Mode",
+    "RolloutRequest",
+    "RolloutResult",
+    "RolloutStatus",
+    "Timings",
+    "ToolCall",
+    "Turn",
+    "TurnMessage",
+    "Usage",
+]
+
+AGENT_NAMES: tuple[str, ...] = ("opencode", "pi", "terminus", "oracle", "nop")
+"""Agents a request may name. Which of them this server can run is decided by the agent registry."""
+
+
+class RolloutStatus(str, Enum):
+    """How a rollout ended. Only `completed`, `agent_failed` and `agent_timeout` carry a reward."""
+
+    COMPLETED = "completed"
+    AGENT_FAILED = "agent_failed"
+    AGENT_TIMEOUT = "agent_timeout"
+    SETUP_FAILED = "setup_failed"
+    INFRA_ERROR = "infra_error"
+    CANCELLED = "cancelled"
+
+
+class Mode(str, Enum):
+    """How LLM calls are handled: `transparent_proxy` also asks the upstream for logprobs and token ids."""
+
+    BLACK_BOX = "black_box"
+    TRANSPARENT_PROXY = "transparent_proxy"
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _check_relative_path(path: str) -> str:
+    """Normalise a workdir-relative path; refuse absolute paths, `..`, NUL and empty names."""
+    if not path or "\x00" in path:
+        raise ValueError("file path must be a non-empty string without NUL bytes")
+    if len(path.encode()) > WireLimits.MAX_PATH_BYTES:
+        raise ValueError(f"file path longer than {WireLimits.MAX_PATH_BYTES} bytes")
+    if path.startswith("/") or path.startswith("\\"):
+        raise ValueError(f"file path {path!r} is absolute; paths are relative to the workdir")
+    parts = path.replace("\\", "/").split("/")
+    if ".." in parts:
+        raise ValueError(f"file path {path!r} contains '..'")
+    normal = posixpath.normpath("/".join(parts))
+    if normal in (".", ""):
+        raise ValueError(f"file path {path!r} names the workdir itself")
+    return normal
+
+
+class RolloutRequest(_Wire):
+    """One episode: a task (instruction, files, setup, verify), an agent, an endpoint and a sandbox."""
+
+    instruction: str = Field(
+        min_length=1,
+        max_length=WireLimits.MAX_INSTRUCTION_CHARS,
+        description="The task given to the agent, verbatim. It reaches the agent through a file, never argv.",
+    )
+    setup: list[str] = Field(
+        default_factory=list,
+        max_length=WireLimits.MAX_COMMANDS,
+        description="Shell commands run in order in the workdir before the agent; the first failure stops "
+        "the rollout with status setup_failed and reward null.",
+    )
+    verify: list[str] = Field(
+        default_factory=list,
+        max_length=WireLimits.MAX_COMMANDS,
+        description="Shell commands run after the agent's process tree is dead. Reward: a number in [0,1] "
+        "written to $REWARD_FILE, else the fraction of verify commands that exit 0.",
+    )
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="Text files written into the workdir before setup: relative path -> content.",
+    )
+    solution: list[str] = Field(
+        default_factory=list,
+        max_length=WireLimits.MAX_COMMANDS,
+        description="Reference solution commands, run by the 'oracle' agent in place of an LLM agent.",
+    )
+    agent: Literal["opencode", "pi", "terminus", "oracle", "nop"] = Field(
+        default="opencode",
+        description="Agent to run: opencode, pi, terminus (LLM agents), oracle (runs `solution`) or nop.",
+    )
+    endpoint: str | None = Field(
+        default=None,
+        max_length=WireLimits.MAX_NAME_CHARS,
+        description="Name of an LLM endpoint in the server's catalog (openai, vllm, hf_router, ...); "
+        "alternative to base_url + api_key + model.",
+    )
+    base_url: str | None = Field(
+        default=None,
+        max_length=WireLimits.MAX_URL_CHARS,
+        description="OpenAI-compatible base URL. A caller-supplied base_url requires a caller-supplied api_key.",
+    )
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="API key for base_url. Never enters the sandbox, the logs or the result.",
+    )
+    model: str | None = Field(default=None, max_length=WireLimits.MAX_NAME_CHARS, description="Model id, e.g. Qwen/Qwen3-4B.")
+    mode: Mode = Field(
+        default=Mode.BLACK_BOX,
+        description="black_box records turns; transparent_proxy also asks the upstream for logprobs and token ids.",
+    )
+    sandbox: str | None = Field(
+        default=None,
+        max_length=WireLimits.MAX_NAME_CHARS,
+        description="Sandbox backend, one of those the server enabled; default: the server's default backend.",
+    )
+    image: str | None = Field(
+        default=None,
+        max_length=WireLimits.MAX_NAME_CHARS,
+        description="Container image or template for backends that use one; ignored by the local backend.",
+    )
+    agent_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        le=WireLimits.MAX_AGENT_TIMEOUT_S,
+        description="Deadline for the agent; at the deadline its whole process tree is killed (agent_timeout).",
+    )
+    command_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        le=WireLimits.MAX_COMMAND_TIMEOUT_S,
+        description="Deadline for each setup and verify command.",
+    )
+    max_tokens_cap: int | None = Field(
+        default=None, gt=0, description="Upper bound applied to max_tokens of every LLM call the agent makes."
+    )
+    disable_thinking: bool = Field(default=False, description="Ask the upstream to disable reasoning output.")
+    top_logprobs: int = Field(
+        default=0, ge=0, le=20, description="Logprobs per token to request in transparent_proxy mode."
+    )
+    task_id: str | None = Field(
+        default=None, max_length=WireLimits.MAX_NAME_CHARS, description="Caller's id for the task, echoed in the result."
+    )
+
+    @field_validator("files")
+    @classmethod
+    def _files_confined(cls, files: dict[str, str]) -> dict[str, str]:
+        if len(files) > WireLimits.MAX_FILES:
+            raise ValueError(f"at most {WireLimits.MAX_FILES} files")
+        total = 0
+        out: dict[str, str] = {}
+        for path, text in files.items():
+            normal = _check_relative_path(path)
+            if normal in out:
+                raise ValueError(f"file path {path!r} given twice")
+            total += len(text.encode("utf-8", "surrogatepass"))
+            out[normal] = text
+        if total > WireLimits.MAX_FILES_BYTES:
+            raise ValueError(f"files total more than {WireLimits.MAX_FILES_BYTES} bytes")
+        return out
+
+    @field_validator("setup", "verify", "solution")
+    @classmethod
+    def _commands_bounded(cls, commands: list[str]) -> list[str]:
+        for cmd in commands:
+            if not cmd.strip():
+                raise ValueError("commands must not be empty")
+            if len(cmd) > WireLimits.MAX_COMMAND_CHARS:
+                raise ValueError(f"command longer than {WireLimits.MAX_COMMAND_CHARS} characters")
+            if "\x00" in cmd:
+                raise ValueError("commands must not contain NUL bytes")
+        return commands
+
+    @field_validator("instruction")
+    @classmethod
+    def _instruction_not_blank(cls, instruction: str) -> str:
+        if not instruction.strip():
+            raise ValueError("instruction must not be blank")
+        return instruction
+
+    @model_validator(mode="after")
+    def _endpoint_consistent(self) -> RolloutRequest:
+        if self.endpoint is not None and self.base_url is not None:
+            raise ValueError("give either endpoint or base_url, not both")
+        if self.base_url is not None and self.api_key is None:
+            raise ValueError("a caller-supplied base_url requires a caller-supplied api_key")
+        return self
+
+
+class CommandResult(_Wire):
+    """A command that really ran: its exit code and output (each capped, UTF-8 with replacement)."""
+
+    cmd: str
+    exit_code: int | None = Field(description="Exit code; negative for a signal; null if it never started.")
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: float = 0.0
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+class ToolCall(_Wire):
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+class TurnMessage(_Wire):
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+
+
+class Usage(_Wire):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+
+
+class Turn(_Wire):
+    """One LLM call the agent made, as the relay saw it."""
+
+    index: int
+    model: str | None = None
+    message: TurnMessage = Field(default_factory=TurnMessage)
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    latency_s: float = 0.0
+    upstream_status: int | None = None
+    error: str | None = None
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+
+
+class Timings(_Wire):
+    """Seconds spent in each phase; a phase that did not run stays 0."""
+
+    provision_s: float = 0.0
+    setup_s: float = 0.0
+    agent_s: float = 0.0
+    verify_s: float = 0.0
+    collect_s: float = 0.0
+    teardown_s: float = 0.0
+    total_s: float = 0.0
+
+
+class ErrorInfo(_Wire):
+    """What went wrong, typed: `type` is an error class name, `stage` the pipeline stage."""
+
+    type: str
+    stage: str
+    message: str
+
+
+class RolloutResult(_Wire):
+    """The outcome of one rollout. Never contains a secret."""
+
+    rollout_id: str
+    task_id: str | None = None
+    agent: str
+    sandbox: str
+    sandbox_id: str | None = None
+    isolation: str | None = Field(default=None, description="Isolation really in effect: bwrap, docker, none, ...")
+    status: RolloutStatus
+    reward: float | None = Field(default=None, description="In [0,1]; null when the episode is invalid.")
+    reward_note: str | None = Field(
+        default=None, description="Why the reward is what it is when not obvious (e.g. a reward file was ignored)."
+    )
+    agent_exit_code: int | None = None
+    setup_results: list[CommandResult] = Field(default_factory=list)
+    verify_results: list[CommandResult] = Field(default_factory=list)
+    files: dict[str, str] = Field(default_factory=dict)
+    files_omitted: list[str] = Field(default_factory=list)
+    turns: list[Turn] = Field(default_factory=list)
+    timings: Timings = Field(default_factory=Timings)
+    agent_log_tail: str = ""
+    error: ErrorInfo | None = None
+
+    @field_validator("reward")
+    @classmethod
+    def _reward_in_range(cls, reward: float | None) -> float | None:
+        if reward is not None and not (math.isfinite(reward) and 0.0 <= reward <= 1.0):
+            raise ValueError("reward must be a finite number in [0, 1]")
+        return reward
+
+
+def request_fields_schema() -> dict[str, Any]:
+    """JSON schema of the request's fields (the `run_rollout` tool's input schema)."""
+    return RolloutRequest.model_json_schema()

@@ -1,0 +1,1 @@
+"""Verification and scoring: one reward path, computed in the environment."""

@@ -1,0 +1,310 @@
+"""run_rollout: RolloutRequest in, RolloutResult out.
+
+    provision -> files -> setup -> agent -> verify -> score -> collect -> teardown
+
+Each stage runs under its own deadline inside the rollout's deadline (their sum, see `budget`). What goes wrong
+during a rollout is reported in the result (`status` + `error`), never raised; only a request this server will
+not run at all raises `RequestError` before anything starts. Teardown always runs, shielded from cancellation,
+and is bounded by its own deadline.
+
+Cancellation: cancelling the task running `run_rollout` tears the sandbox down and re-raises. Setting the
+optional `cancel` event instead ends the rollout early with status `cancelled` and returns the partial result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from coding_agent_env.agents.base import Agent, AgentContext
+from coding_agent_env.agents.registry import get_agent
+from coding_agent_env.errors import AgentError, CodingAgentEnvError, SandboxError
+from coding_agent_env.models import CommandResult, ErrorInfo, RolloutRequest, RolloutResult, RolloutStatus, Timings
+from coding_agent_env.reward.score import score
+from coding_agent_env.reward.verify import run_command, run_verify
+from coding_agent_env.rollout import events as ev
+from coding_agent_env.rollout.budget import Budget
+from coding_agent_env.rollout.collect import collect_files
+from coding_agent_env.rollout.redact import Redactor
+from coding_agent_env.sandbox.base import Sandbox, SandboxSpec
+from coding_agent_env.sandbox.registry import get_backend, resolve_backend_name
+from coding_agent_env.settings import Settings
+
+__all__ = ["run_rollout"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_INFRA_ERRORS = (SandboxError, AgentError, OSError)
+"""Failures of our machinery (not of the task or the agent): the episode is invalid, reward null."""
+
+
+class _StageFailed(Exception):
+    """Ends the pipeline early; the status and error are already recorded."""
+
+
+async def run_rollout(
+    request: RolloutRequest,
+    *,
+    settings: Settings | None = None,
+    emit: ev.Emit | None = None,
+    cancel: asyncio.Event | None = None,
+) -> RolloutResult:
+    """Run one rollout end to end. Raises `RequestError` only for a request that cannot start."""
+    settings = settings or Settings.from_env()
+    agent = get_agent(request.agent)
+    backend_name = resolve_backend_name(request.sandbox, settings)
+    rollout = _Rollout(request, settings, agent, backend_name, emit)
+    if cancel is None:
+        return await rollout.execute()
+    return await _until_cancelled(rollout, cancel)
+
+
+async def _until_cancelled(rollout: _Rollout, cancel: asyncio.Event) -> RolloutResult:
+    task = asyncio.ensure_future(rollout.execute())
+    waiter = asyncio.ensure_future(cancel.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        if not task.done():
+            rollout.cancelled_by_request = True
+            task.cancel()
+            await asyncio.wait({task})
+    if task.cancelled():
+        return rollout.result()
+    return task.result()
+
+
+class _Rollout:
+    """The mutable state of one rollout; `result()` renders it at any point."""
+
+    def __init__(
+        self, request: RolloutRequest, settings: Settings, agent: Agent, backend: str, emit: ev.Emit | None
+    ) -> None:
+        self.request = request
+        self.settings = settings
+        self.agent = agent
+        self.backend = backend
+        self.rollout_id = uuid.uuid4().hex
+        self.budget = Budget.for_request(request, settings)
+        self._emit = emit
+        self.redact = Redactor([request.api_key.get_secret_value() if request.api_key else None])
+        self.sandbox: Sandbox | None = None
+        self.status = RolloutStatus.COMPLETED
+        self.error: ErrorInfo | None = None
+        self.reward: float | None = None
+        self.reward_note: str | None = None
+        self.agent_exit_code: int | None = None
+        self.agent_log_tail = ""
+        self.setup_results: list[CommandResult] = []
+        self.verify_results: list[CommandResult] = []
+        self.files: dict[str, str] = {}
+        self.files_omitted: list[str] = []
+        self.timings: dict[str, float] = {}
+        self.cancelled_by_request = False
+
+    # -- driving ---------------------------------------------------------------------------------------
+
+    async def execute(self) -> RolloutResult:
+        started = time.monotonic()
+        self.emit(ev.RolloutStarted(rollout_id=self.rollout_id, agent=self.agent.name, sandbox=self.backend))
+        try:
+            async with asyncio.timeout(self.budget.total_s - self.budget.teardown_s):
+                await self._stages()
+        except _StageFailed:
+            pass
+        except TimeoutError:
+            self.fail(RolloutStatus.INFRA_ERROR, "rollout", "RolloutTimeout", "the rollout's deadline passed")
+        except asyncio.CancelledError:
+            self.status, self.reward = RolloutStatus.CANCELLED, None
+            self.error = ErrorInfo(type="Cancelled", stage="rollout", message="the rollout was cancelled")
+            raise
+        finally:
+            await _shielded(self._teardown())
+            self.timings["total"] = time.monotonic() - started
+            self.emit(ev.RolloutFinished(rollout_id=self.rollout_id, status=self.status, reward=self.reward))
+        return self.result()
+
+    async def _stages(self) -> None:
+        await self.stage("provision", self.budget.provision_s, self._provision)
+        await self.stage("setup", self.budget.setup_s, self._setup)
+        await self.stage("agent", self.budget.agent_s, self._agent)
+        await self.stage("verify", self.budget.verify_s, self._verify)
+        await self.stage("collect", self.budget.collect_s, self._collect)
+
+    async def stage(self, phase: ev.Phase, budget_s: float, body: Callable[[], Awaitable[None]]) -> None:
+        """Run one stage under its deadline; infrastructure failures end the rollout as infra_error."""
+        self.emit(ev.PhaseStarted(rollout_id=self.rollout_id, phase=phase))
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(budget_s):
+                await body()
+        except TimeoutError:
+            self.fail(RolloutStatus.INFRA_ERROR, phase, "StageTimeout", f"the {phase} stage passed its deadline")
+            raise _StageFailed from None
+        except _INFRA_ERRORS as exc:
+            self.fail(RolloutStatus.INFRA_ERROR, phase, type(exc).__name__, str(exc))
+            raise _StageFailed from exc
+        finally:
+            self.timings[phase] = time.monotonic() - started
+            self.emit(ev.PhaseFinished(rollout_id=self.rollout_id, phase=phase, duration_s=self.timings[phase]))
+
+    def fail(self, status: RolloutStatus, stage: str, kind: str, message: str) -> None:
+        self.status, self.reward = status, None
+        self.error = ErrorInfo(type=kind, stage=stage, message=self.redact.text(message))
+
+    def emit(self, event: ev.RolloutEvent) -> None:
+        if self._emit is None:
+            return
+        try:
+            self._emit(event)
+        except Exception:
+            # A broken progress listener (a closed UI, say) must not change the rollout's outcome.
+            log.exception("rollout %s: emit callback failed", self.rollout_id)
+
+    # -- stages ----------------------------------------------------------------------------------------
+
+    async def _provision(self) -> None:
+        backend = get_backend(self.backend, self.settings)
+        self.sandbox = await backend.create(SandboxSpec(rollout_id=self.rollout_id, image=self.request.image))
+        self.emit(ev.Provisioned(rollout_id=self.rollout_id, sandbox_id=self.sandbox.id, isolation=self.sandbox.isolation))
+        for path, text in self.request.files.items():
+            await self.sandbox.write_text(path, text)
+
+    async def _setup(self) -> None:
+        sandbox = self._open_sandbox()
+        for index, cmd in enumerate(self.request.setup):
+            result = await run_command(
+                sandbox,
+                cmd,
+                timeout=self.request.command_timeout_s,
+                max_output_bytes=self.settings.max_output_bytes,
+                fresh=False,
+            )
+            self.setup_results.append(result)
+            self.emit(ev.CommandFinished(rollout_id=self.rollout_id, phase="setup", index=index, result=result))
+            if not result.ok:
+                why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
+                self.fail(RolloutStatus.SETUP_FAILED, "setup", "SetupCommandFailed", f"setup command {index} {why}")
+                raise _StageFailed
+
+    async def _agent(self) -> None:
+        sandbox = self._open_sandbox()
+        agent_dir = f"{sandbox.paths.logs}/agent"
+        ctx = AgentContext(
+            request=self.request,
+            sandbox=sandbox,
+            settings=self.settings,
+            instruction_path=f"{agent_dir}/instruction.md",
+            agent_dir=agent_dir,
+            log_path=f"{agent_dir}/agent.log",
+        )
+        await sandbox.write_text(ctx.instruction_path, self.request.instruction)
+        timed_out = False
+        try:
+            async with asyncio.timeout(self.request.agent_timeout_s):
+                self.agent_exit_code = await self.agent.run(ctx)
+        except TimeoutError:
+            timed_out = True
+            self.status = RolloutStatus.AGENT_TIMEOUT
+        else:
+            if self.agent_exit_code != 0:
+                self.status = RolloutStatus.AGENT_FAILED
+        finally:
+            await self._read_agent_log(ctx.log_path)
+        self.emit(ev.AgentFinished(rollout_id=self.rollout_id, exit_code=self.agent_exit_code, timed_out=timed_out))
+
+    async def _read_agent_log(self, path: str) -> None:
+        sandbox = self._open_sandbox()
+        try:
+            self.agent_log_tail = await sandbox.read_text(path, max_bytes=self.settings.agent_log_tail_bytes, tail=True)
+        except SandboxError:
+            self.agent_log_tail = ""
+
+    async def _verify(self) -> None:
+        def record(index: int, result: CommandResult) -> None:
+            self.verify_results.append(result)
+            self.emit(ev.CommandFinished(rollout_id=self.rollout_id, phase="verify", index=index, result=result))
+
+        outcome = await run_verify(
+            self._open_sandbox(),
+            self.request.verify,
+            timeout=self.request.command_timeout_s,
+            max_output_bytes=self.settings.max_output_bytes,
+            on_result=record,
+        )
+        scored = score(outcome.results, outcome.reward_text)
+        self.reward = scored.reward
+        self.reward_note = outcome.reward_problem or scored.note
+
+    async def _collect(self) -> None:
+        collected = await collect_files(self._open_sandbox(), self.settings)
+        self.files, self.files_omitted = collected.files, collected.omitted
+
+    async def _teardown(self) -> None:
+        if self.sandbox is None:
+            return
+        self.emit(ev.PhaseStarted(rollout_id=self.rollout_id, phase="teardown"))
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self.budget.teardown_s):
+                await self.sandbox.close()
+        except (TimeoutError, CodingAgentEnvError, OSError) as exc:
+            log.error("rollout %s: teardown of sandbox %s failed: %r", self.rollout_id, self.sandbox.id, exc)
+            if self.error is None:
+                self.error = ErrorInfo(type=type(exc).__name__, stage="teardown", message=self.redact.text(str(exc)))
+        finally:
+            self.timings["teardown"] = time.monotonic() - started
+            self.emit(ev.PhaseFinished(rollout_id=self.rollout_id, phase="teardown", duration_s=self.timings["teardown"]))
+
+    def _open_sandbox(self) -> Sandbox:
+        assert self.sandbox is not None, "stage ran before provision"
+        return self.sandbox
+
+    # -- result ----------------------------------------------------------------------------------------
+
+    def result(self) -> RolloutResult:
+        if self.cancelled_by_request:
+            self.status, self.reward = RolloutStatus.CANCELLED, None
+            self.error = ErrorInfo(type="Cancelled", stage="rollout", message="the rollout was cancelled")
+        timings = Timings(**{f"{phase}_s": round(seconds, 6) for phase, seconds in self.timings.items()})
+        raw = RolloutResult(
+            rollout_id=self.rollout_id,
+            task_id=self.request.task_id,
+            agent=self.agent.name,
+            sandbox=self.backend,
+            sandbox_id=self.sandbox.id if self.sandbox else None,
+            isolation=self.sandbox.isolation if self.sandbox else None,
+            status=self.status,
+            reward=self.reward,
+            reward_note=self.reward_note,
+            agent_exit_code=self.agent_exit_code,
+            setup_results=self.setup_results,
+            verify_results=self.verify_results,
+            files=self.files,
+            files_omitted=self.files_omitted,
+            timings=timings,
+            agent_log_tail=self.agent_log_tail,
+            error=self.error,
+        )
+        return RolloutResult.model_validate(self.redact.deep(raw.model_dump(mode="json")))
+
+
+async def _shielded(coro: Awaitable[T]) -> T:
+    """Await `coro` to the end even if we are cancelled meanwhile; re-raise the cancellation after."""
+    task = asyncio.ensure_future(coro)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return task.result()

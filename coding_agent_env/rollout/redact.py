@@ -1,0 +1,35 @@
+"""Remove known secret values from every text that leaves the server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["REDACTED", "Redactor"]
+
+REDACTED = "[REDACTED]"
+_MIN_SECRET_CHARS = 4
+"""Shorter values would redact ordinary text; no real key is this short."""
+
+
+class Redactor:
+    def __init__(self, secrets: Iterable[str | None]) -> None:
+        self._secrets = sorted({s for s in secrets if s and len(s) >= _MIN_SECRET_CHARS}, key=len, reverse=True)
+
+    def text(self, value: str) -> str:
+        for secret in self._secrets:
+            if secret in value:
+                value = value.replace(secret, REDACTED)
+        return value
+
+    def deep(self, value: Any) -> Any:
+        """Redact every string inside JSON-like data (dicts, lists, strings)."""
+        if not self._secrets:
+            return value
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, dict):
+            return {self.deep(k): self.deep(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.deep(v) for v in value]
+        return value

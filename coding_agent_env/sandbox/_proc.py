@@ -1,0 +1,174 @@
+"""Host subprocesses with bounded output, a deadline and whole-group kill (used by the local backend).
+
+Every process is started in a new session, so `os.killpg(pid)` reaches everything it forked that stayed in
+its group; under bubblewrap the group leader's death also takes down the sandbox's PID namespace
+(`--die-with-parent`), so nothing inside survives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from coding_agent_env.sandbox.base import ExecResult, Process
+
+__all__ = ["HostCredentials", "HostProcess", "kill_all_of_uid", "kill_group", "run_capped", "start"]
+
+_CHUNK = 64 * 1024
+_DRAIN_GRACE_S = 2.0
+"""After the group is killed, how long to wait for pipes held open by an escaped process."""
+
+
+@dataclass(frozen=True)
+class HostCredentials:
+    """The host uid/gid a sandbox's processes run as; None keeps the server's own."""
+
+    uid: int | None = None
+    gid: int | None = None
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group led by `pid`; a group that is already gone is fine."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+async def start(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | None,
+    creds: HostCredentials,
+    stdout: int,
+    stderr: int,
+) -> asyncio.subprocess.Process:
+    extra: dict[str, object] = {}
+    if creds.uid is not None:
+        extra = {"user": creds.uid, "group": creds.gid, "extra_groups": []}
+    return await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=stderr,
+        env=dict(env),
+        cwd=cwd,
+        start_new_session=True,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+class _Sink:
+    """Keeps the first `cap` bytes of a stream and counts the rest (memory stays bounded)."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.kept = bytearray()
+        self.dropped = 0
+
+    async def drain(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(_CHUNK):
+            room = max(self.cap - len(self.kept), 0)
+            self.kept += chunk[:room]
+            self.dropped += len(chunk) - min(room, len(chunk))
+
+
+async def run_capped(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | None,
+    creds: HostCredentials,
+    timeout: float,
+    max_output_bytes: int,
+    track: set[int],
+) -> ExecResult:
+    """Run to completion or to `timeout`, then kill the group. Cancellation kills the group too.
+    The group id is in `track` while the command runs, so its owner can kill it from outside."""
+    started = time.monotonic()
+    proc = await start(
+        argv, env=env, cwd=cwd, creds=creds, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    track.add(proc.pid)
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = _Sink(max_output_bytes), _Sink(max_output_bytes)
+    readers = asyncio.gather(out.drain(proc.stdout), err.drain(proc.stderr))
+    timed_out = False
+    try:
+        try:
+            async with asyncio.timeout(timeout):
+                await proc.wait()
+        except TimeoutError:
+            timed_out = True
+        # What the command left running in its group goes now, so it cannot hold our pipes open.
+        kill_group(proc.pid)
+        await proc.wait()
+        try:
+            async with asyncio.timeout(_DRAIN_GRACE_S):
+                await readers
+        except TimeoutError:
+            pass  # an escaped process still holds a pipe: keep what was read, stop reading
+    except BaseException:
+        kill_group(proc.pid)
+        await asyncio.shield(proc.wait())
+        raise
+    finally:
+        readers.cancel()
+        track.discard(proc.pid)
+    return ExecResult(
+        exit_code=proc.returncode,
+        stdout=bytes(out.kept),
+        stderr=bytes(err.kept),
+        duration_s=time.monotonic() - started,
+        timed_out=timed_out,
+        stdout_dropped=out.dropped,
+        stderr_dropped=err.dropped,
+    )
+
+
+class HostProcess(Process):
+    """A background host process; `kill()` SIGKILLs its whole group and reaps it."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, track: set[int]) -> None:
+        self._proc = proc
+        self._track = track
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode
+
+    async def wait(self) -> int:
+        code = await self._proc.wait()
+        # The leader is gone; whatever it left in its group goes with it.
+        kill_group(self._proc.pid)
+        self._track.discard(self._proc.pid)
+        return code
+
+    async def kill(self) -> None:
+        kill_group(self._proc.pid)
+        await asyncio.shield(self._proc.wait())
+        self._track.discard(self._proc.pid)
+
+
+async def kill_all_of_uid(creds: HostCredentials) -> None:
+    """SIGKILL every process of the sandbox's own host uid (`kill(-1)` run as that uid)."""
+    if creds.uid is None:
+        return
+    proc = await start(
+        ["kill", "-s", "KILL", "--", "-1"],
+        env={"PATH": "/usr/bin:/bin"},
+        cwd="/",
+        creds=creds,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    await asyncio.shield(proc.wait())

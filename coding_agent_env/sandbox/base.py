@@ -1,0 +1,240 @@
+"""The async sandbox contract every backend implements.
+
+A `Sandbox` is one rollout's isolated place to run commands. Paths given to it are *sandbox paths*: a
+relative path is relative to `paths.workdir`; an absolute path must lie under one of the sandbox's writable
+roots (`paths.workdir`, `paths.home`, `paths.tmp`, `paths.logs`). File operations never follow a symlink out
+of those roots.
+
+Environments are never inherited from the server: a command sees `base_env()` plus what the caller passes.
+
+Lifecycle: created open by its backend's `create()`; `close()` kills every process it started and removes
+everything it made; `close()` is idempotent and safe after cancellation. Any use after close raises
+`SandboxClosedError`.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from coding_agent_env.errors import SandboxClosedError
+
+__all__ = [
+    "BackendStatus",
+    "ExecResult",
+    "FileEntry",
+    "Process",
+    "Sandbox",
+    "SandboxBackend",
+    "SandboxPaths",
+    "SandboxSpec",
+    "SandboxState",
+]
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What a rollout asks of its sandbox. Backends ignore what they cannot use and report it."""
+
+    rollout_id: str
+    image: str | None = None
+    network: Literal["none", "llm", "host"] = "none"
+
+
+@dataclass(frozen=True)
+class SandboxPaths:
+    """Directories as commands inside the sandbox see them."""
+
+    workdir: str
+    home: str
+    tmp: str
+    logs: str
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """A finished command. Output beyond the cap was drained and dropped; `*_dropped` counts those bytes."""
+
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    duration_s: float
+    timed_out: bool = False
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One entry of a directory listing; `path` is relative to the listed directory."""
+
+    path: str
+    kind: Literal["file", "dir", "symlink", "other"]
+    size: int
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """Whether a backend can run here, and with what isolation."""
+
+    name: str
+    available: bool
+    isolation: str | None
+    detail: str = ""
+    limits: Mapping[str, int] = field(default_factory=dict)
+
+
+class SandboxState(enum.Enum):
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class Process(abc.ABC):
+    """A background process started by `Sandbox.spawn`; its whole process tree is killed by `kill()`."""
+
+    @property
+    @abc.abstractmethod
+    def returncode(self) -> int | None:
+        """Exit code once it has exited (negative for a signal), else None."""
+
+    @abc.abstractmethod
+    async def wait(self) -> int:
+        """Wait for the process to exit and return its exit code. Cancel the caller to stop waiting."""
+
+    @abc.abstractmethod
+    async def kill(self) -> None:
+        """Kill the whole process tree and reap it. Idempotent; safe when it already exited."""
+
+
+class Sandbox(abc.ABC):
+    """One rollout's sandbox. See the module docstring for the path, env and lifecycle contract."""
+
+    backend: str
+    """Registry name of the backend that made it."""
+
+    id: str
+    """Backend-specific identifier (a directory name, a container id, ...)."""
+
+    isolation: str
+    """Isolation really in effect: `bwrap`, `docker`, `none`, ..."""
+
+    paths: SandboxPaths
+    shell: str = "/bin/bash"
+    """Shell used to run the task's command strings (`shell -c CMD`)."""
+
+    def __init__(self) -> None:
+        self._state = SandboxState.OPEN
+
+    @property
+    def closed(self) -> bool:
+        return self._state is SandboxState.CLOSED
+
+    def _check_open(self) -> None:
+        if self._state is SandboxState.CLOSED:
+            raise SandboxClosedError(f"sandbox {self.id} is closed")
+
+    def base_env(self) -> dict[str, str]:
+        """The environment every command starts from (nothing of the server's own)."""
+        return {
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": self.paths.home,
+            "TMPDIR": self.paths.tmp,
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "USER": "sandbox",
+            "LOGNAME": "sandbox",
+            "PYTHONNOUSERSITE": "1",
+        }
+
+    @abc.abstractmethod
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        fresh: bool = False,
+        max_output_bytes: int,
+    ) -> ExecResult:
+        """Run argv to completion (no shell is added). At `timeout` seconds the whole tree is killed and
+        `timed_out` is set. `env` is added to `base_env()`; `cwd` defaults to the workdir. With `fresh`, the
+        command gets an empty private HOME and /tmp that no earlier command could have written."""
+
+    @abc.abstractmethod
+    async def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        log_path: str | None = None,
+    ) -> Process:
+        """Start argv in the background, its stdout and stderr appended to `log_path` (a sandbox path) or
+        discarded. The caller owns the returned process and must `kill()` it; `close()` kills it too."""
+
+    @abc.abstractmethod
+    async def read_bytes(self, path: str, *, max_bytes: int | None = None, tail: bool = False) -> bytes:
+        """Read a file; `SandboxFileNotFoundError` if missing. With `max_bytes`, at most that many bytes:
+        the first ones, or the last ones with `tail`."""
+
+    @abc.abstractmethod
+    async def write_bytes(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        """Write a file, creating parent directories; a symlink at `path` is replaced, never followed."""
+
+    @abc.abstractmethod
+    async def mkdir(self, path: str) -> None:
+        """Create a directory and its parents, owned by the sandbox user; existing is fine."""
+
+    @abc.abstractmethod
+    async def remove(self, path: str) -> None:
+        """Remove a file, symlink or directory tree, never following symlinks; missing is fine."""
+
+    @abc.abstractmethod
+    async def list_files(self, path: str, *, max_entries: int) -> tuple[list[FileEntry], bool]:
+        """List a directory tree without following symlinks, sorted, at most `max_entries` entries.
+        Returns the entries and whether the listing was cut short."""
+
+    @abc.abstractmethod
+    async def _close(self) -> None:
+        """Backend teardown; called at most once."""
+
+    async def read_text(self, path: str, *, max_bytes: int | None = None, tail: bool = False) -> str:
+        return (await self.read_bytes(path, max_bytes=max_bytes, tail=tail)).decode("utf-8", "replace")
+
+    async def write_text(self, path: str, text: str, *, mode: int = 0o644) -> None:
+        await self.write_bytes(path, text.encode("utf-8", "surrogateescape"), mode=mode)
+
+    async def close(self) -> None:
+        """Kill everything and remove everything. Idempotent."""
+        if self._state is SandboxState.CLOSED:
+            return
+        self._state = SandboxState.CLOSED
+        await self._close()
+
+    async def __aenter__(self) -> Sandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class SandboxBackend(abc.ABC):
+    """Makes sandboxes of one kind. One instance per server process, built lazily by the registry."""
+
+    name: str
+
+    @abc.abstractmethod
+    def check(self) -> BackendStatus:
+        """Report whether this backend can run here (engine, binary, credentials) without side effects."""
+
+    @abc.abstractmethod
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        """Provision a sandbox; raises `SandboxError` (or a subclass) when it cannot."""
+
+    async def reap_orphans(self) -> int:
+        """Remove sandboxes left behind by a crashed server; returns how many. Default: none to reap."""
+        return 0

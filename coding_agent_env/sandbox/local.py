@@ -1,0 +1,386 @@
+"""The local backend: each command in its own bubblewrap sandbox over a per-rollout host directory.
+
+A sandbox is a host directory `STATE_DIR/<server pid>-<rollout>-<random>/` with `work`, `home`, `tmp` and
+`logs`, bound inside bubblewrap at `/workspace`, `/home/sandbox`, `/tmp` and `/logs`. Every `exec`/`spawn`
+is a fresh `bwrap --unshare-all --die-with-parent --new-session` (no network, own PID namespace, all
+capabilities dropped, uid 1000 inside) over read-only system directories, with rlimits set inside by
+`prlimit`. Killing a command's bwrap kills its whole PID namespace, so no descendant survives.
+
+When the server runs as root, each sandbox also gets its own host uid from a pool: its processes are not
+root anywhere, the process limit is really enforced (root is exempt from RLIMIT_NPROC), and sandboxes
+cannot read one another's files.
+
+Where bubblewrap cannot create namespaces (e.g. in an unprivileged container), commands run as plain
+subprocesses in the host directory and `isolation` says `none`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from coding_agent_env.errors import SandboxError, SandboxUnavailableError
+from coding_agent_env.sandbox import _proc
+from coding_agent_env.sandbox._hostfs import HostMounts, remove_tree
+from coding_agent_env.sandbox.base import (
+    BackendStatus,
+    ExecResult,
+    FileEntry,
+    Process,
+    Sandbox,
+    SandboxBackend,
+    SandboxPaths,
+    SandboxSpec,
+)
+from coding_agent_env.settings import Settings
+
+__all__ = ["LocalBackend", "LocalSandbox"]
+
+log = logging.getLogger(__name__)
+
+_INNER_UID = 1000
+_PROBE_TIMEOUT_S = 10.0
+_BWRAP_PATHS = SandboxPaths(workdir="/workspace", home="/home/sandbox", tmp="/tmp", logs="/logs")
+_SUBDIRS = {"workdir": "work", "home": "home", "tmp": "tmp", "logs": "logs"}
+
+
+@dataclass(frozen=True)
+class _Isolation:
+    """The probe's verdict: bwrap argv prefix when bubblewrap works here, else None."""
+
+    bwrap: str | None
+    system_args: tuple[str, ...]
+    detail: str
+
+
+def _system_args() -> tuple[str, ...]:
+    """Read-only system directories, mirroring the host's merged-/usr symlinks."""
+    args = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    return tuple(args)
+
+
+class _UidPool:
+    """Host uids for sandboxes when running as root; one per live sandbox."""
+
+    def __init__(self, base: int, count: int) -> None:
+        self._free = list(range(base + count - 1, base - 1, -1))
+        self._lock = threading.Lock()
+
+    def take(self) -> int:
+        with self._lock:
+            if not self._free:
+                raise SandboxError("no free sandbox uid: too many local sandboxes alive")
+            return self._free.pop()
+
+    def give(self, uid: int) -> None:
+        with self._lock:
+            self._free.append(uid)
+
+
+class LocalBackend(SandboxBackend):
+    """Makes `LocalSandbox`es. Probes bubblewrap once, on first use."""
+
+    name = "local"
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._isolation: _Isolation | None = None
+        self._probe_lock = threading.Lock()
+        self._as_root = os.geteuid() == 0
+        self._reaped = False
+        self._uids = _UidPool(settings.sandbox_uid_base, settings.sandbox_uid_count) if self._as_root else None
+
+    def _probe(self) -> _Isolation:
+        with self._probe_lock:
+            if self._isolation is None:
+                self._isolation = self._run_probe()
+                log.info("local sandbox isolation: %s", self._isolation.detail)
+            return self._isolation
+
+    def _run_probe(self) -> _Isolation:
+        system = _system_args()
+        bwrap = self._settings.bwrap_path or shutil.which("bwrap")
+        if bwrap is None:
+            return _Isolation(None, system, "bubblewrap not found: commands run unisolated")
+        argv = [bwrap, *_namespace_args("none"), *system, "--", "true"]
+        creds = self._probe_creds()
+        try:
+            done = subprocess.run(
+                argv, capture_output=True, timeout=_PROBE_TIMEOUT_S, env={}, check=False, **creds
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return _Isolation(None, system, f"bubblewrap unusable ({exc}): commands run unisolated")
+        if done.returncode != 0:
+            why = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
+            return _Isolation(None, system, f"bubblewrap unusable ({why[0]}): commands run unisolated")
+        return _Isolation(bwrap, system, f"bubblewrap at {bwrap}")
+
+    def _probe_creds(self) -> dict[str, object]:
+        if not self._as_root:
+            return {}
+        uid = self._settings.sandbox_uid_base
+        return {"user": uid, "group": uid, "extra_groups": []}
+
+    def check(self) -> BackendStatus:
+        iso = self._probe()
+        return BackendStatus(
+            name=self.name,
+            available=True,
+            isolation="bwrap" if iso.bwrap else "none",
+            detail=iso.detail,
+            limits=_limits(self._settings, with_nproc=iso.bwrap is not None or self._as_root),
+        )
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        iso = await asyncio.to_thread(self._probe)
+        if not self._reaped:
+            self._reaped = True
+            reaped = await self.reap_orphans()
+            if reaped:
+                log.warning("removed %d sandbox directories left by a crashed server", reaped)
+        if spec.network != "none":
+            raise SandboxUnavailableError(f"network policy {spec.network!r} is not available on the local backend")
+        uid = self._uids.take() if self._uids is not None else None
+        try:
+            root = self._make_root(spec.rollout_id, uid)
+        except BaseException:
+            if uid is not None and self._uids is not None:
+                self._uids.give(uid)
+            raise
+        return LocalSandbox(self._settings, iso, root, uid, release=self._release)
+
+    def _release(self, uid: int | None) -> None:
+        if uid is not None and self._uids is not None:
+            self._uids.give(uid)
+
+    def _make_root(self, rollout_id: str, uid: int | None) -> Path:
+        state = self._settings.state_dir
+        state.mkdir(parents=True, exist_ok=True)
+        os.chmod(state, 0o711)  # sandbox uids must traverse to their own (0700) root
+        safe = "".join(c for c in rollout_id if c.isalnum())[:12] or "rollout"
+        root = state / f"{os.getpid()}-{safe}-{secrets.token_hex(4)}"
+        try:
+            root.mkdir(mode=0o700)
+            for sub in _SUBDIRS.values():
+                (root / sub).mkdir(mode=0o755)
+                if uid is not None:
+                    os.chown(root / sub, uid, uid)
+            if uid is not None:
+                os.chown(root, uid, uid)
+        except OSError as exc:
+            remove_tree(root)
+            raise SandboxError(f"cannot create sandbox directory: {exc.strerror}") from exc
+        return root
+
+    async def reap_orphans(self) -> int:
+        """Remove sandbox directories whose server process is gone."""
+        return await asyncio.to_thread(_reap, self._settings.state_dir)
+
+
+def _reap(state: Path) -> int:
+    if not state.is_dir():
+        return 0
+    reaped = 0
+    for entry in state.iterdir():
+        pid_text = entry.name.split("-", 1)[0]
+        if not pid_text.isdigit() or _alive(int(pid_text)):
+            continue
+        remove_tree(entry)
+        reaped += 1
+    return reaped
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _namespace_args(network: str) -> list[str]:
+    args = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    args += ["--unshare-user", "--uid", str(_INNER_UID), "--gid", str(_INNER_UID)]
+    if network == "host":
+        args.append("--share-net")
+    return args
+
+
+def _limits(settings: Settings, *, with_nproc: bool) -> dict[str, int]:
+    limits = {
+        "data": settings.sandbox_memory_mb * 1024 * 1024,
+        "fsize": settings.sandbox_max_file_mb * 1024 * 1024,
+        "cpu": settings.sandbox_cpu_s,
+    }
+    if with_nproc:
+        limits["nproc"] = settings.sandbox_max_processes
+    return limits
+
+
+class LocalSandbox(Sandbox):
+    """See the module docstring. Built only by `LocalBackend.create`."""
+
+    backend = "local"
+
+    def __init__(
+        self,
+        settings: Settings,
+        isolation: _Isolation,
+        root: Path,
+        uid: int | None,
+        release: Callable[[int | None], None],
+    ) -> None:
+        super().__init__()
+        self._settings = settings
+        self._iso = isolation
+        self._root = root
+        self._uid = uid
+        self._release = release
+        self._creds = _proc.HostCredentials(uid, uid)
+        self._groups: set[int] = set()
+        self.id = root.name
+        self.isolation = "bwrap" if isolation.bwrap else "none"
+        hosts = {key: root / sub for key, sub in _SUBDIRS.items()}
+        if isolation.bwrap:
+            self.paths = _BWRAP_PATHS
+        else:
+            self.paths = SandboxPaths(**{key: str(path) for key, path in hosts.items()})
+        self._mounts = HostMounts(
+            {getattr(self.paths, key): hosts[key] for key in _SUBDIRS},
+            self.paths.workdir,
+            (uid, uid) if uid is not None else None,
+        )
+        nproc = isolation.bwrap is not None or uid is not None
+        limits = _limits(settings, with_nproc=nproc)
+        self._prlimit = ("prlimit", *(f"--{name}={value}" for name, value in limits.items()), "--")
+
+    def _command(self, argv: Sequence[str], cwd: str, fresh: bool) -> tuple[list[str], str | None]:
+        """Full host argv and host cwd for a command."""
+        if not self._iso.bwrap:
+            return [*self._prlimit, *argv], str(self._mounts.host_path(cwd))
+        binds: list[str] = ["--bind", str(self._root / "work"), self.paths.workdir]
+        binds += ["--bind", str(self._root / "logs"), self.paths.logs]
+        if fresh:
+            binds += ["--tmpfs", self.paths.home, "--tmpfs", self.paths.tmp]
+        else:
+            binds += ["--bind", str(self._root / "home"), self.paths.home]
+            binds += ["--bind", str(self._root / "tmp"), self.paths.tmp]
+        head = [self._iso.bwrap, *_namespace_args("none"), *self._iso.system_args, *binds, "--chdir", cwd]
+        return [*head, "--", *self._prlimit, *argv], None
+
+    def _env(self, env: Mapping[str, str] | None, fresh_dir: Path | None) -> dict[str, str]:
+        full = self.base_env()
+        if fresh_dir is not None:
+            full["HOME"] = full["TMPDIR"] = str(fresh_dir)
+        if env:
+            full.update(env)
+        return full
+
+    def _fresh_dir(self) -> Path:
+        """Unisolated mode's stand-in for fresh tmpfs HOME and /tmp."""
+        path = self._root / f"fresh-{secrets.token_hex(6)}"
+        path.mkdir(mode=0o700)
+        if self._uid is not None:
+            os.chown(path, self._uid, self._uid)
+        return path
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        fresh: bool = False,
+        max_output_bytes: int,
+    ) -> ExecResult:
+        self._check_open()
+        fresh_dir = self._fresh_dir() if fresh and not self._iso.bwrap else None
+        try:
+            full, host_cwd = self._command(argv, cwd or self.paths.workdir, fresh)
+            return await _proc.run_capped(
+                full,
+                env=self._env(env, fresh_dir),
+                cwd=host_cwd,
+                creds=self._creds,
+                timeout=timeout,
+                max_output_bytes=max_output_bytes,
+                track=self._groups,
+            )
+        except OSError as exc:
+            raise SandboxError(f"cannot start command: {exc.strerror}") from exc
+        finally:
+            if fresh_dir is not None:
+                remove_tree(fresh_dir)
+
+    async def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        log_path: str | None = None,
+    ) -> Process:
+        self._check_open()
+        full, host_cwd = self._command(argv, cwd or self.paths.workdir, fresh=False)
+        out = self._open_log(log_path) if log_path else os.open(os.devnull, os.O_WRONLY)
+        try:
+            proc = await _proc.start(
+                full, env=self._env(env, None), cwd=host_cwd, creds=self._creds, stdout=out, stderr=out
+            )
+        except OSError as exc:
+            raise SandboxError(f"cannot start process: {exc.strerror}") from exc
+        finally:
+            os.close(out)
+        self._groups.add(proc.pid)
+        return _proc.HostProcess(proc, self._groups)
+
+    def _open_log(self, log_path: str) -> int:
+        self._mounts.write(log_path, b"", 0o644)
+        host = self._mounts.host_path(log_path)
+        return os.open(host, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+    async def read_bytes(self, path: str, *, max_bytes: int | None = None, tail: bool = False) -> bytes:
+        self._check_open()
+        return self._mounts.read(path, max_bytes, tail)
+
+    async def mkdir(self, path: str) -> None:
+        self._check_open()
+        self._mounts.mkdir(path)
+
+    async def write_bytes(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        self._check_open()
+        self._mounts.write(path, data, mode)
+
+    async def remove(self, path: str) -> None:
+        self._check_open()
+        self._mounts.remove(path)
+
+    async def list_files(self, path: str, *, max_entries: int) -> tuple[list[FileEntry], bool]:
+        self._check_open()
+        return await asyncio.to_thread(self._mounts.list, path, max_entries)
+
+    async def _close(self) -> None:
+        for pgid in list(self._groups):
+            _proc.kill_group(pgid)
+        if self._uid is not None and not self._iso.bwrap:
+            # Unisolated processes may have left their group (setsid): end everything of this uid.
+            await _proc.kill_all_of_uid(self._creds)
+        await asyncio.to_thread(remove_tree, self._root)
+        self._release(self._uid)
