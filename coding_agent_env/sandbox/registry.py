@@ -21,7 +21,7 @@ BACKENDS: dict[str, tuple[str, str | None]] = {
 }
 """name -> (import path of the backend class, the pip extra its SDK comes with)."""
 
-_instances: dict[tuple[str, Settings], SandboxBackend] = {}
+_instances: dict[tuple[str, str], SandboxBackend] = {}
 _lock = threading.Lock()
 
 
@@ -39,7 +39,7 @@ def resolve_backend_name(requested: str | None, settings: Settings) -> str:
 def get_backend(name: str, settings: Settings) -> SandboxBackend:
     """The backend instance for `name` under `settings`, imported and built on first use."""
     name = resolve_backend_name(name, settings)
-    key = (name, settings)
+    key = (name, settings.model_dump_json())  # equal settings share one backend instance
     with _lock:
         backend = _instances.get(key)
         if backend is None:

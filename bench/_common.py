@@ -1,0 +1,50 @@
+"""Shared bits of the benchmarks: percentiles, a throwaway state dir, and raw bwrap argv for references."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from coding_agent_env.settings import Settings
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def describe(name: str, samples: list[float]) -> str:
+    ms = [s * 1000 for s in samples]
+    return f"{name:34} p50 {pct(ms, 0.5):7.2f} ms   p99 {pct(ms, 0.99):7.2f} ms   mean {statistics.mean(ms):7.2f} ms"
+
+
+@contextmanager
+def bench_settings() -> Iterator[Settings]:
+    state = Path(tempfile.mkdtemp(prefix="cae-bench-"))
+    os.chmod(state, 0o711)
+    try:
+        yield Settings(state_dir=state, sandbox_uid_base=500_000)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def raw_bwrap_argv(bwrap: str, workdir: str) -> list[str]:
+    """What one would type by hand for a comparable sandbox: same namespaces and binds, no bookkeeping."""
+    args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--unshare-user", "--uid", "1000", "--gid", "1000", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+    for top in ("/bin", "/sbin", "/lib", "/lib64"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", workdir, "/workspace", "--chdir", "/workspace", "--"]
+    return args
+
+
+def which_bwrap() -> str:
+    found = shutil.which("bwrap")
+    assert found, "bench needs bubblewrap on PATH"
+    return found

@@ -1,0 +1,183 @@
+"""The sandbox contract, run against every backend available here (the local one for now).
+
+Real sandboxes: bubblewrap when it works on this machine, else the unisolated fallback (then the isolation
+tests are skipped with the reason).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from coding_agent_env.errors import SandboxClosedError, SandboxFileError, SandboxFileNotFoundError
+from coding_agent_env.sandbox import Sandbox, SandboxSpec, get_backend
+from coding_agent_env.settings import Settings
+from tests.helpers import sandbox_processes
+
+OUT = 64 * 1024
+BACKENDS = ["local"]
+
+
+@pytest.fixture(params=BACKENDS)
+async def sandbox(request: pytest.FixtureRequest, settings: Settings, assert_no_leftovers: None) -> AsyncIterator[Sandbox]:
+    backend = get_backend(request.param, settings.model_copy(update={"sandbox_backends": tuple(BACKENDS)}))
+    box = await backend.create(SandboxSpec(rollout_id="contract"))
+    try:
+        yield box
+    finally:
+        await box.close()
+
+
+def isolated(box: Sandbox) -> None:
+    if box.isolation == "none":
+        pytest.skip("no isolation on this machine (bubblewrap cannot create namespaces)")
+
+
+async def sh(box: Sandbox, script: str, timeout: float = 20, **kw: object) -> tuple[int | None, str, str]:
+    done = await box.exec([box.shell, "-c", script], timeout=timeout, max_output_bytes=OUT, **kw)  # type: ignore[arg-type]
+    return done.exit_code, done.stdout.decode(), done.stderr.decode()
+
+
+async def test_exec_output_exit_code_env_cwd(sandbox: Sandbox) -> None:
+    await sandbox.mkdir("sub/dir")
+    code, out, err = await sh(sandbox, 'echo "$GREETING"; pwd; echo oops >&2; exit 7', env={"GREETING": "hi there"}, cwd=f"{sandbox.paths.workdir}/sub/dir")
+    assert (code, out, err) == (7, f"hi there\n{sandbox.paths.workdir}/sub/dir\n", "oops\n")
+
+
+async def test_exec_env_is_not_the_servers(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SERVER_SECRET", "sk-must-not-leak")
+    _, out, _ = await sh(sandbox, "env")
+    assert "sk-must-not-leak" not in out
+    assert f"HOME={sandbox.paths.home}" in out
+
+
+async def test_timeout_kills_the_whole_tree(sandbox: Sandbox, settings: Settings) -> None:
+    script = "(trap '' TERM; sleep 300) & (setsid sleep 301 &) ; sleep 302"
+    done = await sandbox.exec([sandbox.shell, "-c", script], timeout=0.5, max_output_bytes=OUT)
+    assert done.timed_out and done.exit_code is not None and done.exit_code < 0
+    if sandbox.isolation != "none":
+        assert not [p for p in sandbox_processes(settings) if "sleep 30" in p]
+
+
+async def test_files_bytes_text_parents_and_special_names(sandbox: Sandbox) -> None:
+    name = "dir with space/ünï'cödé \"$(x)\"; `y`.txt"
+    payload = bytes(range(256)) * 10
+    await sandbox.write_bytes(f"a/b/{name}", payload)
+    assert await sandbox.read_bytes(f"a/b/{name}") == payload
+    await sandbox.write_text("t.txt", "line $(touch pwned)\n")
+    code, out, _ = await sh(sandbox, "cat t.txt; ls pwned 2>/dev/null; find a/b -type f")
+    assert out == f"line $(touch pwned)\na/b/{name}\n"
+    assert await sandbox.read_text("t.txt", max_bytes=4) == "line"
+    assert await sandbox.read_text("t.txt", max_bytes=4, tail=True) == "ed)\n"
+
+
+async def test_missing_files_and_escapes(sandbox: Sandbox) -> None:
+    with pytest.raises(SandboxFileNotFoundError):
+        await sandbox.read_bytes("nope.txt")
+    with pytest.raises(SandboxFileError):
+        await sandbox.read_bytes("/etc/passwd")
+    await sh(sandbox, "ln -s /etc/passwd leak; ln -s ../../../../../../etc/passwd leak2")
+    for path in ("leak", "leak2"):
+        with pytest.raises(SandboxFileError):
+            await sandbox.read_bytes(path)
+    await sandbox.write_text("leak", "replaced, not followed")
+    assert await sandbox.read_text("leak") == "replaced, not followed"
+    await sandbox.remove("nope-either")  # missing is fine
+
+
+async def test_list_files_does_not_follow_symlinks(sandbox: Sandbox) -> None:
+    await sandbox.write_text("x/y.txt", "1")
+    await sh(sandbox, "ln -s / root-link")
+    entries, cut = await sandbox.list_files(".", max_entries=100)
+    kinds = {e.path: e.kind for e in entries}
+    assert kinds == {"root-link": "symlink", "x": "dir", "x/y.txt": "file"} and not cut
+
+
+async def test_background_wait_and_kill(sandbox: Sandbox, settings: Settings) -> None:
+    proc = await sandbox.spawn([sandbox.shell, "-c", "echo started; exit 3"], log_path=f"{sandbox.paths.logs}/p.log")
+    assert await proc.wait() == 3
+    assert await sandbox.read_text(f"{sandbox.paths.logs}/p.log") == "started\n"
+    proc = await sandbox.spawn([sandbox.shell, "-c", "(trap '' TERM; sleep 300) & sleep 300"])
+    assert proc.returncode is None
+    await proc.kill()
+    await proc.kill()  # idempotent
+    assert proc.returncode is not None
+    assert not [p for p in sandbox_processes(settings) if "sleep 300" in p]
+
+
+async def test_close_is_idempotent_and_final(sandbox: Sandbox) -> None:
+    await sandbox.close()
+    await sandbox.close()
+    with pytest.raises(SandboxClosedError):
+        await sh(sandbox, "true")
+
+
+async def test_close_during_running_exec(sandbox: Sandbox, settings: Settings) -> None:
+    running = asyncio.ensure_future(sh(sandbox, "sleep 303", timeout=300))
+    await poll(lambda: any("sleep 303" in p for p in sandbox_processes(settings)))
+    await sandbox.close()
+    code, _, _ = await asyncio.wait_for(running, 10)
+    assert code is not None and code != 0
+
+
+async def poll(condition: Callable[[], bool], deadline_s: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    while not condition():
+        assert loop.time() < end, "condition not met before the deadline"
+        await asyncio.sleep(0.01)
+
+
+async def test_concurrent_sandboxes_cannot_see_each_other(sandbox: Sandbox, settings: Settings) -> None:
+    isolated(sandbox)
+    other = await get_backend("local", settings).create(SandboxSpec(rollout_id="other"))
+    try:
+        await other.write_text("secret.txt", "other's")
+        await other.spawn([other.shell, "-c", "sleep 300"])
+        _, out, _ = await sh(sandbox, "ls /workspace; ps -e -o comm=; cat /proc/*/cmdline 2>/dev/null | tr '\\0' ' '")
+        assert "secret.txt" not in out and "sleep" not in out
+        _, out, _ = await sh(sandbox, f"ls {other.paths.workdir}/.. 2>&1; find / -name secret.txt 2>/dev/null")
+        assert "secret.txt" not in out
+    finally:
+        await other.close()
+
+
+async def test_network_none_cannot_reach_host_loopback(sandbox: Sandbox) -> None:
+    isolated(sandbox)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    try:
+        code, out, _ = await sh(sandbox, f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 2); print('connected')\"")
+        assert code != 0 and "connected" not in out
+    finally:
+        listener.close()
+
+
+async def test_memory_hog_is_killed(settings: Settings, state_dir: object) -> None:
+    tight = settings.model_copy(update={"sandbox_memory_mb": 256})
+    box = await get_backend("local", tight).create(SandboxSpec(rollout_id="hog"))
+    try:
+        code, _, err = await sh(box, "python3 -c 'x = bytearray(1024 * 1024 * 1024); print(len(x))'")
+        assert code != 0 and "MemoryError" in err
+    finally:
+        await box.close()
+
+
+async def test_fork_bomb_is_contained(settings: Settings, assert_no_leftovers: None) -> None:
+    tight = settings.model_copy(update={"sandbox_max_processes": 64})
+    box = await get_backend("local", tight).create(SandboxSpec(rollout_id="bomb"))
+    try:
+        if box.isolation == "none" and os.geteuid() != 0:
+            pytest.skip("process limits need bubblewrap or root")
+        done = await box.exec([box.shell, "-c", "bomb() { bomb | bomb & }; bomb; sleep 3; echo survived"], timeout=30, max_output_bytes=OUT)
+        assert done.exit_code is not None and not done.timed_out
+        code, out, _ = await sh(box, "echo still usable")
+        assert out == "still usable\n"
+    finally:
+        await box.close()

@@ -1,0 +1,39 @@
+"""Shared fixtures: isolated settings per test and a check that nothing a test started is left behind."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from coding_agent_env.settings import Settings
+from tests.helpers import leftovers
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    """A sandbox state dir of the test's own. Not under pytest's tmp_path: that is 0700, and sandbox
+    uids must be able to traverse to their roots."""
+    path = Path(tempfile.mkdtemp(prefix="cae-test-"))
+    os.chmod(path, 0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def settings(state_dir: Path) -> Settings:
+    # Suites may run side by side on one machine: each test gets its own sandbox uid range.
+    return Settings(state_dir=state_dir, sandbox_uid_base=300_000 + secrets.randbelow(20_000) * 64, sandbox_uid_count=64)
+
+
+@pytest.fixture
+def assert_no_leftovers(settings: Settings) -> Iterator[None]:
+    """Fails the test if any process, mount or sandbox directory of its settings is left behind."""
+    yield
+    left = leftovers(settings)
+    assert not left, f"left behind: {left}"

@@ -1,0 +1,55 @@
+"""Test helpers that look at the host the way an operator would: /proc and the state dir."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from coding_agent_env.settings import Settings
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def sandbox_processes(settings: Settings) -> list[str]:
+    """Processes that belong to sandboxes of these settings: a command line or cwd under the state dir,
+    or (when running as root) a uid from the settings' sandbox uid pool."""
+    state = str(settings.state_dir)
+    pool = range(settings.sandbox_uid_base, settings.sandbox_uid_base + settings.sandbox_uid_count)
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        cmdline = _read(entry / "cmdline")
+        try:
+            cwd = os.readlink(entry / "cwd")
+            uid = entry.stat().st_uid
+        except OSError:
+            continue
+        if state in cmdline or cwd.startswith(state) or (os.geteuid() == 0 and uid in pool):
+            found.append(f"pid {entry.name} uid {uid}: {cmdline[:120]}")
+    return found
+
+
+def sandbox_mounts(settings: Settings) -> list[str]:
+    state = str(settings.state_dir)
+    return [line for line in _read(Path("/proc/self/mountinfo")).splitlines() if state in line]
+
+
+def sandbox_dirs(settings: Settings) -> list[str]:
+    if not settings.state_dir.exists():
+        return []
+    return sorted(p.name for p in settings.state_dir.iterdir())
+
+
+def leftovers(settings: Settings) -> dict[str, list[str]]:
+    found = {
+        "processes": sandbox_processes(settings),
+        "mounts": sandbox_mounts(settings),
+        "dirs": sandbox_dirs(settings),
+    }
+    return {kind: items for kind, items in found.items() if items}

@@ -1,0 +1,53 @@
+"""`coding-agent-env rollout` and `check` as a user runs them: a real subprocess, real sandbox."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from coding_agent_env.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(*args: str, stdin: str | None = None, settings: Settings) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "STATE_DIR": str(settings.state_dir), "SANDBOX_UID_BASE": str(settings.sandbox_uid_base)}
+    return subprocess.run(
+        [sys.executable, "-m", "coding_agent_env.cli", *args], input=stdin, capture_output=True, text=True, env=env, timeout=120, cwd=ROOT
+    )
+
+
+def test_rollout_summary_and_json(settings: Settings) -> None:
+    done = cli("rollout", "examples/binary_search.yaml", settings=settings)
+    assert done.returncode == 0, done.stderr
+    assert "status=completed  reward=1.000" in done.stdout
+    done = cli("rollout", "-", "--json", stdin='{"instruction": "x", "agent": "nop", "verify": ["false"]}', settings=settings)
+    assert done.returncode == 0 and json.loads(done.stdout)["reward"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("task", "stdin", "message"),
+    [
+        ("missing.yaml", None, "cannot read task"),
+        ("-", "{not: [valid", "not valid JSON or YAML"),
+        ("-", "- a list", "must be a mapping"),
+        ("-", '{"instruction": ""}', "instruction"),
+        ("-", '{"instruction": "x", "agent": "opencode"}', "not available"),
+        ("-", '{"instruction": "x", "files": {"../x": ""}}', "'..'"),
+    ],
+)
+def test_invalid_input_is_one_line_and_exit_2(settings: Settings, task: str, stdin: str | None, message: str) -> None:
+    done = cli("rollout", task, stdin=stdin, settings=settings)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_check_reports_backends_and_agents(settings: Settings) -> None:
+    done = cli("check", settings=settings)
+    report = json.loads(done.stdout)
+    assert done.returncode == 0 and report["backends"]["local"]["available"] and "oracle" in report["agents"]
