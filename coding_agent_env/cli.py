@@ -2,6 +2,7 @@
 
     coding-agent-env rollout TASK [--json]     run one rollout locally (TASK: JSON/YAML file, or - for stdin)
     coding-agent-env check                     report which sandbox backends and agents can run here
+    coding-agent-env serve [ENV_DIR]           serve this environment (or an OpenEnv env dir) over HTTP
 
 Invalid input ends with a one-line message on stderr and exit code 2; a rollout that ran exits 0 whatever
 its reward.
@@ -19,6 +20,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from coding_agent_env import serve
 from coding_agent_env.agents.registry import available_agents
 from coding_agent_env.errors import CodingAgentEnvError, InvalidTaskError
 from coding_agent_env.models import RolloutRequest, RolloutResult
@@ -39,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     rollout.add_argument("--json", action="store_true", help="print the full RolloutResult as JSON")
     rollout.add_argument("--agent", help="override the task's agent")
     commands.add_parser("check", help="report which sandbox backends and agents can run here")
+    serve.add_arguments(commands.add_parser("serve", help="serve this environment, or an OpenEnv env directory"))
     return parser
 
 
@@ -105,7 +108,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"rollout": _cmd_rollout, "check": _cmd_check}
+    handlers = {"rollout": _cmd_rollout, "check": _cmd_check, "serve": serve.serve}
     try:
         return handlers[args.command](args)
     except CodingAgentEnvError as exc:

@@ -8,17 +8,18 @@ environment: each field is read from the upper-cased variable of the same name (
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from coding_agent_env.errors import SettingsError
 
-__all__ = ["Settings", "WireLimits"]
+__all__ = ["LlmEndpoint", "Settings", "WireLimits"]
 
 _MIB = 1024 * 1024
 
@@ -36,6 +37,35 @@ class WireLimits:
     MAX_URL_CHARS: ClassVar[int] = 2048
     MAX_AGENT_TIMEOUT_S: ClassVar[float] = 4 * 3600.0
     MAX_COMMAND_TIMEOUT_S: ClassVar[float] = 3600.0
+
+
+class LlmEndpoint(BaseModel):
+    """One entry of the LLM endpoint catalog: an OpenAI-compatible base URL and what it supports.
+
+    A server-held `api_key` is only ever sent to this entry's `base_url`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    base_url: str
+    """OpenAI-compatible base URL, e.g. `https://api.openai.com/v1`."""
+
+    api_key: SecretStr | None = None
+    """Server-held key for `base_url`; callers may bring their own instead."""
+
+    default_model: str | None = None
+    """Model used when the request names none."""
+
+    needs_key: bool = True
+    """Whether a call without any key (server-held or caller's) is refused before it starts."""
+
+    token_ids: bool = False
+    """The upstream understands vLLM's `return_token_ids` (asked for in transparent_proxy mode)."""
+
+    disable_thinking_body: dict[str, Any] = Field(
+        default_factory=lambda: {"chat_template_kwargs": {"enable_thinking": False}}
+    )
+    """Merged into the request body when a rollout asks for `disable_thinking`."""
 
 
 def _default_state_dir() -> Path:
@@ -100,6 +130,80 @@ class Settings(BaseModel):
 
     max_concurrent_envs: int = 8
     """Sessions (WebSocket, JSON-RPC, MCP, UI) alive at once."""
+
+    session_idle_timeout_s: float = Field(default=300.0, gt=0)
+    """HTTP-created (JSON-RPC) and MCP sessions with no activity for this long are closed and their slot freed."""
+
+    session_reap_interval_s: float = Field(default=5.0, gt=0)
+    """How often the idle reaper looks for idle sessions."""
+
+    host: str = "127.0.0.1"
+    """Interface the server binds; all interfaces (0.0.0.0) is an explicit choice."""
+
+    port: int = Field(default=8000, ge=1, le=65535)
+    """TCP port the server listens on."""
+
+    ws_max_message_bytes: int = 16 * _MIB
+    """Largest WebSocket frame or /mcp request body accepted; a larger frame closes the connection (1009)."""
+
+    max_json_depth: int = 64
+    """Deepest nesting accepted in a WebSocket frame or JSON-RPC body."""
+
+    openai_base_url: str = "https://api.openai.com/v1"
+    openai_api_key: SecretStr | None = None
+    """The `openai` catalog entry (env OPENAI_BASE_URL, OPENAI_API_KEY)."""
+
+    hf_router_base_url: str = "https://router.huggingface.co/v1"
+    hf_token: SecretStr | None = None
+    """The `hf_router` catalog entry (env HF_ROUTER_BASE_URL, HF_TOKEN)."""
+
+    vllm_base_url: str = "http://127.0.0.1:8000/v1"
+    vllm_api_key: SecretStr | None = None
+    vllm_model: str | None = None
+    """The `vllm` catalog entry (env VLLM_BASE_URL, VLLM_API_KEY, VLLM_MODEL); no key needed by default."""
+
+    llm_endpoints: dict[str, LlmEndpoint] = Field(default_factory=dict)
+    """Operator-defined catalog entries by name (env LLM_ENDPOINTS as a JSON object); they may override built-ins."""
+
+    llm_default_endpoint: str | None = None
+    """Catalog entry used when a request names neither `endpoint` nor `base_url`; None: the request must."""
+
+    relay_max_body_bytes: int = 32 * _MIB
+    """Largest request body an agent may send to the relay (413 beyond)."""
+
+    relay_max_response_bytes: int = 64 * _MIB
+    """Largest non-streamed upstream response the relay reads; also caps each streamed SSE event it records."""
+
+    relay_connect_timeout_s: float = 10.0
+    """Deadline for connecting to the upstream."""
+
+    relay_read_timeout_s: float = 600.0
+    """Longest silence allowed while waiting for upstream bytes (headers or the next stream chunk)."""
+
+    relay_max_connections: int = 256
+    """Upstream connections the relay keeps open at once, across all rollouts."""
+
+    relay_max_turns: int = 10_000
+    """LLM calls one rollout may make through the relay (429 beyond)."""
+
+    relay_max_error_chars: int = 2000
+    """Characters of an upstream error body kept in a turn."""
+
+    gate_max_body_bytes: int = 32 * _MIB
+    """Largest request body an agent may send to a gate (413 beyond)."""
+
+    gate_request_timeout_s: float = 900.0
+    """How long a gate call waits for the trainer's answer before it gets 504."""
+
+    @field_validator("llm_endpoints", mode="before")
+    @classmethod
+    def _parse_json(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as exc:
+                raise ValueError(f"not a JSON object: {exc}") from None
+        return value
 
     @field_validator("sandbox_backends", mode="before")
     @classmethod

@@ -1,0 +1,40 @@
+"""Small raw-ASGI helpers shared by the /mcp endpoints."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.types import Message, Receive, Scope, Send
+
+__all__ = ["header", "replay", "send_json"]
+
+
+def header(scope: Scope, name: str) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key.decode("latin-1").lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+def replay(receive: Receive, body: bytes | None) -> Receive:
+    """A `receive` that first yields the already-read body, then defers to the real one."""
+    if body is None:
+        return receive
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
+    body = json.dumps(payload).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,74 @@
+"""`/mcp`: one URL, two dialects, dispatched by the MCP handshake (DESIGN.md "Decisions").
+
+A request that carries an `Mcp-Session-Id` header, or a POST whose body is an `initialize` request, goes to
+the real MCP server (mcp.py). Any other POST is OpenEnv JSON-RPC (jsonrpc.py), answered with status 200
+whatever the outcome. A GET or DELETE without a session header gets 405, as upstream's does. A body larger
+than `ws_max_message_bytes` gets 413.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.types import Receive, Scope, Send
+
+from coding_agent_env.api.jsonrpc import PARSE_ERROR, RpcContext, dispatch
+from coding_agent_env.api.asgi import header, send_json
+from coding_agent_env.api.mcp import SESSION_HEADER, McpEndpoint
+from coding_agent_env.api.wire import loads_bounded, rpc_error
+from coding_agent_env.session import SessionManager
+from coding_agent_env.settings import Settings
+
+__all__ = ["McpDispatcher"]
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class McpDispatcher:
+    """The ASGI app registered at `/mcp`."""
+
+    def __init__(self, manager: SessionManager, mcp: McpEndpoint, settings: Settings) -> None:
+        self.manager = manager
+        self.mcp = mcp
+        self.settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if header(scope, SESSION_HEADER) is not None:
+            await self.mcp.handle(scope, receive, send, None)
+            return
+        if scope["method"] != "POST":
+            await send_json(send, 405, {"detail": "Method Not Allowed"})
+            return
+        try:
+            body = await _read_body(receive, self.settings.ws_max_message_bytes)
+        except _TooLarge:
+            await send_json(send, 413, {"detail": "Request body too large"})
+            return
+        try:
+            message = loads_bounded(body, self.settings.max_json_depth)
+        except ValueError:
+            await send_json(send, 200, rpc_error(None, PARSE_ERROR, "Parse error"))
+            return
+        if isinstance(message, dict) and message.get("method") == "initialize":
+            await self.mcp.handle(scope, receive, send, body)
+            return
+        await send_json(send, 200, await dispatch(message, RpcContext(manager=self.manager)))
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message: dict[str, Any] = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)

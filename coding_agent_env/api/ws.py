@@ -1,0 +1,149 @@
+"""`WS /ws`: OpenEnv's envelope protocol (PROTOCOL.md §2).
+
+One reply per request, strictly in order; `close` gets none. The socket owns a new session, or with
+`?session_id=` attaches to one created over JSON-RPC (detaching leaves it alive unless a close was requested).
+Frames are read concurrently with the processing of earlier ones, so a disconnect during a rollout is seen
+at once: it cancels that rollout (the sandbox is torn down) and frees the session.
+
+Error frames: `{"type":"error","data":{"message","code",...}}`; this module's `_serve_frame` is the one place
+that maps failures to codes. Bad frames leave the connection usable; capacity and attach errors close it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from coding_agent_env.api.jsonrpc import RpcContext, dispatch
+from coding_agent_env.api.step import step
+from coding_agent_env.api.wire import WS_ENVELOPES, loads_bounded, observation_payload
+from coding_agent_env.session import CapacityError, Session, SessionError, SessionKind, SessionManager
+from coding_agent_env.settings import Settings
+
+__all__ = ["serve_ws"]
+
+log = logging.getLogger(__name__)
+
+_CLOSE_NORMAL = 1000
+_CLOSE_TOO_BIG = 1009
+_CLOSE = object()
+"""Processor result for a `close` envelope: leave the loop without a reply."""
+
+
+def error_frame(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "error", "data": {"message": message, "code": code, **extra}}
+
+
+async def serve_ws(websocket: WebSocket, manager: SessionManager, settings: Settings) -> None:
+    """Run one `/ws` connection to its end; the session is closed (or detached) whatever happens."""
+    await websocket.accept()
+    attach_id = websocket.query_params.get("session_id")
+    try:
+        session = manager.attach(attach_id) if attach_id else manager.create(SessionKind.WS)
+    except CapacityError as exc:
+        frame = error_frame("CAPACITY_REACHED", str(exc), active_sessions=exc.active, max_sessions=exc.maximum)
+        await _refuse(websocket, frame)
+        return
+    except SessionError as exc:
+        await _refuse(websocket, error_frame("SESSION_ERROR", str(exc)))
+        return
+    try:
+        await _Connection(websocket, session, manager, settings).run()
+    finally:
+        if attach_id:
+            await manager.detach(session)
+        else:
+            await manager.close(session.id)
+
+
+async def _refuse(websocket: WebSocket, frame: dict[str, Any]) -> None:
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+        await websocket.send_text(json.dumps(frame))
+        await websocket.close(_CLOSE_NORMAL)
+
+
+class _Connection:
+    def __init__(self, websocket: WebSocket, session: Session, manager: SessionManager, settings: Settings) -> None:
+        self.websocket = websocket
+        self.session = session
+        self.settings = settings
+        self.rpc = RpcContext(manager=manager, bound=session)
+        self.inbox: asyncio.Queue[str | None] = asyncio.Queue()
+
+    async def run(self) -> None:
+        """Read and process concurrently; whichever ends first (disconnect, or `close`) ends the other."""
+        reader = asyncio.ensure_future(self._read())
+        processor = asyncio.ensure_future(self._process())
+        try:
+            await asyncio.wait({reader, processor}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (processor, reader):
+                task.cancel()
+            await asyncio.wait({reader, processor})
+        if processor.done() and not processor.cancelled() and processor.exception() is None:
+            with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+                await self.websocket.close(_CLOSE_NORMAL)
+
+    async def _read(self) -> None:
+        while True:
+            message = await self.websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            text = message.get("text")
+            if text is None:
+                text = (message.get("bytes") or b"").decode("utf-8", "replace")
+            if len(text) > self.settings.ws_max_message_bytes:
+                await self.websocket.close(_CLOSE_TOO_BIG)
+                return
+            await self.inbox.put(text)
+
+    async def _process(self) -> None:
+        while True:
+            text = await self.inbox.get()
+            reply = await self._serve_frame(text)
+            if reply is _CLOSE:
+                return
+            await self.websocket.send_text(json.dumps(reply))
+
+    async def _serve_frame(self, text: str) -> Any:
+        try:
+            raw = loads_bounded(text, self.settings.max_json_depth)
+        except ValueError as exc:
+            return error_frame("INVALID_JSON", f"Invalid JSON: {exc}")
+        kind = raw.get("type") if isinstance(raw, dict) else None
+        model = WS_ENVELOPES.get(kind) if isinstance(kind, str) else None
+        if model is None:
+            return error_frame("UNKNOWN_TYPE", f"Unknown message type: {_describe(kind)}")
+        try:
+            message = model.model_validate(raw)
+            return await self._handle(kind, message)
+        except ValidationError as exc:
+            errors = json.loads(exc.json(include_input=False, include_url=False))
+            return error_frame("VALIDATION_ERROR", "Invalid message", errors=errors)
+        except Exception as exc:  # the one except-site: a bug must not kill the connection
+            log.exception("ws session %s: %s failed", self.session.id, kind)
+            return error_frame("EXECUTION_ERROR", f"{type(exc).__name__}: {exc}")
+
+    async def _handle(self, kind: str, message: Any) -> Any:
+        if kind == "close":
+            return _CLOSE
+        if kind == "state":
+            return {"type": "state", "data": self.session.snapshot()}
+        if kind == "reset":
+            episode_id = message.data.get("episode_id")
+            self.session.reset(None if episode_id is None else str(episode_id))
+            return {"type": "observation", "data": {"observation": {}, "reward": None, "done": False}}
+        if kind == "mcp":
+            return {"type": "mcp", "data": await dispatch(message.data, self.rpc)}
+        observation = await step(self.session, message.data)
+        return {"type": "observation", "data": observation_payload(observation)}
+
+
+def _describe(kind: Any) -> str:
+    return kind if isinstance(kind, str) else json.dumps(kind)[:100]

@@ -1,0 +1,151 @@
+"""`coding-agent-env serve [ENV_DIR] [--host H] [--port P] [--reload]`: what `openenv serve` was meant to be.
+
+Without ENV_DIR it serves this package's app (`build_app(Settings.from_env())`). With ENV_DIR it serves any
+OpenEnv environment directory from its `openenv.yaml`: `app` (`module:attr`, imported with ENV_DIR as the
+app dir, so uvicorn's reloader subprocess can import it too), `port`, `runtime` (must be `fastapi`).
+
+Port: `--port`, else the manifest's `port` (or the PORT setting without ENV_DIR), else 8000. Host: 127.0.0.1
+unless `--host` is given; all interfaces is allowed but warned about. Every invalid input raises
+`ServeError` with a one-line message (the CLI prints it, exit 2). This module never changes the caller's
+cwd, `sys.path` or environment; uvicorn receives the app dir instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+import yaml
+
+from coding_agent_env.errors import CodingAgentEnvError
+from coding_agent_env.settings import Settings
+
+__all__ = ["DEFAULT_PORT", "LaunchPlan", "ServeError", "add_arguments", "main", "plan", "serve"]
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+OWN_APP_FACTORY = "coding_agent_env.serve:create_app"
+_ALL_INTERFACES = ("0.0.0.0", "::", "[::]")
+_APP_REF = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+
+Runner = Callable[..., Any]
+
+
+class ServeError(CodingAgentEnvError):
+    """`serve` was given something it cannot serve; the message is one line."""
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Exactly what is handed to uvicorn."""
+
+    app: str
+    host: str
+    port: int
+    reload: bool
+    factory: bool = False
+    app_dir: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def uvicorn_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"host": self.host, "port": self.port, "reload": self.reload, "factory": self.factory}
+        if self.app_dir is not None:
+            kwargs["app_dir"] = self.app_dir
+            if self.reload:
+                kwargs["reload_dirs"] = [self.app_dir]
+        return {**kwargs, **self.extra}
+
+
+def create_app() -> Any:
+    """The factory uvicorn imports (also in its reloader subprocess) to serve this package's app."""
+    from coding_agent_env.api import build_app  # the api layer is imported only when serving
+
+    return build_app(Settings.from_env())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("env_dir", nargs="?", help="an OpenEnv environment directory (with openenv.yaml)")
+    parser.add_argument("--host", help=f"interface to bind (default {DEFAULT_HOST}; 0.0.0.0 = all, explicitly)")
+    parser.add_argument("--port", help=f"port (default: the manifest's, else {DEFAULT_PORT})")
+    parser.add_argument("--reload", action="store_true", help="restart when source files change")
+
+
+def _port(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ServeError(f"{where} must be an integer in 1-65535, got {value!r}")
+    try:
+        port = int(value)
+    except ValueError:
+        raise ServeError(f"{where} must be an integer in 1-65535, got {value!r}") from None
+    if not 1 <= port <= 65535:
+        raise ServeError(f"{where} must be an integer in 1-65535, got {value!r}")
+    return port
+
+
+def read_manifest(env_dir: Path) -> dict[str, Any]:
+    """The directory's `openenv.yaml` as a mapping, or ServeError."""
+    if not env_dir.is_dir():
+        raise ServeError(f"{env_dir}: no such directory")
+    manifest = env_dir / "openenv.yaml"
+    if not manifest.is_file():
+        raise ServeError(f"{env_dir}: no openenv.yaml (not an OpenEnv environment directory)")
+    try:
+        data = yaml.safe_load(manifest.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ServeError(f"{manifest}: invalid YAML: {first}") from None
+    if not isinstance(data, dict):
+        raise ServeError(f"{manifest}: must be a mapping of keys (name, app, port, runtime)")
+    return data
+
+
+def plan(args: argparse.Namespace, settings: Settings | None = None) -> LaunchPlan:
+    """Work out what to serve from the arguments (and the manifest); ServeError on invalid input."""
+    host = args.host or DEFAULT_HOST
+    if args.env_dir is None:
+        settings = settings or Settings.from_env()
+        port = _port(args.port, "--port") if args.port is not None else settings.port
+        extra = {"ws_max_size": settings.ws_max_message_bytes}
+        return LaunchPlan(app=OWN_APP_FACTORY, host=host, port=port, reload=args.reload, factory=True, extra=extra)
+    env_dir = Path(args.env_dir).resolve()
+    manifest = read_manifest(env_dir)
+    runtime = manifest.get("runtime", "fastapi")
+    if runtime != "fastapi":
+        raise ServeError(f"{env_dir / 'openenv.yaml'}: runtime {runtime!r} is not supported (only 'fastapi')")
+    app = manifest.get("app")
+    if not isinstance(app, str) or not _APP_REF.match(app):
+        raise ServeError(f"{env_dir / 'openenv.yaml'}: 'app' must be 'module:attribute', got {app!r}")
+    if args.port is not None:
+        port = _port(args.port, "--port")
+    elif "port" in manifest:
+        port = _port(manifest["port"], f"{env_dir / 'openenv.yaml'}: 'port'")
+    else:
+        port = DEFAULT_PORT
+    return LaunchPlan(app=app, host=host, port=port, reload=args.reload, app_dir=str(env_dir))
+
+
+def serve(args: argparse.Namespace, runner: Runner = uvicorn.run) -> int:
+    """Plan, warn about all-interface binds, and hand the plan to `runner` (uvicorn.run)."""
+    launch = plan(args)
+    if launch.host in _ALL_INTERFACES:
+        print(f"coding-agent-env: warning: binding all interfaces ({launch.host}); the server is reachable "
+              "from other machines", file=sys.stderr)
+    runner(launch.app, **launch.uvicorn_kwargs())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m coding_agent_env.serve`-style entry: parse, serve, one-line errors (exit 2)."""
+    parser = argparse.ArgumentParser(prog="coding-agent-env serve")
+    add_arguments(parser)
+    try:
+        return serve(parser.parse_args(argv))
+    except ServeError as exc:
+        print(f"coding-agent-env: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,1 @@
+"""OpenEnv package face: `server.app:app` for `uvicorn server.app:app`."""
