@@ -1,0 +1,60 @@
+"""A client disconnect during a rollout cancels it and leaves no process behind; one rollout per session."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import httpx
+from websockets.sync.client import connect
+
+from tests.protocol.live import LiveServer, wait_until
+
+
+def processes_with(marker: str) -> list[int]:
+    """PIDs whose command line contains `marker` (read from /proc; no signals sent)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def test_disconnect_during_rollout_kills_the_sandbox(server: LiveServer) -> None:
+    marker = f"{uuid.uuid4().int % 10**6 + 1000}.{uuid.uuid4().int % 1000:03d}"  # a unique sleep duration
+    arguments = {"instruction": "wait", "agent": "oracle", "solution": [f"sleep {marker}"], "agent_timeout_s": 2000}
+    step = {"type": "step", "data": {"type": "call_tool", "tool_name": "run_rollout", "arguments": arguments}}
+    with connect(server.ws) as ws:
+        ws.send(json.dumps(step))
+        wait_until(lambda: bool(processes_with(f"sleep {marker}")), what="the agent's process to start")
+        assert server.sessions.active == 1
+    wait_until(lambda: not processes_with(f"sleep {marker}"), what="the sandbox to be torn down")
+    wait_until(lambda: server.sessions.active == 0, what="the session to be freed")
+
+
+def test_a_session_runs_one_rollout_at_a_time(server: LiveServer) -> None:
+    marker = f"{uuid.uuid4().int % 10**6 + 1000}.{uuid.uuid4().int % 1000:03d}"
+    body = {"jsonrpc": "2.0", "method": "openenv/session/create", "id": 1}
+    with httpx.Client(base_url=server.http, timeout=60) as http:
+        session_id = http.post("/mcp", json=body).json()["result"]["session_id"]
+        arguments = {"instruction": "wait", "agent": "oracle", "solution": [f"sleep {marker}"]}
+        with connect(f"{server.ws}?session_id={session_id}") as ws:
+            step = {"type": "step", "data": {"type": "call_tool", "tool_name": "run_rollout", "arguments": arguments}}
+            ws.send(json.dumps(step))
+            wait_until(lambda: bool(processes_with(f"sleep {marker}")), what="the first rollout")
+            call = {"jsonrpc": "2.0", "method": "tools/call", "id": 2,
+                    "params": {"name": "run_rollout", "arguments": arguments, "session_id": session_id}}
+            busy = http.post("/mcp", json=call).json()["error"]
+            assert busy["code"] == -32603 and "already running a rollout" in busy["message"]
+            closing = {"jsonrpc": "2.0", "method": "openenv/session/close", "id": 3, "params": {"session_id": session_id}}
+            assert http.post("/mcp", json=closing).json()["result"]["closing"] is True
+    wait_until(lambda: not processes_with(f"sleep {marker}"), what="teardown after detach")
+    wait_until(lambda: server.sessions.active == 0, what="session closed at detach")
