@@ -1,0 +1,91 @@
+"""Fixtures: OpenEnv's released clients in their own cached virtualenvs, and a live server subprocess.
+
+The virtualenvs live under `.ci/venvs/` (gitignored), created on first use; a `.ready` marker says the
+install finished. If pip cannot reach the package index, the tests are skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+VENVS = ROOT / ".ci" / "venvs"
+INSTALL_TIMEOUT_S = 900
+START_DEADLINE_S = 30.0
+_UNREACHABLE = ("NewConnectionError", "Max retries exceeded", "Temporary failure in name resolution",
+                "Network is unreachable", "No matching distribution found")
+
+
+def released_client(spec: str) -> Path:
+    """Python of a virtualenv with `spec` installed (created once, then cached)."""
+    venv = VENVS / spec.replace("==", "-")
+    python = venv / "bin" / "python"
+    if (venv / ".ready").exists():
+        return python
+    VENVS.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=120)
+    pip = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", spec],
+                         capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+    if pip.returncode != 0:
+        if any(marker in pip.stderr for marker in _UNREACHABLE):
+            pytest.skip(f"pip cannot reach the package index to install {spec}")
+        raise AssertionError(f"pip install {spec} failed:\n{pip.stderr[-2000:]}")
+    (venv / ".ready").touch()
+    return python
+
+
+@pytest.fixture(scope="session")
+def gen_a() -> Path:
+    return released_client("openenv-core==0.3.0")
+
+
+@pytest.fixture(scope="session")
+def gen_b() -> Path:
+    return released_client("openenv==0.10.0")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def live_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`coding-agent-env serve` on a free loopback port, killed (by process group) afterwards."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coding_agent_env.cli", "serve", "--port", str(port)],
+        cwd=tmp_path_factory.mktemp("serve"), start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_DEADLINE_S
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError("server did not start")
+            time.sleep(0.05)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)

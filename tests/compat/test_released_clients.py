@@ -1,0 +1,54 @@
+"""OpenEnv's released clients (openenv-core 0.3.0 = Gen A, openenv 0.10.0 = Gen B) against a live server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DRIVERS = Path(__file__).with_name("drivers.py")
+
+
+def drive(python: Path, mode: str, url: str) -> dict[str, Any]:
+    done = subprocess.run([str(python), str(DRIVERS), mode, url], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def check_mcp(out: dict[str, Any], episode_id: str, steps: int) -> None:
+    assert out["names"] == ["run_rollout"]
+    assert (out["reward"], out["status"]) == (1.0, "completed")
+    assert (out["episode_id"], out["step_count"]) == (episode_id, steps)
+
+
+def test_gen_a_mcp_tool_client_over_ws(gen_a: Path, live_url: str) -> None:
+    check_mcp(drive(gen_a, "mcp-ws", live_url), "compat-1", 2)  # list_tools + call_tool are WS steps
+
+
+def test_gen_a_generic_step_loop(gen_a: Path, live_url: str) -> None:
+    out = drive(gen_a, "generic", live_url)
+    assert out["names"] == ["run_rollout"] and (out["reward"], out["step_reward"]) == (1.0, 1.0)
+    assert (out["episode_id"], out["step_count"], out["rollouts_completed"]) == ("compat-generic", 2, 1)
+
+
+def test_gen_b_mcp_tool_client_session_attach(gen_b: Path, live_url: str) -> None:
+    check_mcp(drive(gen_b, "mcp-production", live_url), "compat-1", 0)  # tools over HTTP /mcp
+
+
+def test_gen_b_mcp_tool_client_async(gen_b: Path, live_url: str) -> None:
+    check_mcp(drive(gen_b, "mcp-async", live_url), "compat-async", 0)
+
+
+@pytest.mark.parametrize("mode", ["mcp-ws", "generic"])
+def test_gen_b_ws_only_paths(gen_b: Path, live_url: str, mode: str) -> None:
+    out = drive(gen_b, mode, live_url)
+    assert out["reward"] == 1.0 and out["step_count"] == 2
+
+
+def test_openenv_validate_url(gen_b: Path, live_url: str) -> None:
+    openenv = gen_b.parent / "openenv"
+    done = subprocess.run([str(openenv), "validate", "--url", live_url], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
