@@ -5,14 +5,24 @@
     ├── RequestError             the caller asked for something this server will not do
     │   ├── UnknownAgentError        agent not registered here
     │   ├── UnknownBackendError      sandbox backend not enabled here
-    │   └── InvalidTaskError         a task file could not be read or parsed
+    │   ├── InvalidTaskError         a task file could not be read or parsed
+    │   └── EndpointError            the request's LLM endpoint cannot be used as asked
+    │       └── UnknownEndpointError     endpoint name not in the server's catalog
     ├── SandboxError             the sandbox boundary (provision, exec, files, close)
     │   ├── SandboxUnavailableError  a backend's engine or SDK is missing
     │   │   └── MissingExtraError        the backend's Python extra is not installed
     │   ├── SandboxClosedError       used after close
     │   └── SandboxFileError         a file operation failed or left the sandbox
     │       └── SandboxFileNotFoundError
-    └── AgentError               the agent boundary (start, run)
+    ├── AgentError               the agent boundary (start, run)
+    ├── RelayError               the server-side LLM relay (listeners, leases)
+    │   └── LeaseClosedError         a lease was used after it was closed
+    └── GateError                the trainer-side gate (register, next_request, deliver)
+        ├── UnknownRolloutError      no such rollout is registered
+        ├── RolloutClosedError       the rollout exited or was unregistered while waited on
+        ├── UnknownRequestError      the request is no longer waiting for an answer
+        ├── InvalidResponseError     a delivered response is not a chat completion
+        └── GateTimeoutError         next_request saw no request in time (also a TimeoutError)
 
 Protocol-plane errors (`RequestError`) are raised to the caller; everything that goes wrong while a rollout
 runs is reported as data in `RolloutResult.error` with the class name as its `type`.
@@ -24,9 +34,16 @@ from __future__ import annotations
 __all__ = [
     "AgentError",
     "CodingAgentEnvError",
+    "EndpointError",
+    "GateError",
+    "GateTimeoutError",
+    "InvalidResponseError",
     "InvalidTaskError",
+    "LeaseClosedError",
     "MissingExtraError",
+    "RelayError",
     "RequestError",
+    "RolloutClosedError",
     "SandboxClosedError",
     "SandboxError",
     "SandboxFileError",
@@ -35,6 +52,9 @@ __all__ = [
     "SettingsError",
     "UnknownAgentError",
     "UnknownBackendError",
+    "UnknownEndpointError",
+    "UnknownRequestError",
+    "UnknownRolloutError",
 ]
 
 
@@ -93,3 +113,43 @@ class SandboxFileNotFoundError(SandboxFileError):
 
 class AgentError(CodingAgentEnvError):
     """The agent could not be started or run (not its task outcome: that is the exit code)."""
+
+
+class EndpointError(RequestError):
+    """The request's LLM endpoint cannot be used as asked (missing key or model, bad URL, key redirect)."""
+
+
+class UnknownEndpointError(EndpointError):
+    """The requested endpoint name is not in the server's catalog."""
+
+
+class RelayError(CodingAgentEnvError):
+    """The server-side LLM relay could not start, or was used outside its lifecycle."""
+
+
+class LeaseClosedError(RelayError):
+    """A relay lease was used after it was closed (its token is revoked)."""
+
+
+class GateError(CodingAgentEnvError):
+    """The trainer-side gate refused an operation."""
+
+
+class UnknownRolloutError(GateError):
+    """No rollout with this id is registered with the gate."""
+
+
+class RolloutClosedError(GateError):
+    """The rollout exited or was unregistered; nothing more will come from it."""
+
+
+class UnknownRequestError(GateError):
+    """The request is not waiting for an answer (already answered, abandoned by its client, or unregistered)."""
+
+
+class InvalidResponseError(GateError):
+    """A delivered response is not a chat completion the gate can return."""
+
+
+class GateTimeoutError(GateError, TimeoutError):
+    """`next_request` saw no request within its timeout."""

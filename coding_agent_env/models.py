@@ -241,9 +241,17 @@ class Usage(_Wire):
 
 
 class Turn(_Wire):
-    """One LLM call the agent made, as the relay saw it."""
+    """One LLM call the agent made, as the relay saw it.
+
+    The prompt is recorded incrementally so the trace grows linearly with the conversation: this call's
+    request messages are the previous turn's request messages cut to `request_messages_reused`, followed by
+    `request_messages`.
+    """
 
     index: int
+    stream: bool | None = None
+    request_messages_reused: int = 0
+    request_messages: list[dict[str, Any]] = Field(default_factory=list)
     model: str | None = None
     message: TurnMessage = Field(default_factory=TurnMessage)
     finish_reason: str | None = None

@@ -1,0 +1,132 @@
+"""Added latency and throughput of the LLM relay and the gate versus calling the fake LLM directly.
+
+    .venv/bin/python bench/llm.py [--calls 300] [--concurrency 64] [--streams 640]
+
+Three processes, like production: the fake LLM (uvicorn), the relay (its own process, as in the server), and
+this client; the gate runs as `coding-agent-env gate` with the echo policy. Same run, same client, same
+machine: latency p50/p99 per sequential call (streamed, 20 tokens) and throughput at N concurrent streams.
+`--token-delay-ms 5` paces the fake like a real model (CPU is then not the bottleneck on a 2-core box).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+        "stream_options": {"include_usage": True}}
+
+
+async def _relay_main(fake_url: str, out: str) -> None:
+    from coding_agent_env.llm import Relay, Upstream
+    from coding_agent_env.settings import Settings
+
+    async with Relay(Settings(state_dir=Path(tempfile.mkdtemp()))) as relay:
+        lease = await relay.open_lease("bench", Upstream(base_url=fake_url, api_key=None, model="m"))  # type: ignore[arg-type]
+        Path(out).write_text(json.dumps({"base_url": lease.base_url, "token": lease.token}))
+        await asyncio.Event().wait()
+
+
+def _spawn(argv: list[str], ready: Path) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(argv, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while not (ready.exists() and ready.read_text().strip()):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"{argv[:4]} did not start")
+        time.sleep(0.02)
+    return proc
+
+
+async def _call(http: aiohttp.ClientSession, base_url: str, token: str) -> None:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with http.post(base_url + "/chat/completions", json=BODY, headers=headers) as response:
+        assert response.status == 200, response.status
+        async for _ in response.content.iter_any():
+            pass
+
+
+async def _latency(base_url: str, token: str, calls: int) -> tuple[float, float]:
+    async with aiohttp.ClientSession() as http:
+        for _ in range(20):
+            await _call(http, base_url, token)
+        samples = []
+        for _ in range(calls):
+            started = time.perf_counter()
+            await _call(http, base_url, token)
+            samples.append((time.perf_counter() - started) * 1000)
+    samples.sort()
+    return statistics.median(samples), samples[int(len(samples) * 0.99) - 1]
+
+
+async def _throughput(base_url: str, token: str, concurrency: int, total: int) -> float:
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        queue = list(range(total))
+
+        async def worker() -> None:
+            while queue:
+                queue.pop()
+                await _call(http, base_url, token)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return total / (time.perf_counter() - started)
+
+
+async def _measure(targets: dict[str, tuple[str, str]], args: argparse.Namespace) -> None:
+    results = {}
+    for name, (url, token) in targets.items():
+        p50, p99 = await _latency(url, token, args.calls)
+        rate = await _throughput(url, token, args.concurrency, args.streams)
+        results[name] = (p50, p99, rate)
+    d50, d99, drate = results["direct"]
+    print(f"{'path':8} {'p50 ms':>8} {'p99 ms':>8} {'added p50':>10} {'added p99':>10} {'streams/s':>10} {'ratio':>6}")
+    for name, (p50, p99, rate) in results.items():
+        print(f"{name:8} {p50:8.3f} {p99:8.3f} {p50 - d50:10.3f} {p99 - d99:10.3f} {rate:10.1f} {rate / drate:6.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--streams", type=int, default=640)
+    parser.add_argument("--token-delay-ms", type=float, default=0.0, help="fake LLM pause between tokens")
+    parser.add_argument("--relay-child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.relay_child:
+        asyncio.run(_relay_main(*args.relay_child))
+        return
+    tmp = Path(tempfile.mkdtemp())
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        fake_argv = [sys.executable, "-m", "tests.fakes.llm", str(tmp / "fake"), "20", str(args.token_delay_ms / 1000)]
+        procs.append(_spawn(fake_argv, tmp / "fake"))
+        fake_url = f"http://127.0.0.1:{(tmp / 'fake').read_text()}/v1"
+        procs.append(_spawn([sys.executable, "bench/llm.py", "--relay-child", fake_url, str(tmp / "relay")], tmp / "relay"))
+        relay = json.loads((tmp / "relay").read_text())
+        gate_argv = [sys.executable, "-m", "coding_agent_env.gate.cli", "--rollouts", "1", "--tokens-file", str(tmp / "gate")]
+        procs.append(_spawn(gate_argv, tmp / "gate"))
+        gate = json.loads((tmp / "gate").read_text().splitlines()[0])
+        targets = {"direct": (fake_url, "none"), "relay": (relay["base_url"], relay["token"]),
+                   "gate": (gate["base_url"], gate["api_key"])}
+        asyncio.run(_measure(targets, args))
+    finally:
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+if __name__ == "__main__":
+    main()

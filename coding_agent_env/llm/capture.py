@@ -1,0 +1,144 @@
+"""Assemble a `Turn` from what the upstream returned, streamed or not.
+
+`TurnAssembler` is total: any JSON value may be fed to it and it never raises; fields it cannot find stay
+empty. Streamed chunks and a whole response produce the same message, finish reason, usage, token ids and
+logprobs. Only choice 0 is recorded (agents ask for one).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coding_agent_env.models import ToolCall, TurnMessage, Usage
+
+__all__ = ["TurnAssembler"]
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _ints(value: Any) -> list[int]:
+    return [v for v in _list(value) if isinstance(v, int) and not isinstance(v, bool)]
+
+
+class _ToolCallParts:
+    def __init__(self) -> None:
+        self.id: str | None = None
+        self.name: str | None = None
+        self.arguments: list[str] = []
+
+    def add(self, delta: dict[str, Any]) -> None:
+        self.id = self.id or _str(delta.get("id"))
+        function = _dict(delta.get("function"))
+        self.name = self.name or _str(function.get("name"))
+        arguments = _str(function.get("arguments"))
+        if arguments:
+            self.arguments.append(arguments)
+
+    def build(self) -> ToolCall:
+        return ToolCall(id=self.id, name=self.name, arguments="".join(self.arguments))
+
+
+class TurnAssembler:
+    """Accumulates one call's response: `add_chunk` per streamed chunk, or `add_response` once."""
+
+    def __init__(self) -> None:
+        self.model: str | None = None
+        self.finish_reason: str | None = None
+        self.usage: Usage | None = None
+        self.prompt_token_ids: list[int] | None = None
+        self.completion_token_ids: list[int] | None = None
+        self.logprobs: list[float] | None = None
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self._tools: dict[int, _ToolCallParts] = {}
+
+    def add_chunk(self, chunk: Any) -> None:
+        """One `chat.completion.chunk` (its parsed JSON)."""
+        chunk = _dict(chunk)
+        self._common(chunk)
+        choice = self._choice(chunk)
+        if choice is None:
+            return
+        delta = _dict(choice.get("delta"))
+        self._text(delta)
+        for position, call in enumerate(_list(delta.get("tool_calls"))):
+            call = _dict(call)
+            index = call.get("index")
+            index = index if isinstance(index, int) else position
+            self._tools.setdefault(index, _ToolCallParts()).add(call)
+        self._choice_extras(choice)
+
+    def add_response(self, response: Any) -> None:
+        """A whole `chat.completion` (its parsed JSON)."""
+        response = _dict(response)
+        self._common(response)
+        choice = self._choice(response)
+        if choice is None:
+            return
+        message = _dict(choice.get("message"))
+        self._text(message)
+        for index, call in enumerate(_list(message.get("tool_calls"))):
+            self._tools.setdefault(index, _ToolCallParts()).add(_dict(call))
+        self._choice_extras(choice)
+
+    def message(self) -> TurnMessage:
+        content = "".join(self._content) if self._content else None
+        reasoning = "".join(self._reasoning) if self._reasoning else None
+        tools = [self._tools[index].build() for index in sorted(self._tools)]
+        return TurnMessage(content=content, reasoning_content=reasoning, tool_calls=tools)
+
+    # -- pieces ------------------------------------------------------------------------------------------
+
+    def _common(self, obj: dict[str, Any]) -> None:
+        self.model = _str(obj.get("model")) or self.model
+        if "usage" in obj and isinstance(obj["usage"], dict):
+            usage = obj["usage"]
+            self.usage = Usage(**{k: v for k in Usage.model_fields if isinstance(v := usage.get(k), int)})
+        prompt_ids = obj.get("prompt_token_ids")
+        if isinstance(prompt_ids, list):
+            self.prompt_token_ids = _ints(prompt_ids)
+
+    @staticmethod
+    def _choice(obj: dict[str, Any]) -> dict[str, Any] | None:
+        for choice in _list(obj.get("choices")):
+            choice = _dict(choice)
+            if choice.get("index", 0) == 0:
+                return choice
+        return None
+
+    def _text(self, part: dict[str, Any]) -> None:
+        content = _str(part.get("content"))
+        if content:
+            self._content.append(content)
+        reasoning = _str(part.get("reasoning_content")) or _str(part.get("reasoning"))
+        if reasoning:
+            self._reasoning.append(reasoning)
+
+    def _choice_extras(self, choice: dict[str, Any]) -> None:
+        self.finish_reason = _str(choice.get("finish_reason")) or self.finish_reason
+        token_ids = choice.get("token_ids")
+        if isinstance(token_ids, list):
+            if self.completion_token_ids is None:
+                self.completion_token_ids = []
+            self.completion_token_ids.extend(_ints(token_ids))
+        entries = _list(_dict(choice.get("logprobs")).get("content"))
+        if entries:
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs.extend(
+                float(e["logprob"]) for e in entries if isinstance(e, dict) and _is_number(e.get("logprob"))
+            )

@@ -1,0 +1,165 @@
+"""One relayed chat-completion call: forward upstream, pass the answer back, record the turn.
+
+Streams are passed through chunk by chunk as they arrive (no buffering); the turn is assembled on the
+side from the same bytes. Whatever happens (upstream 4xx/5xx, timeout, unreachable upstream, client
+disconnect, lease closed), exactly one `Turn` is recorded and the relay keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from coding_agent_env.llm.capture import TurnAssembler
+from coding_agent_env.llm.lease import Lease, PromptDelta
+from coding_agent_env.llm.rewrite import rewrite_request
+from coding_agent_env.llm.sse import SseParser
+from coding_agent_env.llm.wire import error_response, parse_json_object
+from coding_agent_env.models import Turn
+from coding_agent_env.settings import Settings
+
+__all__ = ["relay_call"]
+
+_DONE = "[DONE]"
+
+
+class _Call:
+    def __init__(self, lease: Lease, body: dict[str, Any], settings: Settings) -> None:
+        self.lease = lease
+        self.settings = settings
+        self.prompt: PromptDelta = lease.begin(body.get("messages"))
+        self.body = rewrite_request(body, lease.upstream)
+        self.stream = self.body.get("stream") is True
+        self.assembler = TurnAssembler()
+        self.status: int | None = None
+        self.error: str | None = None
+        self.started = time.monotonic()
+        self._secret = lease.upstream.secret()
+
+    def redact(self, text: str) -> str:
+        if self._secret and self._secret in text:
+            text = text.replace(self._secret, "[REDACTED]")
+        return text
+
+    def headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if self.stream else "application/json"}
+        if self._secret is not None:
+            headers["Authorization"] = f"Bearer {self._secret}"
+        return headers
+
+    def turn(self) -> Turn:
+        a = self.assembler
+        message = a.message()
+        if self._secret and message.content and self._secret in message.content:
+            message = message.model_copy(update={"content": self.redact(message.content)})
+        return Turn(
+            index=self.prompt.index,
+            stream=self.stream,
+            request_messages_reused=self.prompt.reused,
+            request_messages=self.prompt.messages,
+            model=a.model,
+            message=message,
+            finish_reason=a.finish_reason,
+            usage=a.usage,
+            latency_s=round(time.monotonic() - self.started, 6),
+            upstream_status=self.status,
+            error=self.error,
+            prompt_token_ids=a.prompt_token_ids,
+            completion_token_ids=a.completion_token_ids,
+            logprobs=a.logprobs,
+        )
+
+
+async def relay_call(
+    request: web.Request, lease: Lease, body: dict[str, Any], session: aiohttp.ClientSession, settings: Settings
+) -> web.StreamResponse:
+    """Forward one call for `lease` and return the agent's response; records one turn in every case."""
+    call = _Call(lease, body, settings)
+    timeout = aiohttp.ClientTimeout(
+        total=None, connect=settings.relay_connect_timeout_s, sock_read=settings.relay_read_timeout_s
+    )
+    try:
+        async with session.post(
+            lease.upstream.chat_url,
+            data=json.dumps(call.body).encode(),
+            headers=call.headers(),
+            timeout=timeout,
+            allow_redirects=False,
+        ) as upstream:
+            call.status = upstream.status
+            if upstream.status != 200:
+                return await _upstream_error(call, upstream)
+            if call.stream:
+                return await _stream(request, call, upstream)
+            return await _whole(call, upstream)
+    except TimeoutError:
+        call.error = "upstream timed out"
+        return error_response(504, call.error, "upstream_timeout")
+    except aiohttp.ClientError as exc:
+        call.error = call.redact(f"upstream unreachable: {type(exc).__name__}")
+        return error_response(502, call.error, "upstream_unreachable")
+    except BaseException:
+        call.error = call.error or ("lease closed" if lease.closed else "call cancelled")
+        raise
+    finally:
+        lease.record(call.turn())
+
+
+async def _upstream_error(call: _Call, upstream: aiohttp.ClientResponse) -> web.Response:
+    cap = call.settings.relay_max_error_chars
+    raw = await upstream.content.read(cap * 4)
+    text = call.redact(raw.decode("utf-8", "replace"))
+    call.error = f"upstream returned {upstream.status}: {text[:cap]}"
+    return web.Response(status=upstream.status, text=text, content_type=upstream.content_type or "application/json")
+
+
+async def _whole(call: _Call, upstream: aiohttp.ClientResponse) -> web.Response:
+    limit = call.settings.relay_max_response_bytes
+    raw = await upstream.content.read(limit + 1)
+    if len(raw) > limit:
+        call.error = f"upstream response larger than {limit} bytes"
+        return error_response(502, call.error, "upstream_response_too_large")
+    parsed = parse_json_object(raw)
+    if parsed is None:
+        call.error = "upstream response is not a JSON object"
+        return error_response(502, call.error, "upstream_bad_response")
+    call.assembler.add_response(parsed)
+    return web.Response(body=raw, content_type="application/json")
+
+
+async def _stream(request: web.Request, call: _Call, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    parser = SseParser(call.settings.relay_max_response_bytes)
+    done = False
+    try:
+        async for chunk in upstream.content.iter_any():
+            await response.write(chunk)
+            for data in parser.feed(chunk):
+                if data.strip() == _DONE:
+                    done = True
+                elif (parsed := parse_json_object(data)) is not None:
+                    call.assembler.add_chunk(parsed)
+    except ConnectionResetError:
+        call.error = "client disconnected"
+        return response
+    except TimeoutError:
+        call.error = "upstream timed out mid-stream"
+    except aiohttp.ClientError as exc:
+        call.error = call.redact(f"upstream stream broke: {type(exc).__name__}")
+    else:
+        if not done:
+            call.error = "upstream stream ended without [DONE]"
+    try:
+        if call.error is not None:
+            # Tell the client in-band (the openai client raises on an `error` event) instead of ending cleanly.
+            event = {"error": {"message": call.error, "type": "upstream_stream_error", "code": 502}}
+            await response.write(f"data: {json.dumps(event)}\n\n".encode())
+        await response.write_eof()
+    except ConnectionResetError:
+        call.error = call.error or "client disconnected"
+    return response

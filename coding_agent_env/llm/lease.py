@@ -1,0 +1,138 @@
+"""One rollout's right to use the relay: its token, its upstream and its recorded turns.
+
+A lease is created open by `Relay.open_lease` and lives on the relay's event loop. `close()` revokes the
+token at once (every later call gets 401), cancels the rollout's calls still in flight (each is recorded
+as a turn with an error), and is idempotent. `turns()` works before and after close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from coding_agent_env.llm.upstream import Upstream
+from coding_agent_env.models import Turn
+
+__all__ = ["Lease", "LeaseState", "PromptDelta"]
+
+_CLOSE_GRACE_S = 5.0
+"""How long close() waits for cancelled in-flight calls to record their turns."""
+
+
+class LeaseState(enum.Enum):
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class PromptDelta:
+    """The part of a call's prompt not already recorded by the previous call (see `Turn`)."""
+
+    __slots__ = ("index", "messages", "reused")
+
+    def __init__(self, index: int, reused: int, messages: list[dict[str, Any]]) -> None:
+        self.index = index
+        self.reused = reused
+        self.messages = messages
+
+
+class Lease:
+    """A rollout's relay access. Give the agent `base_url` (or `socket_path`) and `token`, nothing else."""
+
+    def __init__(
+        self,
+        rollout_id: str,
+        upstream: Upstream,
+        *,
+        token: str,
+        base_url: str,
+        socket_path: Path,
+        expires_at: float | None,
+        revoke: Callable[[str], None],
+    ) -> None:
+        self.rollout_id = rollout_id
+        self.upstream = upstream
+        self.base_url = base_url
+        """Loopback URL ending in `/v1`, for agents that share the server's network."""
+        self.socket_path = socket_path
+        """Unix socket serving the same API, for sandboxes without network (bind-mount it)."""
+        self._token = token
+        self._expires_at = expires_at
+        self._revoke = revoke
+        self._state = LeaseState.OPEN
+        self._turns: list[Turn] = []
+        self._next_index = 0
+        self._last_prompt: list[Any] = []
+        self._inflight: set[asyncio.Task[Any]] = set()
+
+    def __repr__(self) -> str:
+        return f"Lease(rollout_id={self.rollout_id!r}, base_url={self.base_url!r}, state={self._state.value})"
+
+    @property
+    def token(self) -> str:
+        """The per-rollout bearer token; worthless once the lease is closed."""
+        return self._token
+
+    @property
+    def closed(self) -> bool:
+        return self._state is LeaseState.CLOSED
+
+    def usable(self) -> bool:
+        """Open and not past its expiry."""
+        if self._state is LeaseState.CLOSED:
+            return False
+        return self._expires_at is None or time.monotonic() < self._expires_at
+
+    @property
+    def calls_started(self) -> int:
+        return self._next_index
+
+    def turns(self) -> list[Turn]:
+        """Every call recorded so far, in the order the calls arrived."""
+        return sorted(self._turns, key=lambda turn: turn.index)
+
+    async def close(self) -> None:
+        """Revoke the token, cancel calls in flight and wait (briefly) for their turns. Idempotent."""
+        if self._state is LeaseState.CLOSED:
+            return
+        self._state = LeaseState.CLOSED
+        self._revoke(self._token)
+        pending = [task for task in self._inflight if task is not asyncio.current_task()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=_CLOSE_GRACE_S)
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- used by the relay's handlers ---------------------------------------------------------------------
+
+    def begin(self, messages: Any) -> PromptDelta:
+        """Number a new call and work out which of its prompt messages are new since the previous call."""
+        index = self._next_index
+        self._next_index += 1
+        current = messages if isinstance(messages, list) else []
+        reused = 0
+        for previous, message in zip(self._last_prompt, current):
+            if previous != message:
+                break
+            reused += 1
+        self._last_prompt = current
+        fresh = [m for m in current[reused:] if isinstance(m, dict)]
+        return PromptDelta(index, reused, fresh)
+
+    def track(self, task: asyncio.Task[Any]) -> None:
+        self._inflight.add(task)
+
+    def untrack(self, task: asyncio.Task[Any]) -> None:
+        self._inflight.discard(task)
+
+    def record(self, turn: Turn) -> None:
+        self._turns.append(turn)

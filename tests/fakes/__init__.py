@@ -1,0 +1,1 @@
+"""Fakes that honour real contracts, for tests and benchmarks."""

@@ -1,0 +1,263 @@
+"""A scripted fake OpenAI-compatible LLM: an ASGI app plus a loopback server that runs it in a thread.
+
+`POST /v1/chat/completions` answers with the next scripted `Reply` (the last one repeats). Streamed answers
+are SSE the way OpenAI and vLLM send them: a role chunk, content and reasoning deltas, tool-call deltas
+(id and name first, arguments in pieces), a finish chunk (`tool_calls` when the reply calls tools), a usage
+chunk when `stream_options.include_usage` is set, then `data: [DONE]`. With `logprobs` the content carries
+per-token logprobs (and `top_logprobs` alternatives); with vLLM's `return_token_ids` the response carries
+`prompt_token_ids` and per-choice `token_ids`. Streamed and non-streamed answers agree token for token.
+
+Every request is kept in `FakeLLM.requests` (body, headers, path) so tests can see what reached "the model".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+
+__all__ = ["FakeLLM", "FakeLLMServer", "Reply", "SeenRequest"]
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+_START_DEADLINE_S = 10.0
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One scripted answer. `status` != 200 answers with an OpenAI error body instead."""
+
+    content: str | None = "ok"
+    reasoning: str | None = None
+    tool_calls: tuple[tuple[str, str], ...] = ()
+    """(name, JSON arguments) pairs."""
+    status: int = 200
+    error_message: str = "scripted failure"
+    hang: bool = False
+    """Never answer (until the server stops): for timeout and cancellation tests."""
+    drop_after_chunks: int | None = None
+    """Streamed: close the connection after this many chunks, without [DONE]."""
+    token_delay_s: float = 0.0
+    """Streamed: pause between content tokens, like a real model generating."""
+
+
+@dataclass(frozen=True)
+class SeenRequest:
+    path: str
+    method: str
+    headers: dict[str, str]
+    body: dict[str, Any] | None
+
+
+@dataclass
+class FakeLLM:
+    """The ASGI app. `script` is consumed in order; its last reply repeats."""
+
+    script: list[Reply] = field(default_factory=lambda: [Reply()])
+    requests: list[SeenRequest] = field(default_factory=list)
+    api_key: str | None = None
+    """When set, calls without `Authorization: Bearer <api_key>` get 401."""
+    _served: int = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        raw = b""
+        while True:
+            message = await receive()
+            raw += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        body = json.loads(raw) if raw else None
+        self.requests.append(SeenRequest(scope["path"], scope["method"], headers, body))
+        if self.api_key is not None and headers.get("authorization") != f"Bearer {self.api_key}":
+            await _json(send, 401, {"error": {"message": "bad key", "type": "authentication_error"}})
+            return
+        if scope["path"] != "/v1/chat/completions" or not isinstance(body, dict):
+            await _json(send, 404, {"error": {"message": "not found", "type": "not_found"}})
+            return
+        reply = self.script[min(self._served, len(self.script) - 1)]
+        self._served += 1
+        await self._answer(reply, body, send)
+
+    async def _answer(self, reply: Reply, body: dict[str, Any], send: Send) -> None:
+        if reply.hang:
+            await asyncio.Event().wait()
+        if reply.status != 200:
+            error = {"error": {"message": reply.error_message, "type": "scripted", "code": reply.status}}
+            await _json(send, reply.status, error)
+            return
+        answer = _Answer(reply, body)
+        if body.get("stream") is True:
+            await answer.stream(send)
+        else:
+            await _json(send, 200, answer.whole())
+
+
+class _Answer:
+    """One reply rendered for one request: the same tokens whether streamed or not."""
+
+    def __init__(self, reply: Reply, body: dict[str, Any]) -> None:
+        self.reply = reply
+        self.model = str(body.get("model"))
+        self.logprobs = body.get("logprobs") is True
+        self.top = int(body.get("top_logprobs") or 0)
+        self.token_ids = body.get("return_token_ids") is True
+        self.usage_chunk = bool((body.get("stream_options") or {}).get("include_usage"))
+        pieces = (reply.content or "").split(" ")
+        self.tokens = [p if i == len(pieces) - 1 else p + " " for i, p in enumerate(pieces)] if reply.content else []
+        self.prompt_ids = [100 + i for i in range(3 * len(body.get("messages") or []))]
+        self.finish = "tool_calls" if reply.tool_calls else "stop"
+        n_completion = len(self.tokens) + len(reply.tool_calls)
+        self.usage = {
+            "prompt_tokens": len(self.prompt_ids),
+            "completion_tokens": n_completion,
+            "total_tokens": len(self.prompt_ids) + n_completion,
+        }
+
+    def _token_id(self, i: int) -> int:
+        return 1000 + i
+
+    def _logprob(self, i: int) -> dict[str, Any]:
+        entry: dict[str, Any] = {"token": self.tokens[i], "logprob": -0.125 * (i + 1), "bytes": None}
+        entry["top_logprobs"] = [{"token": f"alt{k}", "logprob": -1.0 - k, "bytes": None} for k in range(self.top)]
+        return entry
+
+    def _tool_calls(self) -> list[dict[str, Any]]:
+        return [
+            {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": args}}
+            for i, (name, args) in enumerate(self.reply.tool_calls)
+        ]
+
+    def _head(self) -> dict[str, Any]:
+        return {"id": "chatcmpl-fake", "created": 1_700_000_000, "model": self.model}
+
+    def whole(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": self.reply.content}
+        if self.reply.reasoning:
+            message["reasoning_content"] = self.reply.reasoning
+        if self.reply.tool_calls:
+            message["tool_calls"] = self._tool_calls()
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": self.finish}
+        if self.logprobs:
+            choice["logprobs"] = {"content": [self._logprob(i) for i in range(len(self.tokens))]}
+        out = {**self._head(), "object": "chat.completion", "choices": [choice], "usage": self.usage}
+        if self.token_ids:
+            choice["token_ids"] = [self._token_id(i) for i in range(len(self.tokens))]
+            out["prompt_token_ids"] = self.prompt_ids
+        return out
+
+    def chunks(self) -> list[dict[str, Any]]:
+        first = self._chunk({"role": "assistant", "content": ""})
+        if self.token_ids:
+            first["prompt_token_ids"] = self.prompt_ids
+            first["choices"][0]["token_ids"] = []
+        out = [first]
+        if self.reply.reasoning:
+            out.append(self._chunk({"reasoning_content": self.reply.reasoning}))
+        for i, token in enumerate(self.tokens):
+            chunk = self._chunk({"content": token})
+            if self.logprobs:
+                chunk["choices"][0]["logprobs"] = {"content": [self._logprob(i)]}
+            if self.token_ids:
+                chunk["choices"][0]["token_ids"] = [self._token_id(i)]
+            out.append(chunk)
+        for i, call in enumerate(self._tool_calls()):
+            args = call["function"]["arguments"]
+            half = len(args) // 2
+            head = {"index": i, "id": call["id"], "type": "function", "function": {"name": call["function"]["name"], "arguments": args[:half]}}
+            out.append(self._chunk({"tool_calls": [head]}))
+            out.append(self._chunk({"tool_calls": [{"index": i, "function": {"arguments": args[half:]}}]}))
+        out.append(self._chunk({}, finish=self.finish))
+        if self.usage_chunk:
+            out.append({**self._head(), "object": "chat.completion.chunk", "choices": [], "usage": self.usage})
+        return out
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return {**self._head(), "object": "chat.completion.chunk", "choices": [choice]}
+
+    async def stream(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        for n, chunk in enumerate(self.chunks()):
+            if self.reply.drop_after_chunks is not None and n >= self.reply.drop_after_chunks:
+                raise ConnectionAbortedError("scripted disconnect")
+            if self.reply.token_delay_s and chunk["choices"] and "content" in chunk["choices"][0]["delta"]:
+                await asyncio.sleep(self.reply.token_delay_s)
+            await send({"type": "http.response.body", "body": f"data: {json.dumps(chunk)}\n\n".encode(), "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+
+async def _json(send: Send, status: int, body: dict[str, Any]) -> None:
+    data = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
+
+
+class FakeLLMServer:
+    """Serves a `FakeLLM` on 127.0.0.1 (OS-chosen port) from a uvicorn server in its own thread.
+
+    `with FakeLLMServer(app) as server: server.base_url` -> `http://127.0.0.1:PORT/v1`. Exiting stops the
+    server and joins its thread (hung replies are cancelled).
+    """
+
+    def __init__(self, app: FakeLLM | None = None) -> None:
+        self.app = app or FakeLLM()
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self.port: int = self._sock.getsockname()[1]
+        config = uvicorn.Config(self.app, lifespan="off", log_level="warning", ws="none", access_log=False,
+                                timeout_graceful_shutdown=1)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __enter__(self) -> FakeLLMServer:
+        self._thread.start()
+        deadline = time.monotonic() + _START_DEADLINE_S
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError("fake LLM server did not start")
+            time.sleep(0.005)  # polling a thread's flag; bounded by the deadline above
+        return self
+
+    def close(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=_START_DEADLINE_S)
+        self._sock.close()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _serve_forever(port_file: str, words: int, token_delay_s: float) -> None:
+    """`python -m tests.fakes.llm PORT_FILE [WORDS [TOKEN_DELAY_S]]`: serve until killed; port to PORT_FILE."""
+    import pathlib
+    import threading as _threading
+
+    app = FakeLLM(script=[Reply(content=" ".join(f"w{i}" for i in range(words)), token_delay_s=token_delay_s)])
+    with FakeLLMServer(app) as server:
+        pathlib.Path(port_file).write_text(str(server.port))
+        _threading.Event().wait()
+
+
+if __name__ == "__main__":
+    import sys
+
+    _serve_forever(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 20, float(sys.argv[3]) if len(sys.argv) > 3 else 0.0)
