@@ -38,6 +38,7 @@ class _Call:
         self.status: int | None = None
         self.error: str | None = None
         self.started = time.monotonic()
+        self.ended: float | None = None
         self._secret = lease.upstream.secret()
 
     def redact(self, text: str) -> str:
@@ -65,7 +66,7 @@ class _Call:
             message=message,
             finish_reason=a.finish_reason,
             usage=a.usage,
-            latency_s=round(time.monotonic() - self.started, 6),
+            latency_s=round((self.ended or time.monotonic()) - self.started, 6),
             upstream_status=self.status,
             error=self.error,
             prompt_token_ids=a.prompt_token_ids,
@@ -85,7 +86,7 @@ async def relay_call(
     try:
         async with session.post(
             lease.upstream.chat_url,
-            data=json.dumps(call.body).encode(),
+            data=json.dumps(call.body, separators=(",", ":")).encode(),
             headers=call.headers(),
             timeout=timeout,
             allow_redirects=False,
@@ -106,7 +107,9 @@ async def relay_call(
         call.error = call.error or ("lease closed" if lease.closed else "call cancelled")
         raise
     finally:
-        lease.record(call.turn())
+        call.ended = time.monotonic()
+        call.body = {}  # the turn keeps only the prompt delta: never the whole request
+        lease.record(call)
 
 
 async def _upstream_error(call: _Call, upstream: aiohttp.ClientResponse) -> web.Response:

@@ -12,15 +12,21 @@ import enum
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from coding_agent_env.llm.upstream import Upstream
 from coding_agent_env.models import Turn
 
-__all__ = ["Lease", "LeaseState", "PromptDelta"]
+__all__ = ["Lease", "LeaseState", "PromptDelta", "TurnSource"]
 
 _CLOSE_GRACE_S = 5.0
 """How long close() waits for cancelled in-flight calls to record their turns."""
+
+
+class TurnSource(Protocol):
+    """A finished call that can render its `Turn` (built lazily, off the response's hot path)."""
+
+    def turn(self) -> Turn: ...
 
 
 class LeaseState(enum.Enum):
@@ -63,7 +69,7 @@ class Lease:
         self._expires_at = expires_at
         self._revoke = revoke
         self._state = LeaseState.OPEN
-        self._turns: list[Turn] = []
+        self._turns: list[Turn | TurnSource] = []
         self._next_index = 0
         self._last_prompt: list[Any] = []
         self._inflight: set[asyncio.Task[Any]] = set()
@@ -92,7 +98,9 @@ class Lease:
 
     def turns(self) -> list[Turn]:
         """Every call recorded so far, in the order the calls arrived."""
-        return sorted(self._turns, key=lambda turn: turn.index)
+        built = [entry if isinstance(entry, Turn) else entry.turn() for entry in self._turns]
+        self._turns = list(built)
+        return sorted(built, key=lambda turn: turn.index)
 
     async def close(self) -> None:
         """Revoke the token, cancel calls in flight and wait (briefly) for their turns. Idempotent."""
@@ -134,5 +142,6 @@ class Lease:
     def untrack(self, task: asyncio.Task[Any]) -> None:
         self._inflight.discard(task)
 
-    def record(self, turn: Turn) -> None:
+    def record(self, turn: Turn | TurnSource) -> None:
+        """Keep a finished call's turn (or its source, rendered on the first `turns()`)."""
         self._turns.append(turn)
