@@ -24,6 +24,9 @@ def sandbox_processes(settings: Settings) -> list[str]:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
+        status = _read(entry / "stat")
+        if status.rpartition(")")[2].split()[:1] == ["Z"]:
+            continue  # already dead, waiting to be reaped by its parent
         cmdline = _read(entry / "cmdline")
         try:
             cwd = os.readlink(entry / "cwd")

@@ -78,6 +78,21 @@ class _Sink:
             self.dropped += len(chunk) - min(room, len(chunk))
 
 
+async def _pipe_reader(loop: asyncio.AbstractEventLoop) -> tuple[asyncio.StreamReader, asyncio.BaseTransport, int]:
+    """A pipe whose write end goes to the child and whose read end we own (not the subprocess transport,
+    whose `wait()` would otherwise also wait for every escaped holder of the pipe to exit)."""
+    read_fd, write_fd = os.pipe()
+    reader = asyncio.StreamReader(limit=_CHUNK, loop=loop)
+    try:
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(read_fd, "rb", buffering=0)
+        )
+    except BaseException:
+        os.close(write_fd)
+        raise
+    return reader, transport, write_fd
+
+
 async def run_capped(
     argv: Sequence[str],
     *,
@@ -91,13 +106,21 @@ async def run_capped(
     """Run to completion or to `timeout`, then kill the group. Cancellation kills the group too.
     The group id is in `track` while the command runs, so its owner can kill it from outside."""
     started = time.monotonic()
-    proc = await start(
-        argv, env=env, cwd=cwd, creds=creds, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
+    loop = asyncio.get_running_loop()
+    out_reader, out_transport, out_fd = await _pipe_reader(loop)
+    err_reader, err_transport, err_fd = await _pipe_reader(loop)
+    try:
+        proc = await start(argv, env=env, cwd=cwd, creds=creds, stdout=out_fd, stderr=err_fd)
+    except BaseException:
+        out_transport.close()
+        err_transport.close()
+        raise
+    finally:
+        os.close(out_fd)
+        os.close(err_fd)
     track.add(proc.pid)
-    assert proc.stdout is not None and proc.stderr is not None
     out, err = _Sink(max_output_bytes), _Sink(max_output_bytes)
-    readers = asyncio.gather(out.drain(proc.stdout), err.drain(proc.stderr))
+    readers = asyncio.gather(out.drain(out_reader), err.drain(err_reader))
     timed_out = False
     try:
         try:
@@ -119,6 +142,8 @@ async def run_capped(
         raise
     finally:
         readers.cancel()
+        out_transport.close()
+        err_transport.close()
         track.discard(proc.pid)
     return ExecResult(
         exit_code=proc.returncode,
@@ -164,7 +189,7 @@ async def kill_all_of_uid(creds: HostCredentials) -> None:
     if creds.uid is None:
         return
     proc = await start(
-        ["kill", "-s", "KILL", "--", "-1"],
+        ["kill", "-KILL", "-1"],
         env={"PATH": "/usr/bin:/bin"},
         cwd="/",
         creds=creds,

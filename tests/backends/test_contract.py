@@ -19,13 +19,20 @@ from coding_agent_env.settings import Settings
 from tests.helpers import sandbox_processes
 
 OUT = 64 * 1024
-BACKENDS = ["local"]
+BACKENDS = {
+    "local": ("local", {}),
+    # The fallback where bubblewrap cannot run: a probe that fails forces it.
+    "local-unisolated": ("local", {"bwrap_path": "/bin/false"}),
+}
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=list(BACKENDS))
 async def sandbox(request: pytest.FixtureRequest, settings: Settings, assert_no_leftovers: None) -> AsyncIterator[Sandbox]:
-    backend = get_backend(request.param, settings.model_copy(update={"sandbox_backends": tuple(BACKENDS)}))
+    name, overrides = BACKENDS[request.param]
+    backend = get_backend(name, settings.model_copy(update=overrides))
     box = await backend.create(SandboxSpec(rollout_id="contract"))
+    if request.param == "local-unisolated":
+        assert box.isolation == "none"
     try:
         yield box
     finally:
@@ -34,7 +41,7 @@ async def sandbox(request: pytest.FixtureRequest, settings: Settings, assert_no_
 
 def isolated(box: Sandbox) -> None:
     if box.isolation == "none":
-        pytest.skip("no isolation on this machine (bubblewrap cannot create namespaces)")
+        pytest.skip("this sandbox runs unisolated (bubblewrap unavailable or disabled)")
 
 
 async def sh(box: Sandbox, script: str, timeout: float = 20, **kw: object) -> tuple[int | None, str, str]:
@@ -179,5 +186,16 @@ async def test_fork_bomb_is_contained(settings: Settings, assert_no_leftovers: N
         assert done.exit_code is not None and not done.timed_out
         code, out, _ = await sh(box, "echo still usable")
         assert out == "still usable\n"
+    finally:
+        await box.close()
+
+
+async def test_file_size_limit_holds(settings: Settings) -> None:
+    tight = settings.model_copy(update={"sandbox_max_file_mb": 1})
+    box = await get_backend("local", tight).create(SandboxSpec(rollout_id="fsize"))
+    try:
+        code, _, _ = await sh(box, "head -c 3000000 /dev/zero > big")
+        entries, _ = await box.list_files(".", max_entries=10)
+        assert code != 0 and [e.size for e in entries if e.path == "big"] == [1024 * 1024]
     finally:
         await box.close()

@@ -41,6 +41,12 @@ async def test_oracle_passes_binary_search(settings: Settings) -> None:
     assert phases == ["provision", "setup", "agent", "verify", "collect", "teardown"]
 
 
+async def test_unisolated_fallback_reports_none_and_still_works(settings: Settings) -> None:
+    fallback = settings.model_copy(update={"bwrap_path": "/bin/false"})
+    result = await run_rollout(load_task(str(EXAMPLE)), settings=fallback)
+    assert result.isolation == "none" and result.reward == 1.0
+
+
 async def test_nop_gets_zero(settings: Settings) -> None:
     task = load_task(str(EXAMPLE)).model_copy(update={"agent": "nop"})
     result = await run_rollout(task, settings=settings)
