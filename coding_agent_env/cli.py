@@ -87,7 +87,7 @@ def summary(result: RolloutResult) -> str:
 def _cmd_rollout(args: argparse.Namespace) -> int:
     request = load_task(args.task)
     if args.agent:
-        request = RolloutRequest.model_validate({**request.model_dump(), "agent": args.agent, "api_key": request.api_key})
+        request = RolloutRequest.model_validate({**request.model_dump(), "agent": args.agent})
     result = asyncio.run(run_rollout(request, settings=Settings.from_env()))
     print(result.model_dump_json(indent=2) if args.json else summary(result))
     return 0
