@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/llm.py [--calls 300] [--concurrency 64] [--streams 640]
 
-Three processes, like production: the fake LLM (uvicorn), the relay (its own process, as in the server), and
-this client; the gate runs as `coding-agent-env gate` with the echo policy. Same run, same client, same
+Separate processes, like production: the fake LLM (uvicorn), the relay (its own process, as in the server),
+the gate (`coding-agent-env gate` whose policy generates with the fake LLM, as a trainer's engine would, then
+the gate synthesises the stream), and this client. Same run, same client, same
 machine: latency p50/p99 per sequential call (streamed, 20 tokens) and throughput at N concurrent streams.
 `--token-delay-ms 5` paces the fake like a real model (CPU is then not the bottleneck on a 2-core box).
 """
@@ -21,12 +22,28 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
         "stream_options": {"include_usage": True}}
+
+
+_policy_http: aiohttp.ClientSession | None = None
+
+
+async def fake_policy(request: Any) -> dict[str, Any]:
+    """Gate policy for the bench: generate with the fake LLM (non-streamed), as a trainer's engine would."""
+    global _policy_http
+    if _policy_http is None:
+        _policy_http = aiohttp.ClientSession()
+    body = {**request.body, "stream": False}
+    body.pop("stream_options", None)
+    async with _policy_http.post(os.environ["BENCH_FAKE_URL"] + "/chat/completions", json=body) as response:
+        result: dict[str, Any] = await response.json()
+        return result
 
 
 async def _relay_main(fake_url: str, out: str) -> None:
@@ -39,8 +56,9 @@ async def _relay_main(fake_url: str, out: str) -> None:
         await asyncio.Event().wait()
 
 
-def _spawn(argv: list[str], ready: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(argv, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL)
+def _spawn(argv: list[str], ready: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(argv, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
+                            env={**os.environ, **(env or {})})
     deadline = time.monotonic() + 20
     while not (ready.exists() and ready.read_text().strip()):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -86,12 +104,16 @@ async def _throughput(base_url: str, token: str, concurrency: int, total: int) -
 
 
 async def _measure(targets: dict[str, tuple[str, str]], args: argparse.Namespace) -> None:
-    results = {}
-    for name, (url, token) in targets.items():
-        p50, p99 = await _latency(url, token, args.calls)
-        rate = await _throughput(url, token, args.concurrency, args.streams)
-        results[name] = (p50, p99, rate)
+    """Interleave the paths for `--rounds` rounds (so machine noise hits them alike); report medians."""
+    samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in targets}
+    for _ in range(args.rounds):
+        for name, (url, token) in targets.items():
+            p50, p99 = await _latency(url, token, args.calls)
+            samples[name].append((p50, p99, await _throughput(url, token, args.concurrency, args.streams)))
+    results = {name: tuple(statistics.median(s[i] for s in rows) for i in range(3)) for name, rows in samples.items()}
     d50, d99, drate = results["direct"]
+    print(f"median of {args.rounds} interleaved rounds; {args.calls} sequential streamed calls; "
+          f"{args.streams} streams at concurrency {args.concurrency}; token delay {args.token_delay_ms} ms")
     print(f"{'path':8} {'p50 ms':>8} {'p99 ms':>8} {'added p50':>10} {'added p99':>10} {'streams/s':>10} {'ratio':>6}")
     for name, (p50, p99, rate) in results.items():
         print(f"{name:8} {p50:8.3f} {p99:8.3f} {p50 - d50:10.3f} {p99 - d99:10.3f} {rate:10.1f} {rate / drate:6.2f}")
@@ -102,6 +124,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--streams", type=int, default=640)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--token-delay-ms", type=float, default=0.0, help="fake LLM pause between tokens")
     parser.add_argument("--relay-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -116,8 +139,9 @@ def main() -> None:
         fake_url = f"http://127.0.0.1:{(tmp / 'fake').read_text()}/v1"
         procs.append(_spawn([sys.executable, "bench/llm.py", "--relay-child", fake_url, str(tmp / "relay")], tmp / "relay"))
         relay = json.loads((tmp / "relay").read_text())
-        gate_argv = [sys.executable, "-m", "coding_agent_env.gate.cli", "--rollouts", "1", "--tokens-file", str(tmp / "gate")]
-        procs.append(_spawn(gate_argv, tmp / "gate"))
+        gate_argv = [sys.executable, "-m", "coding_agent_env.gate.cli", "--rollouts", "1", "--tokens-file",
+                     str(tmp / "gate"), "--policy", "bench.llm:fake_policy"]
+        procs.append(_spawn(gate_argv, tmp / "gate", {"BENCH_FAKE_URL": fake_url}))
         gate = json.loads((tmp / "gate").read_text().splitlines()[0])
         targets = {"direct": (fake_url, "none"), "relay": (relay["base_url"], relay["token"]),
                    "gate": (gate["base_url"], gate["api_key"])}

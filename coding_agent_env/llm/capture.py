@@ -67,20 +67,40 @@ class TurnAssembler:
         self._tools: dict[int, _ToolCallParts] = {}
 
     def add_chunk(self, chunk: Any) -> None:
-        """One `chat.completion.chunk` (its parsed JSON)."""
-        chunk = _dict(chunk)
-        self._common(chunk)
-        choice = self._choice(chunk)
-        if choice is None:
+        """One `chat.completion.chunk` (its parsed JSON). Written for speed: it runs on every streamed chunk."""
+        if type(chunk) is not dict:
             return
-        delta = _dict(choice.get("delta"))
-        self._text(delta)
-        for position, call in enumerate(_list(delta.get("tool_calls"))):
+        if "usage" in chunk or "prompt_token_ids" in chunk:
+            self._common(chunk)
+        model = chunk.get("model")
+        if model is not None and model != self.model and isinstance(model, str):
+            self.model = model
+        choices = chunk.get("choices")
+        if not choices or type(choices) is not list:
+            return
+        choice = choices[0]
+        if type(choice) is not dict or choice.get("index", 0) != 0:
+            choice = self._choice(chunk)
+            if choice is None:
+                return
+        delta = choice.get("delta")
+        if type(delta) is dict:
+            content = delta.get("content")
+            if content and type(content) is str:
+                self._content.append(content)
+            if "reasoning_content" in delta or "reasoning" in delta:
+                self._text({"reasoning_content": delta.get("reasoning_content"), "reasoning": delta.get("reasoning")})
+            if delta.get("tool_calls"):
+                self._tool_deltas(delta["tool_calls"])
+        if choice.get("finish_reason") or choice.get("token_ids") is not None or choice.get("logprobs"):
+            self._choice_extras(choice)
+
+    def _tool_deltas(self, calls: Any) -> None:
+        for position, call in enumerate(_list(calls)):
             call = _dict(call)
             index = call.get("index")
             index = index if isinstance(index, int) else position
             self._tools.setdefault(index, _ToolCallParts()).add(call)
-        self._choice_extras(choice)
 
     def add_response(self, response: Any) -> None:
         """A whole `chat.completion` (its parsed JSON)."""

@@ -91,7 +91,10 @@ class Relay:
         await web.UnixSite(self._runner, str(self._socket_path)).start()
         os.chmod(self._socket_path, 0o666)  # sandbox uids must connect; the token is the access control
         connector = aiohttp.TCPConnector(limit=self._settings.relay_max_connections, enable_cleanup_closed=False)
-        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=True, trust_env=False)
+        # No cookie jar: an upstream's cookies must not be shared between rollouts. No proxies from env.
+        self._session = aiohttp.ClientSession(
+            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=True, trust_env=False
+        )
 
     async def stop(self) -> None:
         """Close every lease, stop listening, remove the socket. Idempotent."""
