@@ -151,15 +151,27 @@ class CodingAgentEnv:
         assert self._ws is not None
         try:
             async with asyncio.timeout(timeout_s):
-                await self._ws.send(json.dumps(message))
-                reply = json.loads(await self._ws.recv())
+                reply = json.loads(await self._exchange(self._ws, json.dumps(message)))
         except TimeoutError:
             await self._drop()
             raise ClientError(f"no reply to {message['type']!r} within {timeout_s:.0f}s; connection closed") from None
+        except ConnectionClosed as exc:
+            self._ws = None
+            raise ClientError(f"the server closed the connection ({exc.rcvd.code if exc.rcvd else 'no code'})") from None
         if reply.get("type") == "error":
             data = reply.get("data") or {}
             raise ServerError(str(data.get("code")), str(data.get("message")))
         return reply
+
+    @staticmethod
+    async def _exchange(ws: ClientConnection, text: str) -> str | bytes:
+        """Send and receive one frame. If the server already closed (a refusal), its queued error frame is
+        still the answer."""
+        try:
+            await ws.send(text)
+        except ConnectionClosed:
+            return await ws.recv()
+        return await ws.recv()
 
     async def _drop(self) -> None:
         ws, self._ws = self._ws, None

@@ -111,7 +111,11 @@ def plan(args: argparse.Namespace, settings: Settings | None = None) -> LaunchPl
     if args.env_dir is None:
         settings = settings or Settings.from_env()
         port = _port(args.port, "--port") if args.port is not None else settings.port
-        extra = {"ws_max_size": settings.ws_max_message_bytes}
+        extra = {
+            "ws": "websockets-sansio",
+            "ws_max_size": settings.ws_max_message_bytes,
+            "ws_per_message_deflate": settings.ws_compression,
+        }
         return LaunchPlan(app=OWN_APP_FACTORY, host=host, port=port, reload=args.reload, factory=True, extra=extra)
     env_dir = Path(args.env_dir).resolve()
     manifest = read_manifest(env_dir)

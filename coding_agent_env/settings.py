@@ -146,6 +146,10 @@ class Settings(BaseModel):
     ws_max_message_bytes: int = 16 * _MIB
     """Largest WebSocket frame or /mcp request body accepted; a larger frame closes the connection (1009)."""
 
+    ws_compression: bool = False
+    """Offer per-message deflate on WebSockets. Off by default: frames are small and compressing them costs
+    more latency than it saves on loopback and LAN links (OpenEnv's validator disables it too)."""
+
     max_json_depth: int = 64
     """Deepest nesting accepted in a WebSocket frame or JSON-RPC body."""
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from coding_agent_env import __version__
 from coding_agent_env.api.step import step
-from coding_agent_env.api.wire import CallToolAction, CallToolObservation, EnvState, observation_payload
+from coding_agent_env.api.wire import CallToolAction, CallToolObservation, EnvState
 from coding_agent_env.session import CapacityError, SessionKind, SessionManager
 
 __all__ = ["ENV_NAME", "build_router"]
@@ -85,7 +85,7 @@ def build_router(manager: SessionManager) -> APIRouter:
         except CapacityError as exc:
             return JSONResponse({"detail": str(exc)}, status_code=503)
         try:
-            return observation_payload(await step(session, body.action))
+            return await step(session, body.action)
         except ValidationError as exc:
             detail = json.loads(exc.json(include_input=False, include_url=False))
             return JSONResponse({"detail": detail}, status_code=422)

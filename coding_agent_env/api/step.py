@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from coding_agent_env.api.tool import TOOL_NAME, ToolCallFailed, run_tool, tool_descriptor, tool_result_dict
@@ -11,6 +12,7 @@ from coding_agent_env.api.wire import (
     ListToolsAction,
     ListToolsObservation,
     ToolErrorInfo,
+    observation_payload,
 )
 from coding_agent_env.session import Session
 
@@ -24,15 +26,23 @@ def parse_action(data: dict[str, Any]) -> ListToolsAction | CallToolAction:
     return CallToolAction.model_validate(data)
 
 
-async def step(session: Session, data: dict[str, Any]) -> ListToolsObservation | CallToolObservation:
-    """One step: validate the action (ValidationError), count it, run it. Tool failures are data."""
+async def step(session: Session, data: dict[str, Any]) -> dict[str, Any]:
+    """One step: validate the action (ValidationError), count it, run it; return the observation payload
+    (`{"observation","reward","done"}`). Tool failures are data in the observation, not exceptions."""
     action = parse_action(data)
     session.count_step()
     if isinstance(action, ListToolsAction):
-        return ListToolsObservation(tools=[tool_descriptor("input_schema")])
+        return _list_tools_payload()
     try:
         result = await run_tool(session, action.tool_name, action.arguments)
     except ToolCallFailed as exc:
         error = ToolErrorInfo(error_type=exc.error_type, message=exc.message)  # type: ignore[arg-type]
-        return CallToolObservation(tool_name=action.tool_name, error=error)
-    return CallToolObservation(tool_name=TOOL_NAME, result=tool_result_dict(result), reward=result.reward)
+        return observation_payload(CallToolObservation(tool_name=action.tool_name, error=error))
+    observation = CallToolObservation(tool_name=TOOL_NAME, result=tool_result_dict(result), reward=result.reward)
+    return observation_payload(observation)
+
+
+@functools.cache
+def _list_tools_payload() -> dict[str, Any]:
+    """Built once: the tool list never changes while the server runs. Callers must not mutate it."""
+    return observation_payload(ListToolsObservation(tools=[tool_descriptor("input_schema")]))

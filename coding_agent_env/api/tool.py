@@ -7,6 +7,7 @@ is a `RolloutResult`. The step path and JSON-RPC return OpenEnv's tool-result di
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from pydantic import ValidationError
@@ -43,8 +44,11 @@ class ToolCallFailed(Exception):
         self.message = message
 
 
+@functools.cache
 def tool_descriptor(schema_key: str) -> dict[str, Any]:
-    """`{name, description, <schema_key>}`: `input_schema` on the step path, `inputSchema` over JSON-RPC."""
+    """`{name, description, <schema_key>}`: `input_schema` on the step path, `inputSchema` over JSON-RPC.
+
+    Built once (schema generation is the costly part of a `list_tools`); callers must not mutate it."""
     return {"name": TOOL_NAME, "description": TOOL_DESCRIPTION, schema_key: request_fields_schema()}
 
 

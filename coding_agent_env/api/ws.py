@@ -22,7 +22,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from coding_agent_env.api.jsonrpc import RpcContext, dispatch
 from coding_agent_env.api.step import step
-from coding_agent_env.api.wire import WS_ENVELOPES, loads_bounded, observation_payload
+from coding_agent_env.api.wire import WS_ENVELOPES, loads_bounded
 from coding_agent_env.session import CapacityError, Session, SessionError, SessionKind, SessionManager
 from coding_agent_env.settings import Settings
 
@@ -141,8 +141,7 @@ class _Connection:
             return {"type": "observation", "data": {"observation": {}, "reward": None, "done": False}}
         if kind == "mcp":
             return {"type": "mcp", "data": await dispatch(message.data, self.rpc)}
-        observation = await step(self.session, message.data)
-        return {"type": "observation", "data": observation_payload(observation)}
+        return {"type": "observation", "data": await step(self.session, message.data)}
 
 
 def _describe(kind: Any) -> str:
