@@ -14,7 +14,7 @@ from fastapi import FastAPI, WebSocket
 from coding_agent_env.api.endpoint import McpDispatcher
 from coding_agent_env.api.http import ENV_DESCRIPTION, build_router
 from coding_agent_env.api.mcp import McpEndpoint
-from coding_agent_env.api.ws import serve_ws
+from coding_agent_env.api.ws import serve_ws, serve_ws_mcp
 from coding_agent_env.session import SessionManager
 from coding_agent_env.settings import Settings
 
@@ -48,5 +48,9 @@ def build_app(settings: Settings | None = None) -> FastAPI:
     @app.websocket("/ws")
     async def ws(websocket: WebSocket) -> None:
         await serve_ws(websocket, manager, settings)
+
+    @app.websocket("/mcp")
+    async def ws_mcp(websocket: WebSocket) -> None:
+        await serve_ws_mcp(websocket, manager, settings)
 
     return app

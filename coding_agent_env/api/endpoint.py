@@ -3,11 +3,14 @@
 A request that carries an `Mcp-Session-Id` header, or a POST whose body is an `initialize` request, goes to
 the real MCP server (mcp.py). Any other POST is OpenEnv JSON-RPC (jsonrpc.py), answered with status 200
 whatever the outcome. A GET or DELETE without a session header gets 405, as upstream's does. A body larger
-than `ws_max_message_bytes` gets 413.
+than `ws_max_message_bytes` gets 413. A JSON-RPC client that disconnects before its answer cancels the call
+(and so its rollout, whose sandbox is torn down).
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -54,7 +57,28 @@ class McpDispatcher:
         if isinstance(message, dict) and message.get("method") == "initialize":
             await self.mcp.handle(scope, receive, send, body)
             return
-        await send_json(send, 200, await dispatch(message, RpcContext(manager=self.manager)))
+        reply = await _unless_disconnected(dispatch(message, RpcContext(manager=self.manager)), receive)
+        if reply is not None:
+            await send_json(send, 200, reply)
+
+
+async def _unless_disconnected(call: Coroutine[Any, Any, dict[str, Any]], receive: Receive) -> dict[str, Any] | None:
+    """Run `call`, cancelling it if the client disconnects first (a rollout it started is torn down)."""
+    task = asyncio.ensure_future(call)
+    watcher = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+        await asyncio.wait({task, watcher})
+    return None if task.cancelled() else task.result()
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:

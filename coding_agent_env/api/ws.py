@@ -20,13 +20,13 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from coding_agent_env.api.jsonrpc import RpcContext, dispatch
+from coding_agent_env.api.jsonrpc import PARSE_ERROR, SERVER_ERROR, RpcContext, dispatch
 from coding_agent_env.api.step import step
-from coding_agent_env.api.wire import WS_ENVELOPES, loads_bounded
+from coding_agent_env.api.wire import WS_ENVELOPES, loads_bounded, rpc_error
 from coding_agent_env.session import CapacityError, Session, SessionError, SessionKind, SessionManager
 from coding_agent_env.settings import Settings
 
-__all__ = ["serve_ws"]
+__all__ = ["serve_ws", "serve_ws_mcp"]
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +142,32 @@ class _Connection:
         if kind == "mcp":
             return {"type": "mcp", "data": await dispatch(message.data, self.rpc)}
         return {"type": "observation", "data": await step(self.session, message.data)}
+
+
+class _RawRpcConnection(_Connection):
+    """`WS /mcp`: raw JSON-RPC request frames in, response frames out, bound to the socket's session."""
+
+    async def _serve_frame(self, text: str) -> Any:
+        try:
+            raw = loads_bounded(text, self.settings.max_json_depth)
+        except ValueError as exc:
+            return rpc_error(None, PARSE_ERROR, f"Parse error: {exc}")
+        return await dispatch(raw, self.rpc)
+
+
+async def serve_ws_mcp(websocket: WebSocket, manager: SessionManager, settings: Settings) -> None:
+    """Run one `WS /mcp` connection: a session of its own; at capacity one `-32000` frame, then close."""
+    await websocket.accept()
+    try:
+        session = manager.create(SessionKind.WS)
+    except CapacityError as exc:
+        data = {"active_sessions": exc.active, "max_sessions": exc.maximum}
+        await _refuse(websocket, rpc_error(None, SERVER_ERROR, str(exc), data))
+        return
+    try:
+        await _RawRpcConnection(websocket, session, manager, settings).run()
+    finally:
+        await manager.close(session.id)
 
 
 def _describe(kind: Any) -> str:

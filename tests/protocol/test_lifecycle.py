@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import uuid
 from pathlib import Path
 
@@ -58,3 +59,17 @@ def test_a_session_runs_one_rollout_at_a_time(server: LiveServer) -> None:
             assert http.post("/mcp", json=closing).json()["result"]["closing"] is True
     wait_until(lambda: not processes_with(f"sleep {marker}"), what="teardown after detach")
     wait_until(lambda: server.sessions.active == 0, what="session closed at detach")
+
+
+def test_jsonrpc_client_disconnect_cancels_its_rollout(server: LiveServer) -> None:
+    marker = f"{uuid.uuid4().int % 10**6 + 1000}.{uuid.uuid4().int % 1000:03d}"
+    arguments = {"instruction": "wait", "agent": "oracle", "solution": [f"sleep {marker}"], "agent_timeout_s": 2000}
+    call = {"jsonrpc": "2.0", "method": "tools/call", "id": 1, "params": {"name": "run_rollout", "arguments": arguments}}
+    body = json.dumps(call).encode()
+    request = (f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    with socket.create_connection(("127.0.0.1", server.port)) as raw:
+        raw.sendall(request)
+        wait_until(lambda: bool(processes_with(f"sleep {marker}")), what="the rollout to start")
+    wait_until(lambda: not processes_with(f"sleep {marker}"), what="teardown after the HTTP client left")
+    wait_until(lambda: server.sessions.active == 0, what="the temporary session freed")

@@ -50,3 +50,17 @@ def test_unknown_mcp_session_is_404(server: LiveServer) -> None:
     response = httpx.post(f"{server.http}/mcp", json={"jsonrpc": "2.0", "method": "tools/list", "id": 1},
                           headers={"mcp-session-id": "not-ours"})
     assert response.status_code == 404
+
+
+def test_idle_mcp_sessions_are_reaped(make_server: Any) -> None:
+    server = make_server(session_idle_timeout_s=0.3, session_reap_interval_s=0.05)
+    init = {"jsonrpc": "2.0", "method": "initialize", "id": 1, "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+    headers = {"accept": "application/json, text/event-stream"}
+    response = httpx.post(f"{server.http}/mcp", json=init, headers=headers)
+    mcp_id = response.headers["mcp-session-id"]
+    assert server.sessions.active == 1
+    wait_until(lambda: server.sessions.active == 0, what="idle MCP session reaped")
+    ping = {"jsonrpc": "2.0", "method": "tools/list", "id": 2}
+    gone = httpx.post(f"{server.http}/mcp", json=ping, headers={**headers, "mcp-session-id": mcp_id})
+    assert gone.status_code == 404

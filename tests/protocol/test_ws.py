@@ -155,3 +155,20 @@ def test_detach_keeps_an_unclosed_session(server: LiveServer) -> None:
         ask(ws, {"type": "state"})
     wait_until(lambda: not server.sessions.get(session_id).attached, what="detach")
     assert server.sessions.active == 1
+
+
+def test_ws_mcp_raw_jsonrpc(make_server: Any) -> None:
+    server = make_server(max_concurrent_envs=1)
+    url = server.ws.removesuffix("/ws") + "/mcp"
+    with connect(url) as ws:
+        assert ask(ws, "{nope")["error"]["code"] == -32700
+        assert ask(ws, "{nope")["error"]["message"].startswith("Parse error: ")
+        listed = ask(ws, {"jsonrpc": "2.0", "method": "tools/list", "id": 1})
+        assert listed["result"]["tools"][0]["name"] == "run_rollout"
+        own = ask(ws, {"jsonrpc": "2.0", "method": "openenv/session/create", "id": 2})["result"]["session_id"]
+        assert server.sessions.get(own).kind.value == "ws"
+        with connect(url) as refused:
+            frame = json.loads(refused.recv(timeout=10))
+            assert frame["error"]["code"] == -32000 and frame["error"]["data"] == {"active_sessions": 1,
+                                                                                  "max_sessions": 1}
+    wait_until(lambda: server.sessions.active == 0, what="WS /mcp session freed")
