@@ -2,6 +2,7 @@
 
     coding-agent-env rollout TASK [--json]     run one rollout locally (TASK: JSON/YAML file, or - for stdin)
     coding-agent-env check                     report which sandbox backends and agents can run here
+    coding-agent-env gate [...]                run the trainer-side LLM gate
     coding-agent-env serve [ENV_DIR]           serve this environment (or an OpenEnv env dir) over HTTP
 
 Invalid input ends with a one-line message on stderr and exit code 2; a rollout that ran exits 0 whatever
@@ -42,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     rollout.add_argument("--agent", help="override the task's agent")
     commands.add_parser("check", help="report which sandbox backends and agents can run here")
     serve.add_arguments(commands.add_parser("serve", help="serve this environment, or an OpenEnv env directory"))
+    commands.add_parser("gate", help="run the trainer-side LLM gate (`gate --help` for its options)", add_help=False)
     return parser
 
 
@@ -106,7 +108,17 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0 if all(b["available"] for b in report["backends"].values()) else 1
 
 
+def _cmd_gate(gate_args: list[str]) -> int:
+    # Imported here: the gate's HTTP stack is only needed by this command.
+    from coding_agent_env.gate.cli import main as gate_main
+
+    return gate_main(gate_args)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["gate"]:
+        return _cmd_gate(argv[1:])  # the gate parses its own options, --help included
     args = _parser().parse_args(argv)
     handlers = {"rollout": _cmd_rollout, "check": _cmd_check, "serve": serve.serve}
     try:

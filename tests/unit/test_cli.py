@@ -51,3 +51,8 @@ def test_check_reports_backends_and_agents(settings: Settings) -> None:
     done = cli("check", settings=settings)
     report = json.loads(done.stdout)
     assert done.returncode == 0 and report["backends"]["local"]["available"] and "oracle" in report["agents"]
+
+
+def test_gate_subcommand_reaches_the_gate(settings: Settings) -> None:
+    done = cli("gate", "--help", settings=settings)
+    assert done.returncode == 0 and "usage:" in done.stdout and "gate" in done.stdout
