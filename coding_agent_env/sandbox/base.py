@@ -27,6 +27,7 @@ __all__ = [
     "ExecResult",
     "FileEntry",
     "Process",
+    "RelayEndpoint",
     "Sandbox",
     "SandboxBackend",
     "SandboxPaths",
@@ -36,12 +37,26 @@ __all__ = [
 
 
 @dataclass(frozen=True)
+class RelayEndpoint:
+    """Where the server's LLM relay listens, as the host sees it."""
+
+    socket_path: str
+    """Unix socket of the relay (bind-mounted into sandboxes that have no network)."""
+    tcp_url: str
+    """Loopback base URL of the relay, e.g. `http://127.0.0.1:PORT/v1` (for unisolated sandboxes)."""
+
+
+@dataclass(frozen=True)
 class SandboxSpec:
-    """What a rollout asks of its sandbox. Backends ignore what they cannot use and report it."""
+    """What a rollout asks of its sandbox. Backends ignore what they cannot use and report it.
+
+    `network`: `none` (no network at all), `llm` (only the relay in `relay` is reachable, at
+    `Sandbox.relay_url`, from processes started by `spawn`), `host` (the host's network; operator opt-in)."""
 
     rollout_id: str
     image: str | None = None
     network: Literal["none", "llm", "host"] = "none"
+    relay: RelayEndpoint | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +137,8 @@ class Sandbox(abc.ABC):
     """Isolation really in effect: `bwrap`, `docker`, `none`, ..."""
 
     paths: SandboxPaths
+    relay_url: str | None = None
+    """Base URL at which processes started by `spawn` reach the LLM relay (network `llm`), else None."""
     shell: str = "/bin/bash"
     """Shell used to run the task's command strings (`shell -c CMD`)."""
 
