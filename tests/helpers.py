@@ -44,9 +44,11 @@ def sandbox_mounts(settings: Settings) -> list[str]:
 
 
 def sandbox_dirs(settings: Settings) -> list[str]:
+    """Sandbox roots, and relay sockets (the relay's own directory stays: it holds the forwarder copy)."""
     if not settings.state_dir.exists():
         return []
-    return sorted(p.name for p in settings.state_dir.iterdir())
+    found = sorted(p.name for p in settings.state_dir.iterdir() if p.name != "relay")
+    return found + sorted(f"relay/{p.name}" for p in (settings.state_dir / "relay").glob("*.sock"))
 
 
 def leftovers(settings: Settings) -> dict[str, list[str]]:

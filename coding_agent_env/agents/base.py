@@ -21,7 +21,17 @@ from coding_agent_env.models import RolloutRequest
 from coding_agent_env.sandbox.base import Sandbox
 from coding_agent_env.settings import Settings
 
-__all__ = ["Agent", "AgentContext", "run_in_sandbox"]
+__all__ = ["Agent", "AgentContext", "LlmAccess", "run_in_sandbox"]
+
+
+@dataclass(frozen=True)
+class LlmAccess:
+    """How an agent reaches its LLM: the relay as seen from inside the sandbox, and a per-rollout token
+    (use it as the OpenAI api_key; it is worthless outside this rollout). Never the upstream key."""
+
+    base_url: str
+    token: str
+    model: str
 
 
 @dataclass(frozen=True)
@@ -35,6 +45,8 @@ class AgentContext:
     """Sandbox directory private to the agent's bookkeeping (scripts, configs)."""
     log_path: str
     """Sandbox path where the agent's stdout and stderr go; its tail lands in the result."""
+    llm: LlmAccess | None = None
+    """Set for agents with `needs_llm`."""
 
 
 class Agent(abc.ABC):

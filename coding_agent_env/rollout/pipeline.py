@@ -20,16 +20,26 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from coding_agent_env.agents.base import Agent, AgentContext
+from coding_agent_env.agents.base import Agent, AgentContext, LlmAccess
 from coding_agent_env.agents.registry import get_agent
-from coding_agent_env.errors import AgentError, CodingAgentEnvError, SandboxError
-from coding_agent_env.models import CommandResult, ErrorInfo, RolloutRequest, RolloutResult, RolloutStatus, Timings
+from coding_agent_env.errors import AgentError, CodingAgentEnvError, RelayError, SandboxError
+from coding_agent_env.llm import Lease, Relay, Upstream, resolve_upstream
+from coding_agent_env.models import (
+    CommandResult,
+    ErrorInfo,
+    RolloutRequest,
+    RolloutResult,
+    RolloutStatus,
+    Timings,
+    Turn,
+)
 from coding_agent_env.reward.score import score
 from coding_agent_env.reward.verify import run_command, run_verify
 from coding_agent_env.rollout import events as ev
 from coding_agent_env.rollout.budget import Budget
 from coding_agent_env.rollout.collect import collect_files
 from coding_agent_env.rollout.redact import Redactor
+from coding_agent_env.rollout.relay_access import relay_endpoint
 from coding_agent_env.sandbox.base import Sandbox, SandboxSpec
 from coding_agent_env.sandbox.registry import get_backend, resolve_backend_name
 from coding_agent_env.settings import Settings
@@ -40,7 +50,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_INFRA_ERRORS = (SandboxError, AgentError, OSError)
+_INFRA_ERRORS = (SandboxError, AgentError, RelayError, OSError)
 """Failures of our machinery (not of the task or the agent): the episode is invalid, reward null."""
 
 
@@ -54,12 +64,18 @@ async def run_rollout(
     settings: Settings | None = None,
     emit: ev.Emit | None = None,
     cancel: asyncio.Event | None = None,
+    relay: Relay | None = None,
 ) -> RolloutResult:
-    """Run one rollout end to end. Raises `RequestError` only for a request that cannot start."""
+    """Run one rollout end to end. Raises `RequestError` only for a request that cannot start.
+
+    An agent that needs an LLM talks to it through `relay` (the server's, started on this loop); without
+    one, a private relay lives for this rollout only."""
     settings = settings or Settings.from_env()
     agent = get_agent(request.agent)
     backend_name = resolve_backend_name(request.sandbox, settings)
+    upstream = resolve_upstream(request, settings) if agent.needs_llm else None
     rollout = _Rollout(request, settings, agent, backend_name, emit)
+    rollout.upstream, rollout.relay = upstream, relay
     if cancel is None:
         return await rollout.execute()
     return await _until_cancelled(rollout, cancel)
@@ -95,6 +111,11 @@ class _Rollout:
         self.budget = Budget.for_request(request, settings)
         self._emit = emit
         self.redact = Redactor([request.api_key.get_secret_value() if request.api_key else None])
+        self.upstream: Upstream | None = None
+        self.relay: Relay | None = None
+        self._own_relay: Relay | None = None
+        self.lease: Lease | None = None
+        self.turns: list[Turn] = []
         self.sandbox: Sandbox | None = None
         self.status = RolloutStatus.COMPLETED
         self.error: ErrorInfo | None = None
@@ -172,10 +193,28 @@ class _Rollout:
 
     async def _provision(self) -> None:
         backend = get_backend(self.backend, self.settings)
-        self.sandbox = await backend.create(SandboxSpec(rollout_id=self.rollout_id, image=self.request.image))
+        spec = SandboxSpec(rollout_id=self.rollout_id, image=self.request.image)
+        if self.upstream is not None:
+            self.lease = await self._open_lease(self.upstream)
+            spec = SandboxSpec(
+                rollout_id=self.rollout_id,
+                image=self.request.image,
+                network="llm",
+                relay=relay_endpoint(self.lease),
+            )
+        self.sandbox = await backend.create(spec)
         self.emit(ev.Provisioned(rollout_id=self.rollout_id, sandbox_id=self.sandbox.id, isolation=self.sandbox.isolation))
         for path, text in self.request.files.items():
             await self.sandbox.write_text(path, text)
+
+    async def _open_lease(self, upstream: Upstream) -> Lease:
+        relay = self.relay
+        if relay is None:
+            relay = self._own_relay = Relay(self.settings)
+            await relay.start()
+        lease = await relay.open_lease(self.rollout_id, upstream, ttl_s=self.budget.total_s)
+        self.redact = Redactor([upstream.secret(), lease.token, *self.redact.secrets])
+        return lease
 
     async def _setup(self) -> None:
         sandbox = self._open_sandbox()
@@ -204,6 +243,7 @@ class _Rollout:
             instruction_path=f"{agent_dir}/instruction.md",
             agent_dir=agent_dir,
             log_path=f"{agent_dir}/agent.log",
+            llm=self._llm_access(sandbox),
         )
         await sandbox.write_text(ctx.instruction_path, self.request.instruction)
         timed_out = False
@@ -219,6 +259,12 @@ class _Rollout:
         finally:
             await self._read_agent_log(ctx.log_path)
         self.emit(ev.AgentFinished(rollout_id=self.rollout_id, exit_code=self.agent_exit_code, timed_out=timed_out))
+
+    def _llm_access(self, sandbox: Sandbox) -> LlmAccess | None:
+        if self.lease is None or self.upstream is None:
+            return None
+        assert sandbox.relay_url is not None, "an llm sandbox always has a relay URL"
+        return LlmAccess(base_url=sandbox.relay_url, token=self.lease.token, model=self.upstream.model or "")
 
     async def _read_agent_log(self, path: str) -> None:
         sandbox = self._open_sandbox()
@@ -248,20 +294,30 @@ class _Rollout:
         self.files, self.files_omitted = collected.files, collected.omitted
 
     async def _teardown(self) -> None:
-        if self.sandbox is None:
+        if self.sandbox is None and self.lease is None and self._own_relay is None:
             return
         self.emit(ev.PhaseStarted(rollout_id=self.rollout_id, phase="teardown"))
         started = time.monotonic()
         try:
             async with asyncio.timeout(self.budget.teardown_s):
-                await self.sandbox.close()
+                if self.sandbox is not None:
+                    await self.sandbox.close()
+                await self._release_relay()
         except (TimeoutError, CodingAgentEnvError, OSError) as exc:
-            log.error("rollout %s: teardown of sandbox %s failed: %r", self.rollout_id, self.sandbox.id, exc)
+            log.error("rollout %s: teardown failed: %r", self.rollout_id, exc)
             if self.error is None:
                 self.error = ErrorInfo(type=type(exc).__name__, stage="teardown", message=self.redact.text(str(exc)))
         finally:
             self.timings["teardown"] = time.monotonic() - started
             self.emit(ev.PhaseFinished(rollout_id=self.rollout_id, phase="teardown", duration_s=self.timings["teardown"]))
+
+    async def _release_relay(self) -> None:
+        """Revoke the rollout's token (in-flight calls end and are recorded), keep its turns."""
+        if self.lease is not None:
+            await self.lease.close()
+            self.turns = self.lease.turns()
+        if self._own_relay is not None:
+            await self._own_relay.stop()
 
     def _open_sandbox(self) -> Sandbox:
         assert self.sandbox is not None, "stage ran before provision"
@@ -289,6 +345,7 @@ class _Rollout:
             verify_results=self.verify_results,
             files=self.files,
             files_omitted=self.files_omitted,
+            turns=self.turns,
             timings=timings,
             agent_log_tail=self.agent_log_tail,
             error=self.error,

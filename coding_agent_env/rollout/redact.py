@@ -16,6 +16,10 @@ class Redactor:
     def __init__(self, secrets: Iterable[str | None]) -> None:
         self._secrets = sorted({s for s in secrets if s and len(s) >= _MIN_SECRET_CHARS}, key=len, reverse=True)
 
+    @property
+    def secrets(self) -> list[str]:
+        return list(self._secrets)
+
     def text(self, value: str) -> str:
         for secret in self._secrets:
             if secret in value:

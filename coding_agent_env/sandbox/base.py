@@ -44,6 +44,9 @@ class RelayEndpoint:
     """Unix socket of the relay (bind-mounted into sandboxes that have no network)."""
     tcp_url: str
     """Loopback base URL of the relay, e.g. `http://127.0.0.1:PORT/v1` (for unisolated sandboxes)."""
+    forwarder_path: str
+    """A stdlib-only Python file, `forwarder.py SOCKET PORT`, that maps a loopback TCP port inside a
+    network-less sandbox onto the bind-mounted socket."""
 
 
 @dataclass(frozen=True)

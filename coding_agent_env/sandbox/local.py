@@ -10,6 +10,10 @@ When the server runs as root, each sandbox also gets its own host uid from a poo
 root anywhere, the process limit is really enforced (root is exempt from RLIMIT_NPROC), and sandboxes
 cannot read one another's files.
 
+With network policy `llm`, every `spawn` also gets the relay's unix socket at /run/llm.sock and a small
+forwarder inside its own network namespace, so the spawned agent reaches the relay at `relay_url`
+(`http://127.0.0.1:SANDBOX_RELAY_PORT/v1`) and nothing else. `exec` (setup, verify) never does.
+
 Where bubblewrap cannot create namespaces (e.g. in an unprivileged container), commands run as plain
 subprocesses in the host directory and `isolation` says `none`.
 """
@@ -36,6 +40,7 @@ from coding_agent_env.sandbox.base import (
     ExecResult,
     FileEntry,
     Process,
+    RelayEndpoint,
     Sandbox,
     SandboxBackend,
     SandboxPaths,
@@ -51,6 +56,15 @@ _INNER_UID = 1000
 _PROBE_TIMEOUT_S = 10.0
 _BWRAP_PATHS = SandboxPaths(workdir="/workspace", home="/home/sandbox", tmp="/tmp", logs="/logs")
 _SUBDIRS = {"workdir": "work", "home": "home", "tmp": "tmp", "logs": "logs"}
+_RELAY_SOCKET = "/run/llm.sock"
+_RELAY_FORWARDER = "/run/llm-forwarder.py"
+_RELAY_LAUNCHER = f"""port="$1"; shift
+python3 {_RELAY_FORWARDER} {_RELAY_SOCKET} "$port" &
+for _ in $(seq 1 500); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.01; done
+exec "$@"
+"""
+"""Starts the relay forwarder in the spawned command's own network namespace, waits (bounded) until it
+listens, then becomes the command. Only constants and positional arguments: nothing is interpolated."""
 
 
 @dataclass(frozen=True)
@@ -162,8 +176,10 @@ class LocalBackend(SandboxBackend):
             reaped = await self.reap_orphans()
             if reaped:
                 log.warning("removed %d sandbox directories left by a crashed server", reaped)
-        if spec.network != "none":
-            raise SandboxUnavailableError(f"network policy {spec.network!r} is not available on the local backend")
+        if spec.network == "host":
+            raise SandboxUnavailableError("network policy 'host' is not available on the local backend")
+        if spec.network == "llm" and spec.relay is None:
+            raise SandboxError("network policy 'llm' needs the relay's endpoint")
         uid = self._uids.take() if self._uids is not None else None
         try:
             root = self._make_root(spec.rollout_id, uid)
@@ -171,7 +187,8 @@ class LocalBackend(SandboxBackend):
             if uid is not None and self._uids is not None:
                 self._uids.give(uid)
             raise
-        return LocalSandbox(self._settings, iso, root, uid, release=self._release)
+        relay = spec.relay if spec.network == "llm" else None
+        return LocalSandbox(self._settings, iso, root, uid, relay=relay, release=self._release)
 
     def _release(self, uid: int | None) -> None:
         if uid is not None and self._uids is not None:
@@ -254,6 +271,7 @@ class LocalSandbox(Sandbox):
         isolation: _Isolation,
         root: Path,
         uid: int | None,
+        relay: RelayEndpoint | None,
         release: Callable[[int | None], None],
     ) -> None:
         super().__init__()
@@ -264,6 +282,7 @@ class LocalSandbox(Sandbox):
         self._release = release
         self._creds = _proc.HostCredentials(uid, uid)
         self._groups: set[int] = set()
+        self._relay = relay
         self.id = root.name
         self.isolation = "bwrap" if isolation.bwrap else "none"
         hosts = {key: root / sub for key, sub in _SUBDIRS.items()}
@@ -276,15 +295,25 @@ class LocalSandbox(Sandbox):
             self.paths.workdir,
             (uid, uid) if uid is not None else None,
         )
+        if relay is not None:
+            isolated = isolation.bwrap is not None
+            self.relay_url = f"http://127.0.0.1:{settings.sandbox_relay_port}/v1" if isolated else relay.tcp_url
         nproc = isolation.bwrap is not None or uid is not None
         limits = _limits(settings, with_nproc=nproc)
         self._prlimit = ("prlimit", *(f"--{name}={value}" for name, value in limits.items()), "--")
 
-    def _command(self, argv: Sequence[str], cwd: str, fresh: bool) -> tuple[list[str], str | None]:
-        """Full host argv and host cwd for a command."""
+    def _command(
+        self, argv: Sequence[str], cwd: str, fresh: bool, relay: bool = False
+    ) -> tuple[list[str], str | None]:
+        """Full host argv and host cwd for a command; with `relay`, the relay forwarder runs beside it."""
         if not self._iso.bwrap:
             return [*self._prlimit, *argv], str(self._mounts.host_path(cwd))
         binds: list[str] = ["--bind", str(self._root / "work"), self.paths.workdir]
+        if relay and self._relay is not None:
+            binds += ["--bind", self._relay.socket_path, _RELAY_SOCKET]
+            binds += ["--ro-bind", self._relay.forwarder_path, _RELAY_FORWARDER]
+            port = str(self._settings.sandbox_relay_port)
+            argv = [self.shell, "-c", _RELAY_LAUNCHER, "relay-launcher", port, *argv]
         binds += ["--bind", str(self._root / "logs"), self.paths.logs]
         if fresh:
             binds += ["--tmpfs", self.paths.home, "--tmpfs", self.paths.tmp]
@@ -348,7 +377,7 @@ class LocalSandbox(Sandbox):
         log_path: str | None = None,
     ) -> Process:
         self._check_open()
-        full, host_cwd = self._command(argv, cwd or self.paths.workdir, fresh=False)
+        full, host_cwd = self._command(argv, cwd or self.paths.workdir, fresh=False, relay=True)
         out = self._open_log(log_path) if log_path else os.open(os.devnull, os.O_WRONLY)
         try:
             proc = await _proc.start(

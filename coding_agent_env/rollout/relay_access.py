@@ -1,0 +1,40 @@
+"""What a sandbox needs to reach the relay: its socket, its loopback URL, and a forwarder file it can read.
+
+The forwarder is copied next to the relay's socket (under the state dir, traversable by sandbox uids), since
+the installed package itself may live somewhere sandbox uids cannot read (e.g. under /root).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+
+from coding_agent_env.llm import Lease
+from coding_agent_env.sandbox.base import RelayEndpoint
+
+__all__ = ["relay_endpoint"]
+
+_FORWARDER_MODULE = "coding_agent_env.llm.forwarder"
+
+
+def relay_endpoint(lease: Lease) -> RelayEndpoint:
+    return RelayEndpoint(
+        socket_path=str(lease.socket_path),
+        tcp_url=lease.base_url,
+        forwarder_path=str(_readable_forwarder(lease.socket_path.parent)),
+    )
+
+
+def _readable_forwarder(directory: Path) -> Path:
+    spec = importlib.util.find_spec(_FORWARDER_MODULE)
+    assert spec is not None and spec.origin is not None, "the forwarder ships with the package"
+    source = Path(spec.origin).read_bytes()
+    target = directory / f"forwarder-{hashlib.sha256(source).hexdigest()[:16]}.py"
+    if not target.exists():
+        partial = directory / f".{target.name}.{os.getpid()}"
+        partial.write_bytes(source)
+        os.chmod(partial, 0o644)
+        os.replace(partial, target)  # atomic: concurrent rollouts never see a half-written file
+    return target
