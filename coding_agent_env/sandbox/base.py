@@ -60,6 +60,8 @@ class SandboxSpec:
     image: str | None = None
     network: Literal["none", "llm", "host"] = "none"
     relay: RelayEndpoint | None = None
+    agents_dir: str | None = None
+    """Host directory of pre-installed agents to make visible read-only (at `Sandbox.agents_dir`)."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,8 @@ class Sandbox(abc.ABC):
     paths: SandboxPaths
     relay_url: str | None = None
     """Base URL at which processes started by `spawn` reach the LLM relay (network `llm`), else None."""
+    agents_dir: str | None = None
+    """Where the spec's `agents_dir` is visible inside (read-only), else None."""
     shell: str = "/bin/bash"
     """Shell used to run the task's command strings (`shell -c CMD`)."""
 

@@ -56,6 +56,7 @@ _INNER_UID = 1000
 _PROBE_TIMEOUT_S = 10.0
 _BWRAP_PATHS = SandboxPaths(workdir="/workspace", home="/home/sandbox", tmp="/tmp", logs="/logs")
 _SUBDIRS = {"workdir": "work", "home": "home", "tmp": "tmp", "logs": "logs"}
+_AGENTS_MOUNT = "/opt/agents"
 _RELAY_SOCKET = "/run/llm.sock"
 _RELAY_FORWARDER = "/run/llm-forwarder.py"
 _RELAY_LAUNCHER = f"""port="$1"; shift
@@ -188,7 +189,11 @@ class LocalBackend(SandboxBackend):
                 self._uids.give(uid)
             raise
         relay = spec.relay if spec.network == "llm" else None
-        return LocalSandbox(self._settings, iso, root, uid, relay=relay, release=self._release)
+        box = LocalSandbox(self._settings, iso, root, uid, relay=relay, release=self._release)
+        if spec.agents_dir is not None:
+            box.agents_dir = _AGENTS_MOUNT if iso.bwrap else spec.agents_dir
+            box.agents_source = spec.agents_dir
+        return box
 
     def _release(self, uid: int | None) -> None:
         if uid is not None and self._uids is not None:
@@ -283,6 +288,7 @@ class LocalSandbox(Sandbox):
         self._creds = _proc.HostCredentials(uid, uid)
         self._groups: set[int] = set()
         self._relay = relay
+        self.agents_source: str | None = None
         self.id = root.name
         self.isolation = "bwrap" if isolation.bwrap else "none"
         hosts = {key: root / sub for key, sub in _SUBDIRS.items()}
@@ -309,6 +315,8 @@ class LocalSandbox(Sandbox):
         if not self._iso.bwrap:
             return [*self._prlimit, *argv], str(self._mounts.host_path(cwd))
         binds: list[str] = ["--bind", str(self._root / "work"), self.paths.workdir]
+        if self.agents_source is not None:
+            binds += ["--ro-bind", self.agents_source, _AGENTS_MOUNT]
         if relay and self._relay is not None:
             binds += ["--bind", self._relay.socket_path, _RELAY_SOCKET]
             binds += ["--ro-bind", self._relay.forwarder_path, _RELAY_FORWARDER]
