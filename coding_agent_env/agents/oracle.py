@@ -15,8 +15,10 @@ __all__ = ["NopAgent", "OracleAgent"]
 
 def solution_script(shell: str, commands: list[str]) -> str:
     """A script running each command in its own `shell -c`, stopping at (and exiting with) the first
-    failure. Each command is quoted whole, so nothing in it is re-interpreted by the script itself."""
-    lines = [f"{shlex.quote(shell)} -c {shlex.quote(cmd)} || exit $?" for cmd in commands]
+    failure. Each command is quoted whole, so nothing in it is re-interpreted by the script itself.
+    The last command replaces the script's shell (`exec`): same exit code, one process fewer."""
+    lines = [f"{shlex.quote(shell)} -c {shlex.quote(cmd)} || exit $?" for cmd in commands[:-1]]
+    lines += [f"exec {shlex.quote(shell)} -c {shlex.quote(cmd)}" for cmd in commands[-1:]]
     return "\n".join(lines) + "\n"
 
 

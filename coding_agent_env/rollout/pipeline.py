@@ -352,6 +352,8 @@ class _Rollout:
             agent_log_tail=self.agent_log_tail,
             error=self.error,
         )
+        if not self.redact.secrets:
+            return raw
         return RolloutResult.model_validate(self.redact.deep(raw.model_dump(mode="json")))
 
 

@@ -215,3 +215,9 @@ async def test_task_cancellation_tears_down_and_propagates(settings: Settings) -
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+@pytest.mark.parametrize(("solution", "code"), [([], 0), (["exit 6"], 6), (["true", "exit 7"], 7), (["exit 8", "true"], 8)])
+async def test_oracle_exit_code_is_the_failing_commands(settings: Settings, solution: list[str], code: int) -> None:
+    result = await run_rollout(req(solution=solution, verify=["true"]), settings=settings)
+    assert result.agent_exit_code == code
