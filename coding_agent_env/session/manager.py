@@ -21,6 +21,7 @@ import logging
 import time
 
 from coding_agent_env.session.errors import CapacityError, SessionAttachedError, UnknownSessionError
+from coding_agent_env.session.relay import SharedRelay
 from coding_agent_env.session.session import Session, SessionKind
 from coding_agent_env.settings import Settings
 
@@ -39,6 +40,7 @@ class SessionManager:
         self.settings = settings
         self._sessions: dict[str, Session] = {}
         self._reaper: asyncio.Task[None] | None = None
+        self.relay = SharedRelay(settings)
 
     @property
     def active(self) -> int:
@@ -52,7 +54,7 @@ class SessionManager:
         """Take a slot for a new session, or raise CapacityError."""
         if self.active >= self.capacity:
             raise CapacityError(self.active, self.capacity)
-        session = Session(kind, self.settings)
+        session = Session(kind, self.settings, relay=self.relay)
         self._sessions[session.id] = session
         log.info("session %s (%s) created: %d/%d", session.id, kind.value, self.active, self.capacity)
         return session
@@ -112,6 +114,7 @@ class SessionManager:
             self._reaper = None
         for session_id in list(self._sessions):
             await self.close(session_id)
+        await self.relay.stop()
 
     async def _reap_forever(self) -> None:
         interval = self.settings.session_reap_interval_s

@@ -17,6 +17,7 @@ from typing import Any
 from coding_agent_env.models import RolloutRequest, RolloutResult
 from coding_agent_env.rollout import run_rollout
 from coding_agent_env.session.errors import SessionBusyError
+from coding_agent_env.session.relay import SharedRelay
 from coding_agent_env.settings import Settings
 
 __all__ = ["Session", "SessionKind", "SessionState"]
@@ -39,7 +40,9 @@ class SessionState(Enum):
 class Session:
     """Per-connection state. Lives on the server's event loop; not thread-safe by design."""
 
-    def __init__(self, kind: SessionKind, settings: Settings, session_id: str | None = None) -> None:
+    def __init__(
+        self, kind: SessionKind, settings: Settings, session_id: str | None = None, relay: SharedRelay | None = None
+    ) -> None:
         self.id = session_id or str(uuid.uuid4())
         self.kind = kind
         self.settings = settings
@@ -53,6 +56,7 @@ class Session:
         self.close_requested = False
         self.last_active = time.monotonic()
         self._rollout: asyncio.Task[RolloutResult] | None = None
+        self._relay = relay
 
     # -- episode ---------------------------------------------------------------------------------------
 
@@ -101,7 +105,8 @@ class Session:
         if self.busy:
             raise SessionBusyError(self.id)
         self.touch()
-        task = asyncio.ensure_future(run_rollout(request, settings=self.settings))
+        relay = await self._relay.get() if self._relay is not None else None
+        task = asyncio.ensure_future(run_rollout(request, settings=self.settings, relay=relay))
         self._rollout = task
         try:
             result = await asyncio.shield(task)
