@@ -58,3 +58,12 @@ def test_settings_from_env_reads_upper_case_names_once() -> None:
         Settings.from_env({"MAX_CONCURRENT_ENVS": "many"})
     with pytest.raises(SettingsError, match="SANDBOX_BACKENDS"):
         Settings.from_env({"SANDBOX_BACKENDS": " , "})
+
+
+def test_client_import_stays_light() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, coding_agent_env.client; print(sorted(m for m in ('aiohttp', 'coding_agent_env.rollout.pipeline', 'coding_agent_env.sandbox.local') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "[]"
