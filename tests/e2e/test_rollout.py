@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from coding_agent_env.agents import registry
 from coding_agent_env.cli import load_task
 from coding_agent_env.errors import UnknownAgentError, UnknownBackendError
 from coding_agent_env.models import RolloutRequest, RolloutStatus
@@ -184,7 +185,8 @@ def test_bad_requests_are_refused_before_anything_starts(settings: Settings) -> 
             RolloutRequest.model_validate(bad)
 
 
-async def test_unavailable_agent_and_backend_are_request_errors(settings: Settings) -> None:
+async def test_unavailable_agent_and_backend_are_request_errors(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(registry.AGENTS, "opencode", raising=False)  # as on a server that does not offer it
     with pytest.raises(UnknownAgentError, match="not available"):
         await run_rollout(req(agent="opencode"), settings=settings)
     with pytest.raises(UnknownBackendError, match="not enabled"):

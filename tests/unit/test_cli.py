@@ -37,7 +37,7 @@ def test_rollout_summary_and_json(settings: Settings) -> None:
         ("-", "{not: [valid", "not valid JSON or YAML"),
         ("-", "- a list", "must be a mapping"),
         ("-", '{"instruction": ""}', "instruction"),
-        ("-", '{"instruction": "x", "agent": "opencode"}', "not available"),
+        ("-", '{"instruction": "x", "agent": "sudo"}', "agent"),
         ("-", '{"instruction": "x", "files": {"../x": ""}}', "'..'"),
     ],
 )
