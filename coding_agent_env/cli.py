@@ -2,6 +2,7 @@
 
     coding-agent-env rollout TASK [--json]     run one rollout locally (TASK: JSON/YAML file, or - for stdin)
     coding-agent-env check                     report which sandbox backends and agents can run here
+    coding-agent-env agents install|list       install the pinned CLI agents once / show what is installed
     coding-agent-env gate [...]                run the trainer-side LLM gate
     coding-agent-env serve [ENV_DIR]           serve this environment (or an OpenEnv env dir) over HTTP
 
@@ -22,6 +23,7 @@ import yaml
 from pydantic import ValidationError
 
 from coding_agent_env import serve
+from coding_agent_env.agents import cli as agents_cli
 from coding_agent_env.agents.registry import available_agents
 from coding_agent_env.errors import CodingAgentEnvError, InvalidTaskError
 from coding_agent_env.models import RolloutRequest, RolloutResult
@@ -42,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     rollout.add_argument("--json", action="store_true", help="print the full RolloutResult as JSON")
     rollout.add_argument("--agent", help="override the task's agent")
     commands.add_parser("check", help="report which sandbox backends and agents can run here")
+    agents_cli.add_arguments(commands.add_parser("agents", help="install or list the pinned CLI agents"))
     serve.add_arguments(commands.add_parser("serve", help="serve this environment, or an OpenEnv env directory"))
     commands.add_parser("gate", help="run the trainer-side LLM gate (`gate --help` for its options)", add_help=False)
     return parser
@@ -98,6 +101,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 def _cmd_check(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     report: dict[str, Any] = {"backends": {}, "agents": available_agents()}
+    report["installed"] = {found.name: found.detail for found in agents_cli.agent_statuses(settings)}
     for name in settings.sandbox_backends:
         try:
             status = get_backend(name, settings).check()
@@ -120,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["gate"]:
         return _cmd_gate(argv[1:])  # the gate parses its own options, --help included
     args = _parser().parse_args(argv)
-    handlers = {"rollout": _cmd_rollout, "check": _cmd_check, "serve": serve.serve}
+    handlers = {"rollout": _cmd_rollout, "check": _cmd_check, "serve": serve.serve, "agents": agents_cli.run}
     try:
         return handlers[args.command](args)
     except CodingAgentEnvError as exc:

@@ -6,14 +6,18 @@ from __future__ import annotations
 import importlib
 
 from coding_agent_env.agents.base import Agent
+from coding_agent_env.agents.spec import CliAgentSpec
 from coding_agent_env.errors import UnknownAgentError
 from coding_agent_env.models import AGENT_NAMES
 
-__all__ = ["AGENTS", "available_agents", "get_agent"]
+__all__ = ["AGENTS", "available_agents", "cli_specs", "get_agent"]
 
 AGENTS: dict[str, str] = {
     "oracle": "coding_agent_env.agents.oracle:OracleAgent",
     "nop": "coding_agent_env.agents.oracle:NopAgent",
+    "opencode": "coding_agent_env.agents.opencode:OpenCodeAgent",
+    "pi": "coding_agent_env.agents.pi:PiAgent",
+    "terminus": "coding_agent_env.agents.terminus.agent:TerminusAgent",
 }
 """name -> import path of the agent class."""
 
@@ -32,3 +36,13 @@ def get_agent(name: str) -> Agent:
     module_name, _, attr = target.partition(":")
     agent_cls: type[Agent] = getattr(importlib.import_module(module_name), attr)
     return agent_cls()
+
+
+def cli_specs() -> list[CliAgentSpec]:
+    """The specs of the registered agents that are declarative CLI agents (imports them)."""
+    specs = []
+    for name in AGENTS:
+        spec = getattr(type(get_agent(name)), "spec", None)
+        if isinstance(spec, CliAgentSpec):
+            specs.append(spec)
+    return specs

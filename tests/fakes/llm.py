@@ -68,6 +68,12 @@ class FakeLLM:
     """When set, calls without `Authorization: Bearer <api_key>` get 401."""
     _served: int = 0
 
+    def reset(self, script: list[Reply]) -> None:
+        """Start a new scripted session: `script` from its first reply, requests forgotten."""
+        self.script = script
+        self.requests.clear()
+        self._served = 0
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return

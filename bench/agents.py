@@ -1,0 +1,94 @@
+"""End-to-end rollout time per agent (OpenCode, Pi, Terminus) with the instant scripted fake LLM, beside
+running the same agent directly (same launcher, config and scripted session; no server, no sandbox, no relay:
+the agent talks to the fake LLM itself) in the same run. Target: rollout within 1.3x of the direct run (the
+agent's own start-up is the floor).
+
+    .venv/bin/python bench/agents.py [RUNS_PER_AGENT]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench._common import bench_settings  # noqa: E402
+from coding_agent_env.agents.driver import SESSION_TITLE, launcher_script  # noqa: E402
+from coding_agent_env.agents.install import check_installed  # noqa: E402
+from coding_agent_env.agents.registry import cli_specs  # noqa: E402
+from coding_agent_env.agents.spec import CliAgentSpec, LaunchContext  # noqa: E402
+from coding_agent_env.models import RolloutRequest, RolloutStatus  # noqa: E402
+from coding_agent_env.rollout import run_rollout  # noqa: E402
+from coding_agent_env.settings import Settings  # noqa: E402
+from tests.agents.sessions import CORRECT, TASK, VERIFY, session, write_file_command  # noqa: E402
+from tests.fakes.llm import FakeLLM, FakeLLMServer  # noqa: E402
+
+KEY = "sk-bench"
+MODEL = "fake/coder-1"
+
+
+def direct_run(spec: CliAgentSpec, settings: Settings, base_url: str) -> float:
+    """The agent's own launcher run as a plain subprocess in a fresh HOME and workdir."""
+    root = tempfile.mkdtemp(prefix="cae-bench-direct-")
+    try:
+        home, work, agent_dir = (os.path.join(root, d) for d in ("home", "work", "agent"))
+        for path in (home, work, agent_dir):
+            os.makedirs(path)
+        prefix = str(settings.agents_dir / spec.prefix_name)
+        ctx = LaunchContext(base_url=base_url, token=KEY, model=MODEL, home=home, workdir=work,
+                            agent_dir=agent_dir, prefix=prefix, title=SESSION_TITLE)
+        launch = spec.launch(ctx)
+        for item in launch.files:
+            os.makedirs(os.path.dirname(item.path), exist_ok=True)
+            with open(item.path, "w", encoding="utf-8") as handle:
+                handle.write(item.content)
+        instruction = os.path.join(agent_dir, "instruction.md")
+        with open(instruction, "w", encoding="utf-8") as handle:
+            handle.write(TASK)
+        script = launcher_script(launch, ctx, instruction, os.path.join(agent_dir, "events.jsonl"))
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": root, "LANG": "C.UTF-8",
+               **spec.extra_env, **launch.env}
+        started = time.perf_counter()
+        done = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, timeout=300, check=False)
+        elapsed = time.perf_counter() - started
+        assert done.returncode == 0 and os.path.exists(os.path.join(work, "binary_search.py")), done.stderr[-2000:]
+        return elapsed
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def rollout(spec: CliAgentSpec, settings: Settings, base_url: str) -> float:
+    request = RolloutRequest(instruction=TASK, agent=spec.name, base_url=base_url, api_key=KEY, model=MODEL,
+                             verify=VERIFY, agent_timeout_s=300)
+    started = time.perf_counter()
+    result = await run_rollout(request, settings=settings)
+    elapsed = time.perf_counter() - started
+    assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, (result.error, result.agent_log_tail)
+    return elapsed
+
+
+async def main(runs: int) -> None:
+    with bench_settings() as settings, FakeLLMServer(FakeLLM(api_key=KEY)) as fake:
+        for spec in cli_specs():
+            check_installed(spec, settings.agents_dir)
+            script = session(spec.name, write_file_command("binary_search.py", CORRECT))
+            ours, direct = [], []
+            for _ in range(runs):  # interleaved, so both see the same machine load
+                fake.app.reset(list(script))
+                direct.append(await asyncio.to_thread(direct_run, spec, settings, fake.base_url))
+                fake.app.reset(list(script))
+                ours.append(await rollout(spec, settings, fake.base_url))
+            ratio = statistics.median(ours) / statistics.median(direct)
+            print(f"{spec.name:9} rollout p50 {statistics.median(ours):6.2f} s   direct p50 "
+                  f"{statistics.median(direct):6.2f} s   ratio {ratio:4.2f}x   (target <= 1.30x, {runs} runs)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 3))

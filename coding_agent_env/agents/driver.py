@@ -1,0 +1,105 @@
+"""One driver for every `CliAgentSpec`:
+
+    check installed -> render launch -> write config files -> write launcher -> spawn (under the pipeline's
+    agent deadline) -> wait -> kill the tree -> read events -> parse -> keep the agent log's tail and append a transcript
+
+The launcher is a small shell script in the agent dir, built only from our own sandbox paths and the spec's
+argv, each `shlex.quote`d. It prepares HOME links, then `exec`s the CLI with the instruction file on stdin
+and its stdout (the JSON events) redirected to the events file, so the instruction is never in any argv and
+the exit code is the CLI's own. The token reaches the CLI only through its environment or 0600 files.
+
+The pipeline cancels `run()` at the agent deadline; `run_in_sandbox` kills the whole tree on the way out.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import ClassVar
+
+from coding_agent_env.agents.base import Agent, AgentContext, run_in_sandbox
+from coding_agent_env.agents.events import AgentReport, render_transcript
+from coding_agent_env.agents.install import AgentNotInstalledError, check_installed
+from coding_agent_env.agents.spec import CliAgentSpec, Launch, LaunchContext
+from coding_agent_env.errors import AgentError, SandboxError
+
+__all__ = ["CliAgent", "MAX_EVENTS_BYTES", "launcher_script"]
+
+MAX_EVENTS_BYTES = 8 * 1024 * 1024
+"""Bytes of the events file parsed after the run (the head; the rest is not read)."""
+SESSION_TITLE = "coding-agent-env rollout"
+
+
+def launcher_script(launch: Launch, ctx: LaunchContext, instruction: str, events: str) -> str:
+    """The launcher for one launch (see the module docstring). Every word is quoted."""
+    q = shlex.quote
+    lines = ["set -e"]
+    for link in launch.links:
+        source, dest = f"{ctx.prefix}/{link.source}", f"{ctx.home}/{link.dest}"
+        lines.append(f"mkdir -p -- {q(dest.rsplit('/', 1)[0])}")
+        if link.copy:
+            lines.append(f"cp -- {q(source)} {q(dest)}")
+        else:
+            lines.append(f"ln -sfn -- {q(source)} {q(dest)}")
+    command = " ".join(q(arg) for arg in launch.argv)
+    lines.append(f"exec {command} < {q(instruction)} > {q(events)}")
+    return "\n".join(lines) + "\n"
+
+
+class CliAgent(Agent):
+    """Runs `spec`. Subclasses only name a spec; `last_report` holds the parsed events of the last run."""
+
+    spec: ClassVar[CliAgentSpec]
+    needs_llm = True
+
+    def __init__(self) -> None:
+        self.last_report: AgentReport | None = None
+
+    def launch_context(self, ctx: AgentContext) -> LaunchContext:
+        if ctx.llm is None:
+            raise AgentError(f"agent {self.spec.name} needs the LLM relay, and this rollout has none")
+        sandbox = ctx.sandbox
+        if self.spec.needs_install:
+            if sandbox.agents_dir is None:
+                raise AgentNotInstalledError(
+                    f"agent {self.spec.name} {self.spec.version}: no agents directory at {ctx.settings.agents_dir} "
+                    f"(run `coding-agent-env agents install`)"
+                )
+            check_installed(self.spec, ctx.settings.agents_dir)
+        prefix = f"{sandbox.agents_dir}/{self.spec.prefix_name}" if sandbox.agents_dir else ctx.agent_dir
+        return LaunchContext(
+            base_url=ctx.llm.base_url,
+            token=ctx.llm.token,
+            model=ctx.llm.model,
+            home=sandbox.paths.home,
+            workdir=sandbox.paths.workdir,
+            agent_dir=ctx.agent_dir,
+            prefix=prefix,
+            title=SESSION_TITLE,
+        )
+
+    async def run(self, ctx: AgentContext) -> int:
+        lctx = self.launch_context(ctx)
+        launch = self.spec.launch(lctx)
+        for item in launch.files:
+            await ctx.sandbox.write_text(item.path, item.content, mode=item.mode)
+        events = f"{ctx.agent_dir}/{self.spec.events_file}"
+        script = f"{ctx.agent_dir}/launch.sh"
+        await ctx.sandbox.write_text(script, launcher_script(launch, lctx, ctx.instruction_path, events), mode=0o700)
+        env = {**self.spec.extra_env, **launch.env}
+        exit_code = await run_in_sandbox(ctx, [ctx.sandbox.shell, script], env=env)
+        await self._report(ctx, events)
+        return exit_code
+
+    async def _report(self, ctx: AgentContext, events: str) -> None:
+        """Parse the events and append a transcript to the agent log. Missing events are not an error."""
+        try:
+            text = await ctx.sandbox.read_text(events, max_bytes=MAX_EVENTS_BYTES)
+        except SandboxError:
+            text = ""
+        self.last_report = self.spec.parse_events(text)
+        transcript = render_transcript(self.last_report, self.spec.name)
+        try:
+            current = await ctx.sandbox.read_bytes(ctx.log_path, max_bytes=ctx.settings.agent_log_tail_bytes, tail=True)
+        except SandboxError:
+            current = b""
+        await ctx.sandbox.write_bytes(ctx.log_path, current + transcript.encode("utf-8", "replace"))

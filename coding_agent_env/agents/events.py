@@ -1,0 +1,118 @@
+"""What a CLI agent's JSON event stream says happened, and a bounded, total JSON-lines reader.
+
+`AgentReport` is the agent-independent summary every spec's parser returns. `json_lines` never raises:
+oversized lines, too-deep nesting and invalid JSON are counted as malformed and skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["AgentReport", "json_lines", "max_depth_exceeded", "render_transcript"]
+
+MAX_LINE_CHARS = 4 * 1024 * 1024
+"""Longest event line parsed; longer ones are malformed."""
+MAX_DEPTH = 64
+"""Deepest JSON nesting parsed; deeper lines are malformed (json would recurse without bound)."""
+MAX_ITEMS = 10_000
+"""Most tool calls, texts or errors kept in a report."""
+MAX_TEXT_CHARS = 4000
+"""Characters kept of each text, error or tool input."""
+
+
+@dataclass
+class AgentReport:
+    """Summary of one agent run, from its events."""
+
+    events: int = 0
+    steps: int = 0
+    tool_calls: list[tuple[str, str]] = field(default_factory=list)
+    """(tool name, its input rendered short)."""
+    texts: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    malformed: int = 0
+    tokens: int = 0
+
+    def add_tool(self, name: Any, detail: Any) -> None:
+        if len(self.tool_calls) < MAX_ITEMS:
+            self.tool_calls.append((_short(name, 100), _short(detail, MAX_TEXT_CHARS)))
+
+    def add_text(self, text: Any) -> None:
+        if isinstance(text, str) and text.strip() and len(self.texts) < MAX_ITEMS:
+            self.texts.append(_short(text, MAX_TEXT_CHARS))
+
+    def add_error(self, error: Any) -> None:
+        if len(self.errors) < MAX_ITEMS:
+            self.errors.append(_short(error, MAX_TEXT_CHARS))
+
+    def summary(self, agent: str) -> str:
+        tools = ", ".join(sorted({name for name, _ in self.tool_calls})) or "none"
+        return (
+            f"{agent}: {self.events} events, {self.steps} steps, {len(self.tool_calls)} tool calls ({tools}), "
+            f"{len(self.errors)} errors, {self.malformed} malformed lines"
+        )
+
+
+def _short(value: Any, limit: int) -> str:
+    if not isinstance(value, str):
+        try:
+            value = json.dumps(value, ensure_ascii=False, default=str)
+        except (TypeError, ValueError, RecursionError):
+            value = repr(type(value))
+    return value if len(value) <= limit else value[:limit] + "..."
+
+
+def max_depth_exceeded(text: str, limit: int) -> bool:
+    """Whether brackets in `text` (outside strings) nest deeper than `limit`. Linear, no recursion."""
+    depth = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif char in "]}":
+            depth -= 1
+    return False
+
+
+def json_lines(text: str, report: AgentReport) -> Iterator[dict[str, Any]]:
+    """The JSON objects among the lines of `text`; everything else that looks like JSON counts as malformed."""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        if len(line) > MAX_LINE_CHARS or max_depth_exceeded(line, MAX_DEPTH):
+            report.malformed += 1
+            continue
+        try:
+            value = json.loads(line)
+        except (ValueError, RecursionError):
+            report.malformed += 1
+            continue
+        if isinstance(value, dict):
+            report.events += 1
+            yield value
+        else:
+            report.malformed += 1
+
+
+def render_transcript(report: AgentReport, agent: str) -> str:
+    """A human-readable transcript of the report for the agent log (its tail lands in the result)."""
+    lines = [f"[coding-agent-env] {report.summary(agent)}"]
+    lines += [f"[tool] {name}: {detail[:300]}" for name, detail in report.tool_calls[-50:]]
+    lines += [f"[text] {text[:500]}" for text in report.texts[-10:]]
+    lines += [f"[error] {error[:500]}" for error in report.errors[-10:]]
+    return "\n".join(lines) + "\n"

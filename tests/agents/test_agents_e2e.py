@@ -1,0 +1,108 @@
+"""The real agents (OpenCode and Pi from npm, the built-in Terminus) through the real pipeline, in the local
+bubblewrap sandbox, against the scripted fake LLM behind the relay."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from coding_agent_env.models import RolloutRequest, RolloutResult, RolloutStatus
+from coding_agent_env.rollout import run_rollout
+from coding_agent_env.settings import Settings
+from tests.agents.conftest import SERVER_KEY
+from tests.agents.sessions import AGENTS, CORRECT, TASK, VERIFY, WRONG, finish, session, write_file_command
+from tests.fakes.llm import FakeLLMServer, Reply
+
+pytestmark = [pytest.mark.usefixtures("assert_no_leftovers"), pytest.mark.parametrize("agent", AGENTS)]
+
+# A regex, so that the scanning command's own argv does not contain the key it looks for.
+SCAN = (
+    "grep -rlE 'sk-serve[r]-held' /workspace /home /tmp /logs /run /etc > /workspace/found.txt 2>/dev/null; "
+    "for p in /proc/[0-9]*; do cat $p/environ $p/cmdline 2>/dev/null; done | tr '\\0' '\\n' > /tmp/seen.txt; "
+    "grep -cE 'sk-serve[r]-held' /tmp/seen.txt >> /workspace/found.txt; "
+    "grep -c . /tmp/seen.txt > /workspace/seen_lines.txt; true"
+)
+
+
+def request(fake: FakeLLMServer, agent: str, **fields: object) -> RolloutRequest:
+    base = {"instruction": TASK, "agent": agent, "base_url": fake.base_url, "api_key": SERVER_KEY,
+            "model": "fake/coder-1", "verify": VERIFY, "agent_timeout_s": 120, "command_timeout_s": 30}
+    return RolloutRequest.model_validate(base | fields)
+
+
+def user_texts(fake: FakeLLMServer) -> list[str]:
+    """Every user message the fake LLM received, as text."""
+    found = []
+    for seen in fake.app.requests:
+        for message in (seen.body or {}).get("messages", []):
+            if message.get("role") == "user":
+                content = message.get("content")
+                parts = content if isinstance(content, list) else [{"text": content}]
+                found += [p.get("text") or "" for p in parts if isinstance(p, dict)]
+    return found
+
+
+def check_ran(result: RolloutResult, status: RolloutStatus = RolloutStatus.COMPLETED) -> None:
+    assert result.status is status, (result.error, result.agent_log_tail)
+    assert result.isolation == "bwrap"
+
+
+async def test_correct_binary_search_scores_one_and_the_key_stays_out(
+    agent: str, fake: FakeLLMServer, settings: Settings, require_agent: Callable[[str], None]
+) -> None:
+    require_agent(agent)
+    fake.app.script = session(agent, write_file_command("binary_search.py", CORRECT), SCAN)
+    result = await run_rollout(request(fake, agent, mode="transparent_proxy", top_logprobs=2), settings=settings)
+    check_ran(result)
+    assert result.reward == 1.0 and result.agent_exit_code == 0
+    assert result.files["binary_search.py"] == CORRECT
+    # The scan ran as the agent's own tool call: it saw the agent's environment and argv, and no key.
+    assert result.files["found.txt"].split() == ["0"], result.files["found.txt"]
+    assert int(result.files["seen_lines.txt"]) > 10
+    assert SERVER_KEY not in json.dumps(result.model_dump(mode="json"))
+    assert any(TASK in text for text in user_texts(fake))
+    assert all(seen.headers["authorization"] == f"Bearer {SERVER_KEY}" for seen in fake.app.requests)
+    assert len(result.turns) == len(fake.app.requests) >= 3
+    traced = [t for t in result.turns if t.completion_token_ids]
+    assert traced and all(t.logprobs and len(t.logprobs) == len(t.completion_token_ids or []) for t in traced)
+    assert f"[coding-agent-env] {agent}:" in result.agent_log_tail
+
+
+async def test_wrong_code_scores_zero(
+    agent: str, fake: FakeLLMServer, settings: Settings, require_agent: Callable[[str], None]
+) -> None:
+    require_agent(agent)
+    fake.app.script = session(agent, write_file_command("binary_search.py", WRONG))
+    result = await run_rollout(request(fake, agent), settings=settings)
+    check_ran(result)
+    assert result.reward == 0.0 and result.files["binary_search.py"] == WRONG
+
+
+async def test_silent_llm_ends_as_agent_timeout_with_nothing_left(
+    agent: str, fake: FakeLLMServer, settings: Settings, require_agent: Callable[[str], None]
+) -> None:
+    require_agent(agent)
+    fake.app.script = [Reply(hang=True)]
+    result = await run_rollout(request(fake, agent, agent_timeout_s=6), settings=settings)
+    check_ran(result, RolloutStatus.AGENT_TIMEOUT)
+    assert result.reward == 0.0 and result.agent_exit_code is None
+    assert 6 <= result.timings.agent_s < 12
+    # assert_no_leftovers: no process of the sandbox survived.
+
+
+async def test_hostile_instruction_arrives_intact_and_runs_nothing(
+    agent: str, fake: FakeLLMServer, settings: Settings, require_agent: Callable[[str], None]
+) -> None:
+    require_agent(agent)
+    hostile = "Fix it. $(touch /workspace/pwn1) `touch /workspace/pwn2` ' \" ; touch /workspace/pwn3 \\ %s {x}"
+    # 1 MB (10**6 bytes): the relay's upstream client warns about bodies from 1 MiB up (see the report).
+    padding = "A" * (1_000_000 - 2 * len(hostile) - 2)
+    instruction = hostile + "\n" + padding + "\n" + hostile
+    fake.app.script = [finish(agent)]
+    result = await run_rollout(request(fake, agent, instruction=instruction, verify=["ls"]), settings=settings)
+    check_ran(result)
+    assert any(instruction in text for text in user_texts(fake))
+    assert not [name for name in result.files if name.startswith("pwn")]
+    assert result.verify_results[0].stdout.split() == []

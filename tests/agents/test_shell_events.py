@@ -1,0 +1,79 @@
+"""Terminus's persistent shell, and the event parsers of every agent (total, bounded)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coding_agent_env.agents.events import AgentReport
+from coding_agent_env.agents.opencode import parse_opencode_events
+from coding_agent_env.agents.pi import parse_pi_events
+from coding_agent_env.agents.terminus.agent import parse_terminus_events
+from coding_agent_env.agents.terminus.shell import PersistentShell
+
+PARSERS = (parse_opencode_events, parse_pi_events, parse_terminus_events)
+
+
+def shell(tmp_path: Path, max_output_bytes: int = 4096) -> PersistentShell:
+    (tmp_path / "state").mkdir()
+    (tmp_path / "work").mkdir()
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    return PersistentShell(str(tmp_path / "state"), str(tmp_path / "work"), env, max_output_bytes=max_output_bytes)
+
+
+def test_cwd_and_exports_persist_even_through_exit(tmp_path: Path) -> None:
+    sh = shell(tmp_path)
+    assert sh.run("mkdir -p 'a b' && cd 'a b' && export GREETING='hi there'; exit 3", timeout_s=10).exit_code == 3
+    outcome = sh.run('pwd; echo "$GREETING"', timeout_s=10)
+    assert outcome.output.splitlines() == [str(tmp_path / "work" / "a b"), "hi there"] and outcome.exit_code == 0
+
+
+def test_timeout_kills_the_command_group_and_keeps_state(tmp_path: Path) -> None:
+    sh = shell(tmp_path)
+    sh.run("cd /tmp", timeout_s=10)
+    started = time.monotonic()
+    outcome = sh.run("echo started; sleep 60 & sleep 60", timeout_s=1)
+    assert outcome.timed_out and outcome.exit_code is None and "started" in outcome.output
+    assert time.monotonic() - started < 10
+    assert sh.run("pwd", timeout_s=10).output.strip() == "/tmp"
+
+
+def test_output_is_capped_head_and_tail(tmp_path: Path) -> None:
+    outcome = shell(tmp_path, max_output_bytes=1000).run("echo START; head -c 100000 /dev/zero | tr '\\0' x; echo; echo END", timeout_s=10)
+    assert outcome.output.startswith("START") and outcome.output.rstrip().endswith("END")
+    assert outcome.dropped_bytes > 90_000 and len(outcome.output) < 1200
+
+
+def test_parsers_read_their_agents_events() -> None:
+    opencode = parse_opencode_events(
+        '{"type":"step_start","part":{}}\nnot json\n{"type":"tool_use","part":{"tool":"bash","state":{"input":{"command":"ls"}}}}\n'
+        '{"type":"text","part":{"text":"done"}}\n{"type":"step_finish","part":{"tokens":{"total":12}}}\n{"broken'
+    )
+    assert (opencode.steps, opencode.tool_calls[0][0], opencode.texts, opencode.tokens, opencode.malformed) == (1, "bash", ["done"], 12, 1)
+    pi = parse_pi_events(
+        '{"type":"turn_start"}\n{"type":"tool_execution_start","toolName":"bash","args":{"command":"ls"}}\n'
+        '{"type":"message_end","message":{"role":"assistant","content":[{"type":"text","text":"ok"}],"usage":{"totalTokens":5}}}\n'
+    )
+    assert (pi.steps, pi.tool_calls[0][0], pi.texts, pi.tokens) == (1, "bash", ["ok"], 5)
+    terminus = parse_terminus_events('{"type":"turn"}\n{"type":"command","command":"ls"}\n{"type":"final","text":"bye"}\n')
+    assert (terminus.steps, terminus.tool_calls, terminus.texts) == (1, [("terminal", "ls")], ["bye"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=3000))
+def test_parsers_never_raise(text: str) -> None:
+    for parse in PARSERS:
+        assert isinstance(parse(text), AgentReport)
+        assert isinstance(parse("{" + text), AgentReport)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(min_value=65, max_value=300_000), st.sampled_from(["{", '{"type":', '{"a":[']))
+def test_parsers_bounded_on_deep_nesting(depth: int, opener: str) -> None:
+    for parse in PARSERS:
+        report = parse(opener * depth + "\n" + '{"type":"turn"}\n' + "[" * depth)
+        assert (report.malformed, report.events) == (1, 1)

@@ -1,0 +1,93 @@
+"""Spec contracts, the launcher, install bookkeeping, and the not-installed path through the pipeline."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from coding_agent_env.agents.driver import launcher_script
+from coding_agent_env.agents.install import MARKER, AgentNotInstalledError, check_installed, status
+from coding_agent_env.agents.opencode import OPENCODE
+from coding_agent_env.agents.pi import PI
+from coding_agent_env.agents.registry import cli_specs, get_agent
+from coding_agent_env.agents.spec import AgentFile, HomeLink, Launch, LaunchContext, NpmPackage, SpecError
+from coding_agent_env.agents.terminus.agent import TERMINUS
+from coding_agent_env.models import RolloutRequest, RolloutStatus
+from coding_agent_env.rollout import run_rollout
+from coding_agent_env.settings import Settings
+
+TOKEN = "tok-'$(touch /tmp/pwn)'-secret"
+CTX = LaunchContext(base_url="http://127.0.0.1:8765/v1", token=TOKEN, model="m'; rm -rf / #", home="/home/sandbox",
+                    workdir="/workspace", agent_dir="/logs/agent dir", prefix="/opt/agents/x-1.0.0", title="t")
+
+
+def test_registry_knows_every_agent_and_specs_are_pinned() -> None:
+    assert {spec.name for spec in cli_specs()} == {"opencode", "pi", "terminus"}
+    assert (OPENCODE.version, PI.version) == ("1.18.33", "0.73.1")
+    assert get_agent("opencode").needs_llm and get_agent("terminus").needs_llm
+    with pytest.raises(SpecError):
+        NpmPackage("opencode-ai", "^1.18.33")
+    with pytest.raises(SpecError):
+        dataclasses.replace(OPENCODE, version="1.18.34")  # the pinned package no longer matches
+
+
+@pytest.mark.parametrize("spec", [OPENCODE, PI, TERMINUS], ids=lambda s: s.name)
+def test_token_only_in_env_or_private_files(spec) -> None:  # type: ignore[no-untyped-def]
+    launch = spec.launch(CTX)
+    assert not any(TOKEN in arg for arg in launch.argv)
+    holders = [f for f in launch.files if TOKEN in f.content]
+    assert all(f.mode == 0o600 for f in holders)
+    assert holders or any(TOKEN in value for value in launch.env.values())
+
+
+def test_spec_refuses_a_leaky_render() -> None:
+    leaky_argv = dataclasses.replace(PI, render=lambda ctx: Launch(argv=("pi", "--api-key", ctx.token)))
+    with pytest.raises(SpecError, match="argv"):
+        leaky_argv.launch(CTX)
+    leaky_file = dataclasses.replace(PI, render=lambda ctx: Launch(argv=("pi",), files=(AgentFile("/x", ctx.token, 0o644),)))
+    with pytest.raises(SpecError, match="0600"):
+        leaky_file.launch(CTX)
+    with pytest.raises(SpecError):
+        HomeLink("../etc", ".config/x")
+
+
+def test_launcher_quotes_every_word(tmp_path: Path) -> None:
+    """Run the launcher for real: hostile argv, paths with spaces; stdin is the instruction file."""
+    prefix, home = tmp_path / "pre fix", tmp_path / "ho me"
+    (prefix / "plugin").mkdir(parents=True)
+    (prefix / "plugin" / "package.json").write_text("{}")
+    instruction, events = tmp_path / "in struction", tmp_path / "ev ents"
+    instruction.write_text("$(touch pwn) `touch pwn`")
+    ctx = dataclasses.replace(CTX, prefix=str(prefix), home=str(home))
+    argv = ("python3", "-c", "import sys; print(repr(sys.argv[1:])); print(sys.stdin.read())", "a b", "$(touch pwn)", "'")
+    links = (HomeLink("plugin", ".config/x/plugin"), HomeLink("plugin/package.json", ".config/x/p.json", copy=True))
+    script = launcher_script(Launch(argv=argv, links=links), ctx, str(instruction), str(events))
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    assert events.read_text() == "['a b', '$(touch pwn)', \"'\"]\n$(touch pwn) `touch pwn`\n"
+    assert not (tmp_path / "pwn").exists()
+    assert (home / ".config/x/plugin").is_symlink() and (home / ".config/x/p.json").read_text() == "{}"
+    assert shlex.quote(str(instruction)) in script
+
+
+def test_install_status_names_the_install_command(tmp_path: Path) -> None:
+    with pytest.raises(AgentNotInstalledError, match="coding-agent-env agents install"):
+        check_installed(OPENCODE, tmp_path)
+    prefix = tmp_path / OPENCODE.prefix_name
+    prefix.mkdir()
+    (prefix / MARKER).write_text(json.dumps({"agent": "opencode", "version": "0.0.1", "packages": []}))
+    assert "stale" in status(OPENCODE, tmp_path).detail
+    assert status(TERMINUS, tmp_path).installed
+
+
+async def test_missing_agent_is_an_infra_error_naming_the_fix(settings: Settings, tmp_path: Path) -> None:
+    empty = settings.model_copy(update={"agents_dir": tmp_path / "none"})
+    request = RolloutRequest(instruction="x", agent="opencode", base_url="http://127.0.0.1:9/v1", api_key="k", model="m")
+    result = await run_rollout(request, settings=empty)
+    assert result.status is RolloutStatus.INFRA_ERROR and result.reward is None
+    assert result.error is not None and "coding-agent-env agents install" in result.error.message
