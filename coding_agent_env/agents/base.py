@@ -53,6 +53,10 @@ class Agent(abc.ABC):
     name: ClassVar[str]
     needs_llm: ClassVar[bool] = False
 
+    def check_available(self, settings: Settings) -> None:
+        """Raise `UnknownAgentError` if this agent cannot run on this server (e.g. not installed), so the
+        request is refused before anything starts. Default: always available."""
+
     @abc.abstractmethod
     async def run(self, ctx: AgentContext) -> int:
         """Run to completion and return the exit code. Cancellation must kill everything started."""

@@ -20,7 +20,8 @@ from coding_agent_env.agents.base import Agent, AgentContext, run_in_sandbox
 from coding_agent_env.agents.events import AgentReport, render_transcript
 from coding_agent_env.agents.install import AgentNotInstalledError, check_installed
 from coding_agent_env.agents.spec import CliAgentSpec, Launch, LaunchContext
-from coding_agent_env.errors import AgentError, SandboxError
+from coding_agent_env.errors import AgentError, SandboxError, UnknownAgentError
+from coding_agent_env.settings import Settings
 
 __all__ = ["CliAgent", "MAX_EVENTS_BYTES", "launcher_script"]
 
@@ -53,6 +54,12 @@ class CliAgent(Agent):
 
     def __init__(self) -> None:
         self.last_report: AgentReport | None = None
+
+    def check_available(self, settings: Settings) -> None:
+        try:
+            check_installed(self.spec, settings.agents_dir)
+        except AgentNotInstalledError as exc:
+            raise UnknownAgentError(f"{exc}; run `coding-agent-env agents install`") from exc
 
     def launch_context(self, ctx: AgentContext) -> LaunchContext:
         if ctx.llm is None:

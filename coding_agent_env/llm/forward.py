@@ -7,6 +7,7 @@ disconnect, lease closed), exactly one `Turn` is recorded and the relay keeps se
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from typing import Any
@@ -86,7 +87,9 @@ async def relay_call(
     try:
         async with session.post(
             lease.upstream.chat_url,
-            data=json.dumps(call.body, separators=(",", ":")).encode(),
+            # A BytesIO body: aiohttp warns (ResourceWarning) on large raw `bytes` bodies, and long agent
+            # conversations pass 1 MiB.
+            data=io.BytesIO(json.dumps(call.body, separators=(",", ":")).encode()),
             headers=call.headers(),
             timeout=timeout,
             allow_redirects=False,

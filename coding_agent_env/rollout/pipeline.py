@@ -72,6 +72,7 @@ async def run_rollout(
     one, a private relay lives for this rollout only."""
     settings = settings or Settings.from_env()
     agent = get_agent(request.agent)
+    agent.check_available(settings)
     backend_name = resolve_backend_name(request.sandbox, settings)
     upstream = resolve_upstream(request, settings) if agent.needs_llm else None
     rollout = _Rollout(request, settings, agent, backend_name, emit)

@@ -17,6 +17,7 @@ from coding_agent_env.agents.pi import PI
 from coding_agent_env.agents.registry import cli_specs, get_agent
 from coding_agent_env.agents.spec import AgentFile, HomeLink, Launch, LaunchContext, NpmPackage, SpecError
 from coding_agent_env.agents.terminus.agent import TERMINUS
+from coding_agent_env.errors import UnknownAgentError
 from coding_agent_env.models import RolloutRequest, RolloutStatus
 from coding_agent_env.rollout import run_rollout
 from coding_agent_env.settings import Settings
@@ -85,9 +86,9 @@ def test_install_status_names_the_install_command(tmp_path: Path) -> None:
     assert status(TERMINUS, tmp_path).installed
 
 
-async def test_missing_agent_is_an_infra_error_naming_the_fix(settings: Settings, tmp_path: Path) -> None:
+async def test_missing_agent_is_refused_before_anything_starts(settings: Settings, tmp_path: Path) -> None:
     empty = settings.model_copy(update={"agents_dir": tmp_path / "none"})
     request = RolloutRequest(instruction="x", agent="opencode", base_url="http://127.0.0.1:9/v1", api_key="k", model="m")
-    result = await run_rollout(request, settings=empty)
-    assert result.status is RolloutStatus.INFRA_ERROR and result.reward is None
-    assert result.error is not None and "coding-agent-env agents install" in result.error.message
+    with pytest.raises(UnknownAgentError, match="coding-agent-env agents install"):
+        await run_rollout(request, settings=empty)
+    assert not list(settings.state_dir.iterdir()), "no sandbox was made"
