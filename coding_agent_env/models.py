@@ -20,6 +20,8 @@ from coding_agent_env.settings import WireLimits
 
 __all__ = [
     "AGENT_NAMES",
+    "AgentEvents",
+    "AgentToolUse",
     "CommandResult",
     "ErrorInfo",
     "Mode",
@@ -264,6 +266,23 @@ class Turn(_Wire):
     logprobs: list[float] | None = None
 
 
+class AgentToolUse(_Wire):
+    name: str
+    input: str = Field(default="", description="The tool's input, shortened.")
+
+
+class AgentEvents(_Wire):
+    """What the agent's own event stream said (CLI agents with JSON output), bounded and summarised."""
+
+    events: int = 0
+    steps: int = 0
+    tool_calls: list[AgentToolUse] = Field(default_factory=list)
+    texts: list[str] = Field(default_factory=list)
+    errors: list[str] = Field(default_factory=list)
+    malformed: int = Field(default=0, description="Lines that were not parseable events.")
+    tokens: int = 0
+
+
 class Timings(_Wire):
     """Seconds spent in each phase; a phase that did not run stays 0."""
 
@@ -306,6 +325,7 @@ class RolloutResult(_Wire):
     turns: list[Turn] = Field(default_factory=list)
     timings: Timings = Field(default_factory=Timings)
     agent_log_tail: str = ""
+    agent_events: AgentEvents | None = None
     error: ErrorInfo | None = None
 
     @field_validator("reward")

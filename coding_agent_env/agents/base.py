@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from coding_agent_env.models import RolloutRequest
+from coding_agent_env.models import AgentEvents, RolloutRequest
 from coding_agent_env.sandbox.base import Sandbox
 from coding_agent_env.settings import Settings
 
@@ -56,6 +56,10 @@ class Agent(abc.ABC):
     def check_available(self, settings: Settings) -> None:
         """Raise `UnknownAgentError` if this agent cannot run on this server (e.g. not installed), so the
         request is refused before anything starts. Default: always available."""
+
+    def events(self) -> AgentEvents | None:
+        """After `run`: a summary of the agent's own event stream, if it has one."""
+        return None
 
     @abc.abstractmethod
     async def run(self, ctx: AgentContext) -> int:

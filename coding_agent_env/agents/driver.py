@@ -21,6 +21,7 @@ from coding_agent_env.agents.events import AgentReport, render_transcript
 from coding_agent_env.agents.install import AgentNotInstalledError, check_installed
 from coding_agent_env.agents.spec import CliAgentSpec, Launch, LaunchContext
 from coding_agent_env.errors import AgentError, SandboxError, UnknownAgentError
+from coding_agent_env.models import AgentEvents, AgentToolUse
 from coding_agent_env.settings import Settings
 
 __all__ = ["CliAgent", "MAX_EVENTS_BYTES", "launcher_script"]
@@ -54,6 +55,20 @@ class CliAgent(Agent):
 
     def __init__(self) -> None:
         self.last_report: AgentReport | None = None
+
+    def events(self) -> AgentEvents | None:
+        report = self.last_report
+        if report is None:
+            return None
+        return AgentEvents(
+            events=report.events,
+            steps=report.steps,
+            tool_calls=[AgentToolUse(name=name, input=detail) for name, detail in report.tool_calls],
+            texts=report.texts,
+            errors=report.errors,
+            malformed=report.malformed,
+            tokens=report.tokens,
+        )
 
     def check_available(self, settings: Settings) -> None:
         try:

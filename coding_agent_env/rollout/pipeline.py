@@ -25,6 +25,7 @@ from coding_agent_env.agents.registry import get_agent
 from coding_agent_env.errors import AgentError, CodingAgentEnvError, RelayError, SandboxError
 from coding_agent_env.llm import Lease, Relay, Upstream, resolve_upstream
 from coding_agent_env.models import (
+    AgentEvents,
     CommandResult,
     ErrorInfo,
     RolloutRequest,
@@ -124,6 +125,7 @@ class _Rollout:
         self.reward_note: str | None = None
         self.agent_exit_code: int | None = None
         self.agent_log_tail = ""
+        self.agent_events: AgentEvents | None = None
         self.setup_results: list[CommandResult] = []
         self.verify_results: list[CommandResult] = []
         self.files: dict[str, str] = {}
@@ -260,6 +262,7 @@ class _Rollout:
             if self.agent_exit_code != 0:
                 self.status = RolloutStatus.AGENT_FAILED
         finally:
+            self.agent_events = self.agent.events()
             await self._read_agent_log(ctx.log_path)
         self.emit(ev.AgentFinished(rollout_id=self.rollout_id, exit_code=self.agent_exit_code, timed_out=timed_out))
 
@@ -351,6 +354,7 @@ class _Rollout:
             turns=self.turns,
             timings=timings,
             agent_log_tail=self.agent_log_tail,
+            agent_events=self.agent_events,
             error=self.error,
         )
         if not self.redact.secrets:

@@ -68,6 +68,8 @@ async def test_correct_binary_search_scores_one_and_the_key_stays_out(
     traced = [t for t in result.turns if t.completion_token_ids]
     assert traced and all(t.logprobs and len(t.logprobs) == len(t.completion_token_ids or []) for t in traced)
     assert f"[coding-agent-env] {agent}:" in result.agent_log_tail
+    events = result.agent_events
+    assert events is not None and events.steps >= 1 and events.tool_calls, events
 
 
 async def test_wrong_code_scores_zero(
