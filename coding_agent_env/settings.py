@@ -117,6 +117,21 @@ class Settings(BaseModel):
     """Host prefix where `coding-agent-env agents install` puts the pinned CLI agents; sandboxes see it
     read-only (at `Sandbox.agents_dir`). Nothing is installed per rollout."""
 
+    terminus_max_turns: int = Field(default=50, ge=1)
+    """LLM calls the built-in Terminus agent makes before it gives up (exit code 3)."""
+
+    terminus_command_timeout_s: float = Field(default=120.0, gt=0)
+    """Deadline of each Terminus command; its process group is killed at it."""
+
+    terminus_max_output_bytes: int = Field(default=16 * 1024, ge=256)
+    """Bytes of a command's output Terminus shows the model (head and tail halves)."""
+
+    terminus_llm_timeout_s: float = Field(default=600.0, gt=0)
+    """Deadline of one Terminus LLM call."""
+
+    terminus_loose_parsing: bool = False
+    """Let Terminus treat fenced shell blocks and bare prose as commands when a reply has no tool call."""
+
     sandbox_relay_port: int = 8765
     """Loopback port at which agents inside a network-less sandbox reach the LLM relay."""
 
@@ -251,11 +266,21 @@ class Settings(BaseModel):
     hf_sandbox_token: SecretStr | None = None
     """The `X-Sandbox-Token` of the server at `hf_sandbox_url`."""
 
+    hf_sandbox_root: str = "/tmp/coding-agent-env"
+    """Directory in the pod under which each rollout gets its own root."""
+
+    remote_sandbox_lifetime_s: int = 6 * 3600
+    """Lifetime asked of a remote sandbox (HF Job timeout, E2B sandbox timeout): longer than any rollout's
+    deadline, so the engine ends one that a crashed server left behind."""
+
     e2b_template: str = "base"
     """E2B template when the request names no image."""
 
     e2b_api_key: SecretStr | None = None
     """E2B API key (env E2B_API_KEY)."""
+
+    e2b_sandbox_root: str = "/home/user/coding-agent-env"
+    """Directory in the E2B sandbox under which the rollout's root lives."""
 
     @field_validator("llm_endpoints", mode="before")
     @classmethod

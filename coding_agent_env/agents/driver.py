@@ -97,6 +97,7 @@ class CliAgent(Agent):
             agent_dir=ctx.agent_dir,
             prefix=prefix,
             title=SESSION_TITLE,
+            settings=ctx.settings,
         )
 
     async def run(self, ctx: AgentContext) -> int:

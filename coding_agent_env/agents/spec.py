@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from coding_agent_env.agents.events import AgentReport
+from coding_agent_env.settings import Settings
 
 __all__ = [
     "AgentFile",
@@ -86,6 +87,8 @@ class LaunchContext:
     """Where this agent's install prefix is visible inside the sandbox (read-only)."""
     title: str
     """A short, fixed, non-secret session title."""
+    settings: Settings = field(default_factory=Settings)
+    """The server's settings (for limits a spec renders into its config)."""
 
 
 @dataclass(frozen=True)

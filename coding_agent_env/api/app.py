@@ -2,11 +2,16 @@
 
 Lifespan: start the idle reaper and the MCP SDK's session manager; on shutdown close every session (running
 rollouts are cancelled and their sandboxes torn down) before the MCP session manager stops.
+
+With `settings.enable_web_interface` (the default) the Gradio tab is mounted at `/web` and `/` redirects there;
+without the `ui` extra (gradio) installed the server runs without it and logs why.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import importlib.util
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, WebSocket
@@ -20,6 +25,8 @@ from coding_agent_env.settings import Settings
 
 __all__ = ["HTTP_API_VERSION", "build_app"]
 
+log = logging.getLogger(__name__)
+
 HTTP_API_VERSION = "1.0.0"
 """OpenAPI `info.version`: the OpenEnv HTTP profile we speak (openenv-http/1.x), not the package version."""
 
@@ -29,6 +36,7 @@ def build_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
     manager = SessionManager(settings)
     mcp = McpEndpoint(manager, settings)
+    on_shutdown: list[Callable[[], Awaitable[None]]] = []
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -37,6 +45,8 @@ def build_app(settings: Settings | None = None) -> FastAPI:
             try:
                 yield
             finally:
+                for stop in on_shutdown:
+                    await stop()
                 await manager.stop()
 
     app = FastAPI(title="coding_agent_env", description=ENV_DESCRIPTION, version=HTTP_API_VERSION, lifespan=lifespan)
@@ -53,4 +63,15 @@ def build_app(settings: Settings | None = None) -> FastAPI:
     async def ws_mcp(websocket: WebSocket) -> None:
         await serve_ws_mcp(websocket, manager, settings)
 
+    if settings.enable_web_interface:
+        _mount_web(app, manager, on_shutdown)
     return app
+
+
+def _mount_web(app: FastAPI, manager: SessionManager, on_shutdown: list[Callable[[], Awaitable[None]]]) -> None:
+    if importlib.util.find_spec("gradio") is None:
+        log.warning("web interface off: gradio is not installed (pip install 'coding-agent-env[ui]')")
+        return
+    from coding_agent_env.api.ui import mount_web  # gradio is heavy: imported only when the tab is served
+
+    on_shutdown.append(mount_web(app, manager).stop)

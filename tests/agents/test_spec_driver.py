@@ -92,3 +92,15 @@ async def test_missing_agent_is_refused_before_anything_starts(settings: Setting
     with pytest.raises(UnknownAgentError, match="coding-agent-env agents install"):
         await run_rollout(request, settings=empty)
     assert not list(settings.state_dir.iterdir()), "no sandbox was made"
+
+
+def test_terminus_limits_come_from_settings() -> None:
+    from coding_agent_env.agents.spec import LaunchContext
+    from coding_agent_env.agents.terminus.agent import TERMINUS
+
+    limits = Settings(terminus_max_turns=7, terminus_command_timeout_s=3.5, terminus_loose_parsing=True)
+    ctx = LaunchContext(base_url="http://127.0.0.1:1/v1", token="t" * 20, model="m", home="/h", workdir="/w",
+                        agent_dir="/a", prefix="/p", title="t", settings=limits)
+    [config] = [f for f in TERMINUS.render(ctx).files if f.path.endswith("terminus.json")]
+    rendered = json.loads(config.content)
+    assert (rendered["max_turns"], rendered["command_timeout_s"], rendered["loose_parsing"]) == (7, 3.5, True)

@@ -55,4 +55,5 @@ def test_get_mcp_is_405_and_validate_probe(http: httpx.Client) -> None:
     assert http.get("/mcp").status_code == 405
     probe = http.post("/mcp", json={})
     assert probe.status_code == 200 and probe.json()["jsonrpc"] == "2.0"
-    assert http.get("/").status_code == 404
+    root = http.get("/")  # the web tab (issue 7): / redirects to /web/
+    assert root.status_code == 307 and root.headers["location"] == "/web/"

@@ -18,6 +18,7 @@ from pathlib import Path
 from coding_agent_env.agents.driver import CliAgent
 from coding_agent_env.agents.events import AgentReport, json_lines
 from coding_agent_env.agents.spec import AgentFile, CliAgentSpec, Launch, LaunchContext
+from coding_agent_env.settings import Settings
 
 __all__ = ["TERMINUS", "TerminusAgent", "TerminusConfig", "parse_terminus_events"]
 
@@ -30,21 +31,23 @@ _BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from terminus_agent.loop i
 
 @dataclass(frozen=True)
 class TerminusConfig:
-    """The loop's limits."""
+    """The loop's limits, from `Settings.terminus_*` (defined there, once)."""
 
-    max_turns: int = 50
-    """LLM calls before the agent gives up (exit code 3)."""
-    command_timeout_s: float = 120.0
-    """Each command's deadline; its process group is killed at it."""
-    max_output_bytes: int = 16 * 1024
-    """Bytes of a command's output shown to the model (head and tail halves)."""
-    llm_timeout_s: float = 600.0
-    """One LLM call's deadline."""
-    loose_parsing: bool = False
-    """Treat fenced shell blocks and bare prose as commands when a reply has no tool call."""
+    max_turns: int
+    command_timeout_s: float
+    max_output_bytes: int
+    llm_timeout_s: float
+    loose_parsing: bool
 
-
-DEFAULT_CONFIG = TerminusConfig()
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TerminusConfig:
+        return cls(
+            max_turns=settings.terminus_max_turns,
+            command_timeout_s=settings.terminus_command_timeout_s,
+            max_output_bytes=settings.terminus_max_output_bytes,
+            llm_timeout_s=settings.terminus_llm_timeout_s,
+            loose_parsing=settings.terminus_loose_parsing,
+        )
 
 
 @functools.cache
@@ -53,7 +56,8 @@ def _sources() -> dict[str, str]:
     return {name: (here / name).read_text(encoding="utf-8") for name in _SHIPPED}
 
 
-def render(ctx: LaunchContext, config: TerminusConfig = DEFAULT_CONFIG) -> Launch:
+def render(ctx: LaunchContext) -> Launch:
+    config = TerminusConfig.from_settings(ctx.settings)
     package_root = f"{ctx.agent_dir}/py"
     files = [AgentFile(f"{package_root}/{_PACKAGE}/__init__.py", "", mode=0o644)]
     files += [AgentFile(f"{package_root}/{_PACKAGE}/{name}", text, mode=0o644) for name, text in _sources().items()]

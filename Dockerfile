@@ -1,0 +1,58 @@
+# coding-agent-env as a Hugging Face Space (sdk: docker, app_port: 8000) or anywhere Docker runs.
+#
+#   docker build -t coding-agent-env .
+#   docker run -p 8000:8000 coding-agent-env        # then open http://localhost:8000/web/
+#
+# BASE_IMAGE: any Debian bookworm-like image with python3 (>= 3.11, with venv). NODE_IMAGE: an image holding
+# Node >= 20 at /usr/local/bin/node with npm under /usr/local/lib/node_modules/npm (the official node image).
+# Both can be locally built or imported images; tests/image builds from `docker import`ed ones.
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+ARG NODE_IMAGE=node:20-bookworm-slim
+
+FROM ${NODE_IMAGE} AS node
+
+FROM ${BASE_IMAGE}
+
+# Pinned agent versions, installed once here and never per rollout.
+ARG OPENCODE_VERSION=1.18.33
+ARG PI_VERSION=0.73.1
+
+ENV DEBIAN_FRONTEND=noninteractive \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    GRADIO_ANALYTICS_ENABLED=False \
+    PATH=/opt/venv/bin:/opt/agents/node_modules/.bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    STATE_DIR=/tmp/coding-agent-env
+
+# bubblewrap for the local sandbox. Inside an unprivileged container user namespaces are usually refused;
+# the local backend then falls back to plain subprocesses and every result says `isolation: "none"`.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends bubblewrap ca-certificates git procps util-linux \
+ && rm -rf /var/lib/apt/lists/*
+
+COPY --from=node /usr/local/bin/node /usr/local/bin/node
+COPY --from=node /usr/local/lib/node_modules/npm /usr/local/lib/node_modules/npm
+RUN ln -sf ../lib/node_modules/npm/bin/npm-cli.js /usr/local/bin/npm \
+ && ln -sf ../lib/node_modules/npm/bin/npx-cli.js /usr/local/bin/npx \
+ && node --version && npm --version
+
+RUN npm install --prefix /opt/agents --no-fund --no-audit \
+      "opencode-ai@${OPENCODE_VERSION}" "@mariozechner/pi-coding-agent@${PI_VERSION}" \
+ && npm cache clean --force
+
+RUN useradd --create-home --uid 1000 user
+WORKDIR /app
+COPY --chown=user:user . /app
+RUN python3 -m venv /opt/venv \
+ && /opt/venv/bin/pip install --no-compile "/app[ui]"
+
+USER user
+EXPOSE 8000
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
+  CMD python3 -c "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/health' % os.environ.get('PORT', '8000'), timeout=4)"
+
+# Binding all interfaces (HOST=0.0.0.0) is this image's explicit choice: the Space (or `docker run -p`) routes
+# port 8000 here. i.e. `uvicorn server.app:app --host 0.0.0.0 --port 8000`; HOST and PORT override both.
+ENV HOST=0.0.0.0 PORT=8000
+CMD ["sh", "-c", "exec uvicorn server.app:app --host \"$HOST\" --port \"$PORT\""]

@@ -1,0 +1,236 @@
+"""The Gradio tab at `/web`: pick a preset, agent, sandbox and endpoint, edit the task, run, watch, inspect.
+
+`mount_web(app, manager)` adds `GET /` and `GET /web` (307 to `/web/`) and mounts the Blocks at `/web`.
+Rollouts go through `UiRuns`, i.e. through the app's one `SessionManager` (shared capacity, INTEGRITY 17).
+A key typed into the api_key box goes into the request as a `SecretStr` and nowhere else: no output of the
+tab carries it, errors about the form never quote values, and the pipeline redacts it from results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import gradio as gr
+from fastapi import FastAPI
+from fastapi.responses import RedirectResponse
+
+from coding_agent_env.api import ui_render as render
+from coding_agent_env.api.ui_form import (
+    CUSTOM_ENDPOINT,
+    DEFAULT_ENDPOINT,
+    Form,
+    FormError,
+    agent_choices,
+    build_request,
+    default_agent,
+    endpoint_choices,
+    preset_texts,
+)
+from coding_agent_env.api.ui_presets import PRESETS
+from coding_agent_env.api.ui_run import Progress, UiRuns
+from coding_agent_env.errors import CodingAgentEnvError, RequestError
+from coding_agent_env.sandbox.registry import get_backend
+from coding_agent_env.session import SessionManager
+from coding_agent_env.settings import Settings
+
+__all__ = ["WEB_PATH", "mount_web"]
+
+WEB_PATH = "/web"
+
+_CSS = """
+.cae-badge {display:inline-block; padding:2px 12px; border-radius:6px; font-weight:700; color:#fff; margin-right:8px}
+.cae-pass {background:#15803d} .cae-partial {background:#b45309} .cae-fail {background:#b91c1c}
+.cae-result {font-size:1.05em; line-height:1.8}
+.cae-message {padding:8px 12px; border-radius:6px; font-weight:600}
+.cae-error {background:#fee2e2; color:#7f1d1d} .cae-info {background:#e0f2fe; color:#0c4a6e}
+.cae-file pre {max-height:320px; overflow:auto; font-size:0.85em; padding:6px; background:rgba(127,127,127,0.08)}
+"""
+
+_THEME = gr.themes.Soft(
+    font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"]
+)
+"""System fonts only: the page loads nothing from outside the server."""
+
+_FORM_FIELDS = tuple(Form.__dataclass_fields__)
+
+
+def mount_web(app: FastAPI, manager: SessionManager) -> UiRuns:
+    """Mount the tab on `app`; returns the `UiRuns` whose `stop()` the app's shutdown must await."""
+    runs = UiRuns(manager)
+
+    @app.get("/", include_in_schema=False)
+    @app.get(WEB_PATH, include_in_schema=False)
+    async def to_web() -> RedirectResponse:
+        return RedirectResponse(f"{WEB_PATH}/", status_code=307)
+
+    def mount() -> None:
+        blocks = build_blocks(runs, manager.settings)
+        gr.mount_gradio_app(
+            app, blocks, path=WEB_PATH, ssr_mode=False, mcp_server=False, footer_links=[], theme=_THEME, css=_CSS
+        )
+
+    _with_running_loop(mount)
+    return runs
+
+
+def _with_running_loop(build: Callable[[], None]) -> None:
+    """Call `build` where a loop is running.
+
+    Why: gradio's Blocks and App constructors, called with no running loop, each create and install a new event
+    loop that is never closed (`gradio.utils.safe_get_lock`), leaking its sockets. Its locks bind to a loop only
+    on first contended use, so building under a short-lived loop is safe.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        async def under_loop() -> None:
+            build()
+
+        asyncio.run(under_loop())
+    else:
+        build()
+
+
+def _sandbox_choices(settings: Settings) -> list[tuple[str, str]]:
+    choices = []
+    for name in settings.sandbox_backends:
+        try:
+            status = get_backend(name, settings).check()
+            note = f"isolation: {status.isolation}" if status.available else f"unavailable: {status.detail}"
+        except CodingAgentEnvError as exc:
+            note = f"unavailable: {exc}"
+        choices.append((f"{name} ({note})", name))
+    return choices
+
+
+def build_blocks(runs: UiRuns, settings: Settings) -> gr.Blocks:
+    """The tab's layout and its three events: preset -> editors, Run (streaming), Cancel."""
+    with gr.Blocks(title="coding-agent-env", analytics_enabled=False) as blocks:
+        gr.Markdown(
+            "# coding-agent-env\nRun one coding-agent rollout: sandbox → setup → agent → verify → reward. "
+            "The `oracle` agent runs the task's reference solution and needs no LLM."
+        )
+        with gr.Row():
+            with gr.Column(scale=3):
+                form = _task_editors()
+            with gr.Column(scale=2):
+                form.update(_run_options(settings))
+        with gr.Row():
+            run_btn = gr.Button("Run", variant="primary", elem_id="run")
+            cancel_btn = gr.Button("Cancel", variant="stop", elem_id="cancel")
+        out = _result_view()
+        editors = [form[k] for k in ("instruction", "files", "setup", "verify", "solution")]
+        form["preset"].change(lambda name: preset_texts(PRESETS[name]), inputs=form["preset"], outputs=editors)
+        inputs = {form[name] for name in _FORM_FIELDS}
+
+        async def run(values: dict[gr.components.Component, Any], request: gr.Request) -> AsyncIterator[dict[Any, Any]]:
+            by_name = {name: values[form[name]] for name in _FORM_FIELDS}
+            async for update in _run_updates(runs, request.session_hash or "", by_name, out):
+                yield update
+
+        async def cancel(request: gr.Request) -> str:
+            if runs.cancel(request.session_hash or ""):
+                return render.message_html("Cancelling: the sandbox is being torn down…", kind="info")
+            return render.message_html("Nothing is running.", kind="info")
+
+        run_btn.click(run, inputs=inputs, outputs=list(out.values()), concurrency_limit=None)
+        cancel_btn.click(cancel, outputs=out["cancel_note"], concurrency_limit=None, queue=False)
+    return blocks
+
+
+def _task_editors() -> dict[str, Any]:
+    first = next(iter(PRESETS))
+    instruction, files, setup, verify, solution = preset_texts(PRESETS[first])
+    return {
+        "preset": gr.Dropdown(list(PRESETS), value=first, label="Preset", elem_id="preset"),
+        "instruction": gr.Textbox(instruction, label="Instruction", lines=4, elem_id="instruction"),
+        "files": gr.Code(files, language="yaml", label="Files (YAML: path: text)", elem_id="files"),
+        "setup": gr.Code(setup, language="yaml", label="Setup commands (YAML list)", elem_id="setup"),
+        "verify": gr.Code(verify, language="yaml", label="Verify commands (YAML list)", elem_id="verify"),
+        "solution": gr.Code(solution, language="yaml", label="Solution (oracle agent; YAML list)", elem_id="solution"),
+    }
+
+
+def _run_options(settings: Settings) -> dict[str, Any]:
+    sandboxes = _sandbox_choices(settings)
+    options: dict[str, Any] = {
+        "agent": gr.Dropdown(agent_choices(), value=default_agent(), label="Agent", elem_id="agent"),
+        "sandbox": gr.Dropdown(sandboxes, value=sandboxes[0][1], label="Sandbox", elem_id="sandbox"),
+    }
+    with gr.Accordion("LLM endpoint (LLM agents only)", open=False):
+        options["endpoint"] = gr.Dropdown(
+            endpoint_choices(settings), value=DEFAULT_ENDPOINT, label="Endpoint", elem_id="endpoint"
+        )
+        options["model"] = gr.Textbox(label="Model", placeholder="the endpoint's default model")
+        options["base_url"] = gr.Textbox(label=f"base_url ({CUSTOM_ENDPOINT} only)", placeholder="https://…/v1")
+        options["api_key"] = gr.Textbox(
+            label="api_key (sent with this rollout only; never shown, logged or stored)", type="password"
+        )
+        options["mode"] = gr.Radio(["black_box", "transparent_proxy"], value="black_box", label="Mode")
+    with gr.Accordion("Tunables", open=False):
+        options["agent_timeout_s"] = gr.Number(600, label="agent_timeout_s", minimum=1)
+        options["command_timeout_s"] = gr.Number(120, label="command_timeout_s", minimum=1)
+        options["max_tokens_cap"] = gr.Number(None, label="max_tokens_cap (empty: none)", minimum=1, precision=0)
+        options["top_logprobs"] = gr.Number(
+            0, label="top_logprobs (transparent_proxy)", minimum=0, maximum=20, precision=0
+        )
+        options["disable_thinking"] = gr.Checkbox(False, label="disable_thinking")
+        options["task_id"] = gr.Textbox(label="task_id")
+    return options
+
+
+def _result_view() -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "cancel_note": gr.HTML(elem_id="cancel-note"),  # its own element: a late ack must not hide the result
+        "notice": gr.HTML(elem_id="notice"),
+        "log": gr.Textbox(label="Live phase log", lines=8, max_lines=16, elem_id="log"),
+    }
+    with gr.Tabs():
+        with gr.Tab("Commands"):
+            out["setup_table"] = gr.Dataframe(headers=render.COMMAND_COLUMNS, label="Setup", wrap=True)
+            out["verify_table"] = gr.Dataframe(headers=render.COMMAND_COLUMNS, label="Verify", wrap=True)
+        with gr.Tab("Files"):
+            out["files"] = gr.HTML(elem_id="files-view")
+        with gr.Tab("Turns"):
+            out["turns"] = gr.Markdown()
+        with gr.Tab("Agent log"):
+            out["agent_log"] = gr.Code(language=None, label="agent log (tail)")
+        with gr.Tab("Raw JSON"):
+            out["raw"] = gr.Code(language="json", label="RolloutResult")
+    return out
+
+
+async def _run_updates(
+    runs: UiRuns, owner: str, values: dict[str, Any], out: dict[str, Any]
+) -> AsyncIterator[dict[Any, Any]]:
+    """Validate the form, run, and turn each `Progress` into component updates."""
+    try:
+        request = build_request(Form(**values))
+    except FormError as exc:
+        yield {out["notice"]: render.message_html(f"Invalid form: {exc}")}
+        return
+    yield {out["notice"]: render.message_html("Starting…", kind="info"), out["log"]: "", out["cancel_note"]: ""}
+    try:
+        async for progress in runs.stream(owner, request):
+            yield _progress_updates(progress, out)
+    except RequestError as exc:  # capacity full, busy, unknown agent/backend/endpoint: nothing ran
+        yield {out["notice"]: render.message_html(str(exc))}
+
+
+def _progress_updates(progress: Progress, out: dict[str, Any]) -> dict[Any, Any]:
+    updates: dict[Any, Any] = {out["log"]: "\n".join(progress.lines)}
+    result = progress.result
+    if result is None:
+        return updates
+    updates.update({
+        out["notice"]: render.badge_html(result),
+        out["setup_table"]: render.command_rows(result.setup_results),
+        out["verify_table"]: render.command_rows(result.verify_results),
+        out["files"]: render.files_html(result),
+        out["turns"]: render.turns_markdown(result),
+        out["agent_log"]: result.agent_log_tail,
+        out["raw"]: result.model_dump_json(indent=2),
+    })
+    return updates

@@ -1,0 +1,147 @@
+"""The /web tab in a real browser: presets run with the oracle agent, a failing task, capacity, cancel.
+
+One live server (MAX_CONCURRENT_ENVS=2) and one Chromium for the module; each test gets its own page.
+Set UI_SCREENSHOT=docs/web-ui.png to refresh the README's screenshot of the result view.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect
+
+from coding_agent_env.api.ui_presets import PRESETS
+from tests.ui.conftest import UiServer
+
+pytestmark = pytest.mark.ui
+
+SECRET = "sk-uitest-NEVER-SHOWN-7731"
+SLEEP_MARK = "3117.25"
+
+
+def _open(page, server: UiServer) -> None:  # noqa: ANN001
+    page.goto(server.url + "/")
+    assert page.url == server.url + "/web/"
+    page.locator("#run").wait_for()
+
+
+def _pick(page, elem_id: str, value: str) -> None:  # noqa: ANN001
+    page.locator(f"#{elem_id} input").click()
+    page.get_by_role("option", name=value, exact=False).first.click()
+
+
+def _run(page) -> str:  # noqa: ANN001
+    """Click Run and return the verdict shown by the result badge."""
+    page.locator("#run").click()
+    badge = page.locator("#notice .cae-result")
+    badge.wait_for()
+    return badge.get_attribute("data-verdict") or ""
+
+
+def _processes_with(marker: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if marker in cmdline:
+                found.append(f"{entry.name}: {cmdline[:120]}")
+    return found
+
+
+def test_preset_passes_with_the_oracle(page, ui_server: UiServer, tmp_path: Path) -> None:  # noqa: ANN001
+    _open(page, ui_server)
+    _pick(page, "preset", "fizzbuzz")
+    expect(page.locator("#instruction textarea")).to_have_value(re.compile("FizzBuzz"))
+    page.get_by_text("LLM endpoint").click()
+    page.locator("input[type=password]").fill(SECRET)  # never needed by the oracle; must never come back
+    assert _run(page) == "PASS"
+    notice = page.locator("#notice").inner_text()
+    assert "reward 1" in notice and "status completed" in notice and "isolation" in notice
+    expect(page.locator("#log textarea")).to_have_value(re.compile(r"finished: completed, reward 1\.0"))
+    page.get_by_role("tab", name="Files").click()
+    assert "fizzbuzz.py" in page.locator("#files-view").inner_text()
+    page.screenshot(path=os.environ.get("UI_SCREENSHOT") or str(tmp_path / "web-ui.png"), full_page=True)
+    assert SECRET not in page.content()
+    assert SECRET not in ui_server.log_path.read_text(errors="replace")
+
+
+def test_failing_preset_shows_fail(page, ui_server: UiServer) -> None:  # noqa: ANN001
+    _open(page, ui_server)
+    _pick(page, "preset", "failing")
+    expect(page.locator("#instruction textarea")).to_have_value(re.compile("number 42"))
+    assert _run(page) == "FAIL"
+    assert "reward 0" in page.locator("#notice").inner_text()
+
+
+def test_full_capacity_shows_the_message(page, ui_server: UiServer) -> None:  # noqa: ANN001
+    held = [ui_server.rpc("openenv/session/create")["result"]["session_id"] for _ in range(2)]
+    try:
+        _open(page, ui_server)
+        page.locator("#run").click()
+        page.get_by_text("Server at capacity: 2/2 sessions active").wait_for()
+    finally:
+        for session_id in held:
+            ui_server.rpc("openenv/session/close", session_id=session_id)
+    assert _run(page) == "PASS"  # the slots are free again; the UI session took one and gave it back
+
+
+def test_cancel_tears_the_rollout_down(page, ui_server: UiServer) -> None:  # noqa: ANN001
+    _open(page, ui_server)
+    editor = page.locator("#solution .cm-content")
+    editor.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.type(f"- sleep {SLEEP_MARK}")
+    page.locator("#run").click()
+    expect(page.locator("#log textarea")).to_have_value(re.compile(r"agent \.\.\."))
+    _wait_for(lambda: bool(_processes_with(SLEEP_MARK)), "the agent's sleep to start")
+    page.locator("#cancel").click()
+    badge = page.locator("#notice .cae-result")
+    badge.wait_for()
+    assert "status cancelled" in badge.inner_text()
+    assert _processes_with(SLEEP_MARK) == []
+
+
+def _wait_for(predicate, what: str, timeout_s: float = 30.0) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_opencode_preset_through_a_custom_endpoint(page, ui_server: UiServer) -> None:  # noqa: ANN001
+    """OpenCode against the scripted fake LLM, reached through the form's custom base_url/api_key/model."""
+    from coding_agent_env.agents.registry import available_agents
+    from tests.fakes.llm import FakeLLM, FakeLLMServer, Reply
+
+    if "opencode" not in available_agents():
+        pytest.skip("the opencode agent is not registered on this server yet")
+    solution = PRESETS["fizzbuzz"].solution[0]
+    script = [
+        Reply(content=None, tool_calls=(("bash", json.dumps({"command": solution, "description": "write it"})),)),
+        Reply(content="Done."),
+    ]
+    with FakeLLMServer(FakeLLM(script=script, api_key="sk-fake-ui")) as llm:
+        _open(page, ui_server)
+        _pick(page, "preset", "fizzbuzz")
+        expect(page.locator("#instruction textarea")).to_have_value(re.compile("FizzBuzz"))
+        _pick(page, "agent", "opencode")
+        page.get_by_text("LLM endpoint").click()
+        _pick(page, "endpoint", "custom")
+        page.get_by_label("Model").fill("fake-model")
+        page.get_by_label("base_url", exact=False).fill(llm.base_url)
+        page.locator("input[type=password]").fill("sk-fake-ui")
+        assert _run(page) == "PASS"
+        assert llm.app.requests, "the fake LLM saw no call"
+    page.get_by_role("tab", name="Files").click()
+    assert "fizzbuzz.py" in page.locator("#files-view").inner_text()
+    page.get_by_role("tab", name="Turns").click()
+    assert "turns" in page.get_by_text("turns", exact=False).first.inner_text()
