@@ -13,17 +13,14 @@ FROM ${NODE_IMAGE} AS node
 
 FROM ${BASE_IMAGE}
 
-# Pinned agent versions, installed once here and never per rollout.
-ARG OPENCODE_VERSION=1.18.33
-ARG PI_VERSION=0.73.1
-
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     GRADIO_ANALYTICS_ENABLED=False \
-    PATH=/opt/venv/bin:/opt/agents/node_modules/.bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    STATE_DIR=/tmp/coding-agent-env
+    PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    STATE_DIR=/tmp/coding-agent-env \
+    AGENTS_DIR=/opt/coding-agent-env/agents
 
 # bubblewrap for the local sandbox. Inside an unprivileged container user namespaces are usually refused;
 # the local backend then falls back to plain subprocesses and every result says `isolation: "none"`.
@@ -37,15 +34,14 @@ RUN ln -sf ../lib/node_modules/npm/bin/npm-cli.js /usr/local/bin/npm \
  && ln -sf ../lib/node_modules/npm/bin/npx-cli.js /usr/local/bin/npx \
  && node --version && npm --version
 
-RUN npm install --prefix /opt/agents --no-fund --no-audit \
-      "opencode-ai@${OPENCODE_VERSION}" "@mariozechner/pi-coding-agent@${PI_VERSION}" \
- && npm cache clean --force
-
 RUN useradd --create-home --uid 1000 user
 WORKDIR /app
 COPY --chown=user:user . /app
 RUN python3 -m venv /opt/venv \
  && /opt/venv/bin/pip install --no-compile "/app[ui]"
+
+# The pinned CLI agents (OpenCode, Pi) from npm into AGENTS_DIR, once, here; never per rollout.
+RUN coding-agent-env agents install && npm cache clean --force && coding-agent-env agents list
 
 USER user
 EXPOSE 8000

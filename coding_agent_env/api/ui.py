@@ -156,17 +156,20 @@ def _task_editors() -> dict[str, Any]:
 def _run_options(settings: Settings) -> dict[str, Any]:
     sandboxes = _sandbox_choices(settings)
     options: dict[str, Any] = {
-        "agent": gr.Dropdown(agent_choices(), value=default_agent(), label="Agent", elem_id="agent"),
+        "agent": gr.Dropdown(agent_choices(settings), value=default_agent(), label="Agent", elem_id="agent"),
         "sandbox": gr.Dropdown(sandboxes, value=sandboxes[0][1], label="Sandbox", elem_id="sandbox"),
     }
     with gr.Accordion("LLM endpoint (LLM agents only)", open=False):
         options["endpoint"] = gr.Dropdown(
             endpoint_choices(settings), value=DEFAULT_ENDPOINT, label="Endpoint", elem_id="endpoint"
         )
-        options["model"] = gr.Textbox(label="Model", placeholder="the endpoint's default model")
-        options["base_url"] = gr.Textbox(label=f"base_url ({CUSTOM_ENDPOINT} only)", placeholder="https://…/v1")
+        options["model"] = gr.Textbox(label="Model", placeholder="the endpoint's default model", elem_id="model")
+        options["base_url"] = gr.Textbox(
+            label=f"base_url ({CUSTOM_ENDPOINT} only)", placeholder="https://…/v1", elem_id="base-url"
+        )
         options["api_key"] = gr.Textbox(
-            label="api_key (sent with this rollout only; never shown, logged or stored)", type="password"
+            label="api_key (sent with this rollout only; never shown, logged or stored)", type="password",
+            elem_id="api-key",
         )
         options["mode"] = gr.Radio(["black_box", "transparent_proxy"], value="black_box", label="Mode")
     with gr.Accordion("Tunables", open=False):
@@ -194,7 +197,7 @@ def _result_view() -> dict[str, Any]:
         with gr.Tab("Files"):
             out["files"] = gr.HTML(elem_id="files-view")
         with gr.Tab("Turns"):
-            out["turns"] = gr.Markdown()
+            out["turns"] = gr.Markdown(elem_id="turns-view")
         with gr.Tab("Agent log"):
             out["agent_log"] = gr.Code(language=None, label="agent log (tail)")
         with gr.Tab("Raw JSON"):

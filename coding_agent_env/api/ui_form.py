@@ -178,21 +178,19 @@ def build_request(form: Form) -> RolloutRequest:
         raise FormError(problems) from None
 
 
-def agent_choices() -> list[tuple[str, str]]:
+def agent_choices(settings: Settings) -> list[tuple[str, str]]:
     """(label, value) for every agent name; the label says whether this server can run it."""
     registered = set(available_agents())
-    choices = []
-    for name in AGENT_NAMES:
-        choices.append((f"{name} ({_agent_state(name, registered)})", name))
-    return choices
+    return [(f"{name} ({_agent_state(name, registered, settings)})", name) for name in AGENT_NAMES]
 
 
-def _agent_state(name: str, registered: set[str]) -> str:
+def _agent_state(name: str, registered: set[str], settings: Settings) -> str:
     if name not in registered:
-        return "not installed"
+        return "not available here"
     try:
         agent = get_agent(name)
-    except (CodingAgentEnvError, ImportError):
+        agent.check_available(settings)
+    except CodingAgentEnvError:
         return "not installed"
     return "installed, needs an LLM" if agent.needs_llm else "installed"
 

@@ -9,6 +9,7 @@ No container registry is reachable here, so both build arguments point at locall
 from __future__ import annotations
 
 import io
+import json
 import os
 import secrets
 import shutil
@@ -150,8 +151,9 @@ def test_dockerfile_builds_serves_a_rollout_and_stops_cleanly() -> None:
         data = reply["result"]["data"]
         assert (data["status"], data["reward"]) == ("completed", 1.0), reply
         assert data["isolation"] in ("bwrap", "none")  # what was really in effect, reported honestly
-        versions = _docker("exec", name, "sh", "-c", "opencode --version && pi --version", timeout=60)
-        assert versions.returncode == 0, versions.stderr.decode()
+        agents = _docker("exec", name, "coding-agent-env", "agents", "list", timeout=60)
+        assert agents.returncode == 0, agents.stderr.decode()
+        assert all(a["installed"] for a in json.loads(agents.stdout)["agents"]), agents.stdout.decode()
         started = time.monotonic()
         assert _docker("stop", "-t", "30", name, timeout=60).returncode == 0
         assert time.monotonic() - started < 25, "the server ignored SIGTERM and was killed"

@@ -72,7 +72,7 @@ def test_key_travels_only_as_a_secret() -> None:
 
 
 def test_selector_choices() -> None:
-    agents = dict((value, label) for label, value in agent_choices())
+    agents = dict((value, label) for label, value in agent_choices(Settings()))
     assert list(agents) == list(AGENT_NAMES)
     assert agents["oracle"] == "oracle (installed)"
     endpoints = [value for _, value in endpoint_choices(Settings())]
