@@ -16,6 +16,7 @@ from typing import Any
 
 from coding_agent_env.models import RolloutRequest, RolloutResult
 from coding_agent_env.rollout import run_rollout
+from coding_agent_env.rollout.events import Emit
 from coding_agent_env.session.errors import SessionBusyError
 from coding_agent_env.session.relay import SharedRelay
 from coding_agent_env.settings import Settings
@@ -98,15 +99,20 @@ class Session:
 
     # -- rollouts --------------------------------------------------------------------------------------
 
-    async def run(self, request: RolloutRequest) -> RolloutResult:
+    async def run(
+        self, request: RolloutRequest, *, emit: Emit | None = None, cancel: asyncio.Event | None = None
+    ) -> RolloutResult:
         """Run one rollout in this session. SessionBusyError if one is already running.
 
-        Cancelling the caller cancels the rollout (its sandbox is torn down first)."""
+        Cancelling the caller cancels the rollout (its sandbox is torn down first); setting `cancel` ends it
+        early with status `cancelled` instead. `emit` receives the rollout's progress events."""
         if self.busy:
             raise SessionBusyError(self.id)
         self.touch()
         relay = await self._relay.get() if self._relay is not None else None
-        task = asyncio.ensure_future(run_rollout(request, settings=self.settings, relay=relay))
+        task = asyncio.ensure_future(
+            run_rollout(request, settings=self.settings, relay=relay, emit=emit, cancel=cancel)
+        )
         self._rollout = task
         try:
             result = await asyncio.shield(task)
