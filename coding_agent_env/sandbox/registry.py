@@ -18,6 +18,9 @@ __all__ = ["BACKENDS", "get_backend", "resolve_backend_name"]
 
 BACKENDS: dict[str, tuple[str, str | None]] = {
     "local": ("coding_agent_env.sandbox.local:LocalBackend", None),
+    "docker": ("coding_agent_env.sandbox.docker:DockerBackend", "docker"),
+    "hf": ("coding_agent_env.sandbox.hf:HfBackend", "hf"),
+    "e2b": ("coding_agent_env.sandbox.e2b:E2bBackend", "e2b"),
 }
 """name -> (import path of the backend class, the pip extra its SDK comes with)."""
 

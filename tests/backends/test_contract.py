@@ -1,37 +1,45 @@
-"""The sandbox contract, run against every backend available here (the local one for now).
+"""The sandbox contract, run against every backend: local (bubblewrap, and its unisolated fallback), docker
+(a real dockerd, .ci/run starts one), hf (hf-sandbox's own in-pod server run on loopback) and e2b (a fake of
+its SDK: the E2B cloud is unreachable here; see tests/fakes/e2b_fake.py).
 
-Real sandboxes: bubblewrap when it works on this machine, else the unisolated fallback (then the isolation
-tests are skipped with the reason).
+A case that needs what a backend's stand-in cannot give (a VM boundary, a pod network) is skipped for it with
+that reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
+import tempfile
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from coding_agent_env.errors import SandboxClosedError, SandboxFileError, SandboxFileNotFoundError
-from coding_agent_env.sandbox import Sandbox, SandboxSpec, get_backend
+from coding_agent_env.errors import SandboxClosedError, SandboxFileError, SandboxFileNotFoundError, SandboxUnavailableError
+from coding_agent_env.sandbox import Sandbox, SandboxSpec
+from coding_agent_env.sandbox.base import RelayEndpoint
 from coding_agent_env.settings import Settings
-from tests.helpers import sandbox_processes
+from tests.backends.conftest import forwarder_source_path, processes
 
 OUT = 64 * 1024
-BACKENDS = {
-    "local": ("local", {}),
-    # The fallback where bubblewrap cannot run: a probe that fails forces it.
-    "local-unisolated": ("local", {"bwrap_path": "/bin/false"}),
-}
+BACKENDS = ["local", "local-unisolated", "docker", "hf", "e2b-fake"]
+"""Backend kinds (see conftest `make_backend`)."""
+STAND_INS = {"hf": "the hf-sandbox server runs on this host, not in a pod", "e2b-fake": "the e2b fake runs commands on this host, not in a VM"}
 
 
-@pytest.fixture(params=list(BACKENDS))
-async def sandbox(request: pytest.FixtureRequest, settings: Settings, assert_no_leftovers: None) -> AsyncIterator[Sandbox]:
-    name, overrides = BACKENDS[request.param]
-    backend = get_backend(name, settings.model_copy(update=overrides))
-    box = await backend.create(SandboxSpec(rollout_id="contract"))
-    if request.param == "local-unisolated":
+@pytest.fixture(params=BACKENDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def sandbox(kind: str, make_backend: Callable[[str], Any], assert_no_leftovers: None) -> AsyncIterator[Sandbox]:
+    box = await make_backend(kind)().create(SandboxSpec(rollout_id="contract"))
+    if kind == "local-unisolated":
         assert box.isolation == "none"
     try:
         yield box
@@ -39,7 +47,15 @@ async def sandbox(request: pytest.FixtureRequest, settings: Settings, assert_no_
         await box.close()
 
 
-def isolated(box: Sandbox) -> None:
+@pytest.fixture
+def live(request: pytest.FixtureRequest, kind: str, settings: Settings) -> Callable[[Sandbox], list[str]]:
+    engine = request.getfixturevalue("docker_engine") if kind == "docker" else None
+    return lambda box: processes(box, settings, engine)
+
+
+def isolated(box: Sandbox, kind: str = "") -> None:
+    if kind in STAND_INS:
+        pytest.skip(STAND_INS[kind])
     if box.isolation == "none":
         pytest.skip("this sandbox runs unisolated (bubblewrap unavailable or disabled)")
 
@@ -62,12 +78,12 @@ async def test_exec_env_is_not_the_servers(sandbox: Sandbox, monkeypatch: pytest
     assert f"HOME={sandbox.paths.home}" in out
 
 
-async def test_timeout_kills_the_whole_tree(sandbox: Sandbox, settings: Settings) -> None:
+async def test_timeout_kills_the_whole_tree(sandbox: Sandbox, live: Callable[[Sandbox], list[str]]) -> None:
     script = "(trap '' TERM; sleep 300) & (setsid sleep 301 &) ; sleep 302"
     done = await sandbox.exec([sandbox.shell, "-c", script], timeout=0.5, max_output_bytes=OUT)
     assert done.timed_out and done.exit_code is not None and done.exit_code < 0
-    if sandbox.isolation != "none":
-        assert not [p for p in sandbox_processes(settings) if "sleep 30" in p]
+    if sandbox.isolation != "none" or sandbox.backend != "local":
+        assert not [p for p in live(sandbox) if "sleep 30" in p]
 
 
 async def test_files_bytes_text_parents_and_special_names(sandbox: Sandbox) -> None:
@@ -104,7 +120,7 @@ async def test_list_files_does_not_follow_symlinks(sandbox: Sandbox) -> None:
     assert kinds == {"root-link": "symlink", "x": "dir", "x/y.txt": "file"} and not cut
 
 
-async def test_background_wait_and_kill(sandbox: Sandbox, settings: Settings) -> None:
+async def test_background_wait_and_kill(sandbox: Sandbox, live: Callable[[Sandbox], list[str]]) -> None:
     proc = await sandbox.spawn([sandbox.shell, "-c", "echo started; exit 3"], log_path=f"{sandbox.paths.logs}/p.log")
     assert await proc.wait() == 3
     assert await sandbox.read_text(f"{sandbox.paths.logs}/p.log") == "started\n"
@@ -113,7 +129,7 @@ async def test_background_wait_and_kill(sandbox: Sandbox, settings: Settings) ->
     await proc.kill()
     await proc.kill()  # idempotent
     assert proc.returncode is not None
-    assert not [p for p in sandbox_processes(settings) if "sleep 300" in p]
+    assert not [p for p in live(sandbox) if "sleep 300" in p]
 
 
 async def test_close_is_idempotent_and_final(sandbox: Sandbox) -> None:
@@ -123,9 +139,9 @@ async def test_close_is_idempotent_and_final(sandbox: Sandbox) -> None:
         await sh(sandbox, "true")
 
 
-async def test_close_during_running_exec(sandbox: Sandbox, settings: Settings) -> None:
+async def test_close_during_running_exec(sandbox: Sandbox, live: Callable[[Sandbox], list[str]]) -> None:
     running = asyncio.ensure_future(sh(sandbox, "sleep 303", timeout=300))
-    await poll(lambda: any("sleep 303" in p for p in sandbox_processes(settings)))
+    await poll(lambda: any("sleep 303" in p for p in live(sandbox)))
     await sandbox.close()
     code, _, _ = await asyncio.wait_for(running, 10)
     assert code is not None and code != 0
@@ -139,13 +155,13 @@ async def poll(condition: Callable[[], bool], deadline_s: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
-async def test_concurrent_sandboxes_cannot_see_each_other(sandbox: Sandbox, settings: Settings) -> None:
-    isolated(sandbox)
-    other = await get_backend("local", settings).create(SandboxSpec(rollout_id="other"))
+async def test_concurrent_sandboxes_cannot_see_each_other(sandbox: Sandbox, kind: str, make_backend: Callable[[str], Any]) -> None:
+    isolated(sandbox, kind)
+    other = await make_backend(kind)().create(SandboxSpec(rollout_id="other"))
     try:
         await other.write_text("secret.txt", "other's")
         await other.spawn([other.shell, "-c", "sleep 300"])
-        _, out, _ = await sh(sandbox, "ls /workspace; ps -e -o comm=; cat /proc/*/cmdline 2>/dev/null | tr '\\0' ' '")
+        _, out, _ = await sh(sandbox, f"ls {sandbox.paths.workdir}; ps -e -o comm=; cat /proc/*/cmdline 2>/dev/null | tr '\\0' ' '")
         assert "secret.txt" not in out and "sleep" not in out
         _, out, _ = await sh(sandbox, f"ls {other.paths.workdir}/.. 2>&1; find / -name secret.txt 2>/dev/null")
         assert "secret.txt" not in out
@@ -153,8 +169,8 @@ async def test_concurrent_sandboxes_cannot_see_each_other(sandbox: Sandbox, sett
         await other.close()
 
 
-async def test_network_none_cannot_reach_host_loopback(sandbox: Sandbox) -> None:
-    isolated(sandbox)
+async def test_network_none_cannot_reach_host_loopback(sandbox: Sandbox, kind: str) -> None:
+    isolated(sandbox, kind)
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
@@ -166,9 +182,8 @@ async def test_network_none_cannot_reach_host_loopback(sandbox: Sandbox) -> None
         listener.close()
 
 
-async def test_memory_hog_is_killed(settings: Settings, state_dir: object) -> None:
-    tight = settings.model_copy(update={"sandbox_memory_mb": 256})
-    box = await get_backend("local", tight).create(SandboxSpec(rollout_id="hog"))
+async def test_memory_hog_is_killed(kind: str, make_backend: Callable[[str], Any], assert_no_leftovers: None) -> None:
+    box = await make_backend(kind)(sandbox_memory_mb=256).create(SandboxSpec(rollout_id="hog"))
     try:
         code, _, err = await sh(box, "python3 -c 'x = bytearray(1024 * 1024 * 1024); print(len(x))'")
         assert code != 0 and "MemoryError" in err
@@ -176,9 +191,10 @@ async def test_memory_hog_is_killed(settings: Settings, state_dir: object) -> No
         await box.close()
 
 
-async def test_fork_bomb_is_contained(settings: Settings, assert_no_leftovers: None) -> None:
-    tight = settings.model_copy(update={"sandbox_max_processes": 64})
-    box = await get_backend("local", tight).create(SandboxSpec(rollout_id="bomb"))
+async def test_fork_bomb_is_contained(kind: str, make_backend: Callable[[str], Any], assert_no_leftovers: None) -> None:
+    if kind in STAND_INS:
+        pytest.skip(f"{STAND_INS[kind]}: its process limit is the engine's, which the stand-in cannot give")
+    box = await make_backend(kind)(sandbox_max_processes=64).create(SandboxSpec(rollout_id="bomb"))
     try:
         if box.isolation == "none" and os.geteuid() != 0:
             pytest.skip("process limits need bubblewrap or root")
@@ -190,12 +206,52 @@ async def test_fork_bomb_is_contained(settings: Settings, assert_no_leftovers: N
         await box.close()
 
 
-async def test_file_size_limit_holds(settings: Settings) -> None:
-    tight = settings.model_copy(update={"sandbox_max_file_mb": 1})
-    box = await get_backend("local", tight).create(SandboxSpec(rollout_id="fsize"))
+async def test_file_size_limit_holds(kind: str, make_backend: Callable[[str], Any], assert_no_leftovers: None) -> None:
+    box = await make_backend(kind)(sandbox_max_file_mb=1).create(SandboxSpec(rollout_id="fsize"))
     try:
         code, _, _ = await sh(box, "head -c 3000000 /dev/zero > big")
         entries, _ = await box.list_files(".", max_entries=10)
         assert code != 0 and [e.size for e in entries if e.path == "big"] == [1024 * 1024]
     finally:
         await box.close()
+
+
+async def test_llm_policy_reaches_only_the_relay(kind: str, make_backend: Callable[[str], Any], assert_no_leftovers: None) -> None:
+    """Under `llm` a spawned process reaches the relay's unix socket at `relay_url`, and nothing else."""
+    sock_dir = Path(tempfile.mkdtemp(prefix="cae-relay-"))  # not pytest's 0700 tmp: sandbox uids must reach it
+    os.chmod(sock_dir, 0o755)
+    relay = await asyncio.start_unix_server(_answer_pong, path=str(sock_dir / "relay.sock"))
+    os.chmod(sock_dir / "relay.sock", 0o666)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    spec = SandboxSpec(rollout_id="llm", network="llm", relay=RelayEndpoint(str(sock_dir / "relay.sock"), "http://127.0.0.1:1/v1", forwarder_source_path()))
+    try:
+        try:
+            box = await make_backend(kind)().create(spec)
+        except SandboxUnavailableError as exc:
+            pytest.skip(f"{kind} declares no llm network policy: {exc}")
+        try:
+            if box.isolation == "none":
+                pytest.skip("unisolated: the relay is reached at its TCP URL and nothing else can be blocked")
+            assert box.relay_url is not None and box.relay_url.startswith("http://127.0.0.1:")
+            probe = (f"import urllib.request,socket; print(urllib.request.urlopen('{box.relay_url}/ping', timeout=5).read().decode());"
+                     f"socket.create_connection(('127.0.0.1', {listener.getsockname()[1]}), 2)")
+            proc = await box.spawn(["python3", "-c", probe], log_path=f"{box.paths.logs}/probe.log")
+            code = await asyncio.wait_for(proc.wait(), 30)
+            log = await box.read_text(f"{box.paths.logs}/probe.log")
+            assert "pong" in log and code != 0, log
+        finally:
+            await box.close()
+    finally:
+        listener.close()
+        relay.close()
+        await relay.wait_closed()
+        shutil.rmtree(sock_dir)
+
+
+async def _answer_pong(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\nconnection: close\r\n\r\npong")
+    await writer.drain()
+    writer.close()

@@ -1,0 +1,326 @@
+"""In-sandbox process launcher for backends whose engine runs commands for us (docker, hf, e2b).
+
+Standard library only and importing nothing from this package: backends copy this file into the sandbox and
+run it as `python3 launcher.py MODE ...`. Modes:
+
+- `run --token T --run-dir D [--timeout S] [--cwd C] [--uid U] [--env-keys K1,K2 | --env-file F]
+  [--fresh-base B] [--rlimit NAME=V ...] [--log F] -- ARGV...`: becomes a child subreaper (so nothing the
+  command forks can escape to PID 1, not even through `setsid`), starts ARGV in its own session with exactly
+  the given environment (from the listed variables of its own environment, or from a JSON file it deletes
+  after reading), waits up to the timeout, then SIGKILLs every descendant still alive. It exits with the
+  command's code; when the command died of a signal or timed out it exits 128+signal and leaves
+  `D/T.status` (JSON `{"signal": N, "timed_out": bool}`) for the backend to read. SIGTERM to the launcher
+  kills the tree the same way. Its pid is kept in `D/T.pid` while it runs.
+- `kill --token T --run-dir D`: SIGTERM that launcher and wait (bounded) until it is gone; a launcher
+  that has not started yet exits as soon as it does.
+- `killall --run-dir D`: the same for every launcher that has a pid file in D.
+- `init`: a PID 1 that only reaps zombies, for containers.
+- `list PATH MAX`: JSON listing of a tree without following symlinks (one object on stdout).
+- `stat PATH`: JSON `{"real": realpath, "kind": ...}` of PATH (missing: `{"real": null}`).
+- `prepare PATH ROOT [--uid U]`: make PATH's parents below ROOT real directories (owned by U), unlink a
+  symlink at PATH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import stat
+import sys
+import time
+
+_KILL_ROUNDS = 500
+_KILL_WAIT_S = 10.0
+_RLIMITS = {"data": resource.RLIMIT_DATA, "fsize": resource.RLIMIT_FSIZE, "cpu": resource.RLIMIT_CPU,
+            "nproc": resource.RLIMIT_NPROC}
+
+
+def _children_map() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                fields = fh.read().rpartition(b")")[2].split()
+        except OSError:
+            continue
+        if fields and fields[0] != b"Z":
+            kids.setdefault(int(fields[1]), []).append(int(name))
+    return kids
+
+
+def _descendants(root: int) -> list[int]:
+    kids, found, stack = _children_map(), [], [root]
+    while stack:
+        for child in kids.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def _reap() -> list[tuple[int, int]]:
+    reaped = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return reaped
+        if pid == 0:
+            return reaped
+        reaped.append((pid, status))
+
+
+def _kill_tree() -> None:
+    """SIGKILL every descendant of this (subreaper) process until none is left, reaping them."""
+    me = os.getpid()
+    for _ in range(_KILL_ROUNDS):
+        alive = _descendants(me)
+        if not alive:
+            break
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _reap()
+        time.sleep(0.002)  # let the kernel deliver the kills before the next scan
+    _reap()
+
+
+def _child_env(args: dict[str, str]) -> dict[str, str]:
+    if "env-file" in args:
+        with open(args["env-file"], "rb") as fh:
+            env = json.load(fh)
+        os.unlink(args["env-file"])
+        return {str(k): str(v) for k, v in env.items()}
+    keys = [k for k in args.get("env-keys", "").split(",") if k]
+    return {k: os.environ[k] for k in keys if k in os.environ}
+
+
+def _fresh_dir(args: dict[str, str], uid: int | None) -> str | None:
+    base = args.get("fresh-base")
+    if base is None:
+        return None
+    path = os.path.join(base, os.urandom(8).hex())
+    os.mkdir(path, 0o700)
+    if uid is not None:
+        os.chown(path, uid, uid)
+    return path
+
+
+def _exec_child(argv: list[str], env: dict[str, str], args: dict[str, str], uid: int | None, rlimits: list[str]) -> None:
+    """In the forked child: never returns."""
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        os.setsid()
+        if "log" in args:
+            fd = os.open(args["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+        for item in rlimits:
+            name, _, value = item.partition("=")
+            resource.setrlimit(_RLIMITS[name], (int(value), int(value)))
+        if uid is not None:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+        os.chdir(args.get("cwd", "/"))
+        os.execvpe(argv[0], argv, env)
+    except OSError as exc:
+        os.write(2, f"cannot run {argv[0]!r}: {exc.strerror}\n".encode())
+        os._exit(127)
+
+
+def _parse(argv: list[str]) -> tuple[dict[str, str], list[str], list[str]]:
+    args: dict[str, str] = {}
+    rlimits: list[str] = []
+    i = 0
+    while i < len(argv) and argv[i] != "--":
+        key = argv[i].lstrip("-")
+        if key == "rlimit":
+            rlimits.append(argv[i + 1])
+        else:
+            args[key] = argv[i + 1]
+        i += 2
+    return args, rlimits, argv[i + 1 :]
+
+
+def run(argv: list[str]) -> int:
+    args, rlimits, command = _parse(argv)
+    uid = int(args["uid"]) if "uid" in args else None
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD, signal.SIGTERM})
+    import ctypes  # only this mode needs it
+
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    env = _child_env(args)
+    fresh = _fresh_dir(args, uid)
+    if fresh is not None:
+        env["HOME"] = env["TMPDIR"] = fresh
+    pid_file = os.path.join(args["run-dir"], args["token"] + ".pid")
+    with open(pid_file, "w") as fh:
+        fh.write(str(os.getpid()))
+    # Pid file first, kill marker second (`kill` does the reverse): a kill is never lost, even one sent
+    # before this launcher started.
+    if os.path.exists(os.path.join(args["run-dir"], args["token"] + ".kill")):
+        status, timed_out = None, False
+    else:
+        child = os.fork()
+        if child == 0:
+            _exec_child(command, env, args, uid, rlimits)
+        deadline = time.monotonic() + float(args.get("timeout", "inf"))
+        status, timed_out = _wait_for(child, deadline)
+    _kill_tree()
+    os.unlink(pid_file)
+    if fresh is not None:
+        _remove_tree(fresh)
+    if status is None or os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status) if status is not None else signal.SIGKILL
+        with open(os.path.join(args["run-dir"], args["token"] + ".status"), "w") as fh:
+            json.dump({"signal": sig, "timed_out": timed_out}, fh)
+        return 128 + sig
+    return os.WEXITSTATUS(status)
+
+
+def _wait_for(child: int, deadline: float) -> tuple[int | None, bool]:
+    """(wait status of `child` or None if it was killed by us, whether the deadline passed)."""
+    while True:
+        for pid, status in _reap():
+            if pid == child:
+                return status, False
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None, True
+        info = signal.sigtimedwait({signal.SIGCHLD, signal.SIGTERM}, min(remaining, 3600.0))
+        if info is not None and info.si_signo == signal.SIGTERM:
+            return None, False
+
+
+def _remove_tree(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def kill(run_dir: str, token: str) -> int:
+    with open(os.path.join(run_dir, token + ".kill"), "w"):
+        pass
+    try:
+        with open(os.path.join(run_dir, token + ".pid")) as fh:
+            pid = int(fh.read())
+    except (OSError, ValueError):
+        return 0
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return 0
+    end = time.monotonic() + _KILL_WAIT_S
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < end:
+        time.sleep(0.005)
+    return 0
+
+
+def killall(run_dir: str) -> int:
+    for name in os.listdir(run_dir):
+        if name.endswith(".pid"):
+            kill(run_dir, name[: -len(".pid")])
+    return 0
+
+
+def init() -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            signal.pause()
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    return "file" if stat.S_ISREG(mode) else "other"
+
+
+def listing(top: str, max_entries: int) -> int:
+    entries: list[list[object]] = []
+    stack, cut = [""], False
+    while stack and not cut:
+        rel_dir = stack.pop()
+        try:
+            names = sorted(os.listdir(os.path.join(top, rel_dir) if rel_dir else top))
+        except OSError:
+            continue
+        subdirs = []
+        for name in names:
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            if len(entries) >= max_entries:
+                cut = True
+                break
+            st = os.lstat(os.path.join(top, rel))
+            kind = _kind(st.st_mode)
+            entries.append([rel, kind, st.st_size if kind == "file" else 0])
+            if kind == "dir":
+                subdirs.append(rel)
+        stack.extend(reversed(subdirs))
+    json.dump({"entries": entries, "cut": cut}, sys.stdout)
+    return 0
+
+
+def stat_path(path: str) -> int:
+    if not os.path.lexists(path):
+        json.dump({"real": None}, sys.stdout)
+        return 0
+    real = os.path.realpath(path)
+    kind = _kind(os.lstat(real).st_mode) if os.path.lexists(real) else "missing"
+    json.dump({"real": real, "kind": kind}, sys.stdout)
+    return 0
+
+
+def prepare(path: str, root: str, uid: int | None) -> int:
+    """Make every directory between `root` and PATH's parent real (a symlink or file there is replaced,
+    never followed), then remove a symlink at PATH itself."""
+    rel = os.path.relpath(os.path.dirname(path), root)
+    current = root
+    for part in [] if rel == "." else rel.split("/"):
+        current = os.path.join(current, part)
+        if os.path.islink(current) or (os.path.lexists(current) and not os.path.isdir(current)):
+            os.unlink(current)
+        if not os.path.lexists(current):
+            os.mkdir(current, 0o755)
+            if uid is not None:
+                os.chown(current, uid, uid)
+    if os.path.islink(path):
+        os.unlink(path)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    mode, rest = argv[0], argv[1:]
+    if mode == "run":
+        return run(rest)
+    if mode == "kill":
+        args, _, _ = _parse(rest)
+        return kill(args["run-dir"], args["token"])
+    if mode == "killall":
+        args, _, _ = _parse(rest)
+        return killall(args["run-dir"])
+    if mode == "init":
+        return init()
+    if mode == "list":
+        return listing(rest[0], int(rest[1]))
+    if mode == "stat":
+        return stat_path(rest[0])
+    if mode == "prepare":
+        args, _, _ = _parse(rest[2:])
+        return prepare(rest[0], rest[1], int(args["uid"]) if "uid" in args else None)
+    print(f"unknown mode {mode!r}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

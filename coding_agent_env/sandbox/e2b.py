@@ -1,0 +1,127 @@
+"""The E2B backend (`e2b` SDK, async): one E2B sandbox (a microVM) per rollout.
+
+The sandbox is made from the request's image taken as an E2B template (or `Settings.e2b_template`), with a
+lifetime of `Settings.remote_sandbox_lifetime_s` (longer than any rollout's deadline, so E2B ends one left
+behind by a crashed server), the rollout id in its metadata, and internet access only under network policy
+`host` (operator opt-in); `llm` is refused (no relay socket can reach a remote VM). Commands run through the
+in-sandbox launcher (timeouts that kill the tree, background processes, fresh verify context); their
+environment travels in the SDK's `envs` (never in the command string, which holds only shell-quoted argv
+and variable names); files go through the SDK's filesystem API.
+
+The E2B cloud is unreachable from this project's CI: the backend is tested against a fake of the SDK surface
+it uses (`tests/fakes/e2b_fake.py`), injected through the `sdk` argument.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import e2b
+
+from coding_agent_env.errors import SandboxError, SandboxFileNotFoundError, SandboxUnavailableError
+from coding_agent_env.sandbox._remote import RemoteSandbox
+from coding_agent_env.sandbox.base import BackendStatus, Sandbox, SandboxBackend, SandboxSpec
+from coding_agent_env.settings import Settings
+
+__all__ = ["E2bBackend", "E2bSandbox"]
+
+_USER = "user"
+"""The default user of E2B templates."""
+
+
+def _translate(exc: Exception, what: str) -> SandboxError:
+    """The one place E2B SDK errors become ours."""
+    if isinstance(exc, e2b.FileNotFoundException):
+        return SandboxFileNotFoundError(f"{what}: not found")
+    if isinstance(exc, e2b.AuthenticationException | e2b.SandboxNotFoundException | e2b.RateLimitException):
+        return SandboxUnavailableError(f"{what}: {type(exc).__name__}")
+    return SandboxError(f"{what}: {type(exc).__name__}: {exc}")
+
+
+class E2bBackend(SandboxBackend):
+    name = "e2b"
+
+    def __init__(self, settings: Settings, sdk: Any = None) -> None:
+        self._settings = settings
+        self._sdk = sdk if sdk is not None else e2b.AsyncSandbox
+        """The SDK's `AsyncSandbox` class (a fake of it in tests)."""
+
+    def check(self) -> BackendStatus:
+        if self._settings.e2b_api_key is None:
+            return BackendStatus(self.name, False, None, "no E2B API key (E2B_API_KEY)")
+        return BackendStatus(self.name, True, "e2b", f"E2B template {self._settings.e2b_template!r}")
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        s = self._settings
+        if spec.network == "llm":
+            raise SandboxUnavailableError("network policy 'llm' is not available on the e2b backend")
+        if spec.network == "host" and not s.sandbox_allow_host_network:
+            raise SandboxUnavailableError("network policy 'host' is not allowed by this server's operator")
+        key = s.e2b_api_key.get_secret_value() if s.e2b_api_key else None
+        try:
+            vm = await self._sdk.create(
+                template=spec.image or s.e2b_template,
+                timeout=s.remote_sandbox_lifetime_s,
+                metadata={"coding-agent-env.rollout": spec.rollout_id},
+                allow_internet_access=spec.network == "host",
+                api_key=key,
+            )
+        except e2b.SandboxException as exc:
+            raise _translate(exc, "create E2B sandbox") from exc
+        box = E2bSandbox(s, vm)
+        try:
+            await box.install()
+        except BaseException:
+            await asyncio.shield(box.close())
+            raise
+        return box
+
+
+class E2bSandbox(RemoteSandbox):
+    backend = "e2b"
+    isolation = "e2b"
+
+    def __init__(self, settings: Settings, vm: Any) -> None:
+        super().__init__(settings, f"{settings.e2b_sandbox_root}/{vm.sandbox_id}")
+        self._vm = vm
+        self.id = str(vm.sandbox_id)
+
+    async def _run(self, argv: Sequence[str], *, env: Mapping[str, str], timeout: float | None) -> tuple[int | None, bytes, bytes]:
+        try:
+            done = await self._vm.commands.run(shlex.join(argv), envs=dict(env), user=_USER, timeout=timeout or 0)
+        except e2b.CommandExitException as exc:
+            return exc.exit_code, (exc.stdout or "").encode(), (exc.stderr or "").encode()
+        except e2b.SandboxException as exc:
+            raise _translate(exc, "exec") from exc
+        return done.exit_code, (done.stdout or "").encode(), (done.stderr or "").encode()
+
+    async def _put(self, path: str, data: bytes) -> None:
+        try:
+            await self._vm.files.write(path, data, user=_USER)
+        except e2b.SandboxException as exc:
+            raise _translate(exc, "write") from exc
+
+    async def _get(self, path: str) -> bytes:
+        try:
+            data = await self._vm.files.read(path, format="bytes", user=_USER)
+        except e2b.SandboxException as exc:
+            raise _translate(exc, "read") from exc
+        return bytes(data)
+
+    async def _env_args(self, token: str, env: Mapping[str, str]) -> tuple[list[str], Mapping[str, str]]:
+        return ["--env-keys", ",".join(env)], env
+
+    async def _close(self) -> None:
+        try:
+            await self.kill_everything()  # the VM's end would do it too; this keeps close deterministic
+        finally:
+            await self._kill_vm()
+
+    async def _kill_vm(self) -> None:
+        try:
+            await self._vm.kill()
+        except e2b.SandboxException as exc:
+            raise _translate(exc, "kill E2B sandbox") from exc

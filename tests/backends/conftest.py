@@ -1,0 +1,181 @@
+"""Engines for the backend suite: a real dockerd (with the offline test image), hf-sandbox's own in-pod server
+on loopback, and a fake of the e2b SDK. Each backend's settings come from `backend_settings`.
+
+Docker: the daemon at DOCKER_HOST (or the default socket). Without one the Docker cases are skipped, except
+under CI (`CI=true`), where `.ci/run` starts dockerd and a missing daemon is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from coding_agent_env.sandbox import Sandbox, SandboxBackend, get_backend
+from coding_agent_env.sandbox.registry import BACKENDS
+from coding_agent_env.settings import Settings
+from tests.backends.rootfs import HOST_BINDS, IMAGE, rootfs_tar
+from tests.helpers import sandbox_processes
+
+_SERVER_START_S = 30.0
+
+
+def _docker_host() -> str:
+    return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> Iterator[Any]:
+    """A client of a live dockerd holding the test image (imported offline if missing)."""
+    import docker
+    import docker.errors
+    import requests.exceptions
+
+    client = docker.DockerClient(base_url=_docker_host())
+    try:
+        client.ping()
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        client.close()
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"no Docker daemon at {_docker_host()} under CI: {exc}")
+        pytest.skip(f"no Docker daemon at {_docker_host()} ({type(exc).__name__}); .ci/run starts one")
+    try:
+        client.images.get(IMAGE)
+    except docker.errors.ImageNotFound:
+        repo, _, tag = IMAGE.partition(":")
+        client.api.import_image_from_data(rootfs_tar(), repository=repo, tag=tag)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def hf_server() -> Iterator[tuple[str, str]]:
+    """hf-sandbox's own in-pod RPC server, run on loopback: (url, sandbox token)."""
+    token = secrets.token_urlsafe(16)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "hf_sandbox.server:app", "--host", "127.0.0.1", "--port", str(port),
+         "--log-level", "warning"],
+        env={"PATH": os.environ["PATH"], "HF_SANDBOX_TOKEN": token, "HOME": "/tmp"},
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc)
+        yield url, token
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
+    import time
+
+    end = time.monotonic() + _SERVER_START_S
+    while time.monotonic() < end:
+        assert proc.poll() is None, "hf-sandbox server exited"
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)  # polling a server that is starting, with a deadline
+    raise AssertionError("hf-sandbox server did not become healthy")
+
+
+BackendFactory = Callable[..., SandboxBackend]
+
+
+@pytest.fixture
+def settings_for(request: pytest.FixtureRequest, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], tuple[str, Settings]]:
+    """`settings_for(kind)` -> (registry name, settings enabling that backend on this machine's engine)."""
+
+    def build(kind: str) -> tuple[str, Settings]:
+        name, extra = _kind_settings(kind, request, settings, monkeypatch)
+        return name, settings.model_copy(update=extra)
+
+    return build
+
+
+@pytest.fixture
+def make_backend(settings_for: Callable[[str], tuple[str, Settings]]) -> Callable[[str], BackendFactory]:
+    """`make_backend(kind)(**setting_overrides)` -> that backend, configured for this machine's engines."""
+
+    def for_kind(kind: str) -> BackendFactory:
+        def build(**overrides: Any) -> SandboxBackend:
+            name, base = settings_for(kind)
+            return get_backend(name, base.model_copy(update=overrides))
+
+        return build
+
+    return for_kind
+
+
+def _kind_settings(kind: str, request: pytest.FixtureRequest, settings: Settings,
+                   monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict[str, Any]]:
+    if kind == "local":
+        return "local", {}
+    if kind == "local-unisolated":  # the fallback where bubblewrap cannot run: a probe that fails forces it
+        return "local", {"bwrap_path": "/bin/false"}
+    if kind == "docker":
+        request.getfixturevalue("docker_engine")
+        request.getfixturevalue("no_leftover_containers")
+        return "docker", {"sandbox_backends": ("local", "docker"), "docker_host": _docker_host(),
+                          "docker_image": IMAGE, "docker_host_binds": HOST_BINDS}
+    if kind == "hf":
+        url, token = request.getfixturevalue("hf_server")
+        return "hf", {"sandbox_backends": ("local", "hf"), "hf_sandbox_url": url, "hf_sandbox_token": SecretStr(token),
+                      "hf_sandbox_root": str(settings.state_dir)}
+    if kind == "e2b-fake":
+        monkeypatch.setitem(BACKENDS, "e2b", ("tests.fakes.e2b_fake:fake_backend", None))
+        return "e2b", {"sandbox_backends": ("local", "e2b"), "e2b_sandbox_root": str(settings.state_dir)}
+    raise AssertionError(kind)
+
+
+@pytest.fixture
+def no_leftover_containers(docker_engine: Any) -> Iterator[None]:
+    """Fails the test if a container made by this server process is left."""
+    from coding_agent_env.sandbox.docker import LABEL_OWNER
+
+    owner = f"{socket.gethostname()}/{os.getpid()}"
+    yield
+    left = docker_engine.containers.list(all=True, filters={"label": f"{LABEL_OWNER}={owner}"})
+    for container in left:
+        container.remove(force=True)
+    assert not left, f"containers left behind: {[c.id[:12] for c in left]}"
+
+
+def processes(box: Sandbox, settings: Settings, docker_engine: Any | None = None) -> list[str]:
+    """Command lines of the sandbox's live processes, as an operator would see them."""
+    if box.backend != "docker":
+        return sandbox_processes(settings)
+    import docker.errors
+
+    try:
+        top = docker_engine.containers.get(box.id).top(ps_args="-eo pid,stat,args")
+    except docker.errors.NotFound:
+        return []
+    return [" ".join(row) for row in top.get("Processes") or [] if "Z" not in row[1] and "launcher.py init" not in row[2]]
+
+
+def state_entries(settings: Settings) -> list[Path]:
+    return sorted(settings.state_dir.iterdir()) if settings.state_dir.exists() else []
+
+
+def forwarder_source_path() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("coding_agent_env.llm.forwarder")
+    assert spec is not None and spec.origin is not None
+    return spec.origin

@@ -1,0 +1,54 @@
+"""The example task (oracle agent, binary search) end to end on every backend, and backend selection."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from coding_agent_env.cli import load_task
+from coding_agent_env.errors import MissingExtraError, UnknownBackendError
+from coding_agent_env.models import RolloutStatus
+from coding_agent_env.rollout import run_rollout
+from coding_agent_env.sandbox import get_backend
+from coding_agent_env.sandbox.registry import BACKENDS
+from coding_agent_env.settings import Settings
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "binary_search.yaml"
+
+
+@pytest.mark.parametrize("kind", ["docker", "hf", "e2b-fake"])
+async def test_oracle_binary_search_passes(kind: str, settings_for: Callable[[str], tuple[str, Settings]],
+                                           assert_no_leftovers: None) -> None:
+    name, settings = settings_for(kind)
+    task = load_task(str(EXAMPLE)).model_copy(update={"sandbox": name})
+    result = await run_rollout(task, settings=settings)
+    assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, result.error
+    assert result.sandbox == name and result.isolation == {"docker": "docker", "hf": "none", "e2b-fake": "e2b"}[kind]
+    assert "NotImplementedError" not in result.files["search.py"]
+
+
+def test_only_enabled_backends_are_selectable(settings: Settings) -> None:
+    with pytest.raises(UnknownBackendError, match="not enabled"):
+        get_backend("docker", settings)  # default settings enable only `local`
+
+
+def test_missing_sdk_names_the_extra(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(BACKENDS, "ghost", ("tests.backends.ghost_backend:GhostBackend", "ghost"))
+    with pytest.raises(MissingExtraError, match=r"pip install 'coding-agent-env\[ghost\]'"):
+        get_backend("ghost", settings.model_copy(update={"sandbox_backends": ("local", "ghost")}))
+
+
+def test_docker_check_reports_a_missing_daemon(settings: Settings, tmp_path: Path) -> None:
+    enabled = settings.model_copy(update={"sandbox_backends": ("docker",), "docker_host": f"unix://{tmp_path}/none.sock"})
+    status = get_backend("docker", enabled).check()
+    assert not status.available and "no usable Docker daemon" in status.detail
+
+
+def test_remote_backends_check_reports_missing_credentials(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "")
+    monkeypatch.setenv("HF_HOME", "/nonexistent-hf-home")
+    enabled = settings.model_copy(update={"sandbox_backends": ("hf", "e2b")})
+    assert not get_backend("e2b", enabled).check().available
+    assert not get_backend("hf", enabled).check().available
