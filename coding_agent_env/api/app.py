@@ -19,6 +19,7 @@ from fastapi import FastAPI, WebSocket
 from coding_agent_env.api.endpoint import McpDispatcher
 from coding_agent_env.api.http import ENV_DESCRIPTION, build_router
 from coding_agent_env.api.mcp import McpEndpoint
+from coding_agent_env.api.startup import check_backends
 from coding_agent_env.api.ws import serve_ws, serve_ws_mcp
 from coding_agent_env.session import SessionManager
 from coding_agent_env.settings import Settings
@@ -40,6 +41,7 @@ def build_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.backends = await check_backends(settings)
         manager.start()
         async with mcp.session_manager_running():
             try:
