@@ -31,6 +31,7 @@ from coding_agent_env.llm.forward import relay_call
 from coding_agent_env.llm.lease import Lease
 from coding_agent_env.llm.upstream import Upstream
 from coding_agent_env.llm.wire import bearer_token, error_response, parse_json_object
+from coding_agent_env.pids import pid_alive
 from coding_agent_env.settings import Settings
 
 __all__ = ["Relay", "RelayState"]
@@ -210,16 +211,8 @@ def _prepare_socket_dir(directory: Path) -> None:
         os.chmod(path, 0o711)
     for stale in directory.glob("*.sock"):
         pid = stale.name.split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             log.warning("removing relay socket of dead process %s", pid)
             stale.unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

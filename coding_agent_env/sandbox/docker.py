@@ -41,6 +41,7 @@ from coding_agent_env.errors import (
     SandboxFileNotFoundError,
     SandboxUnavailableError,
 )
+from coding_agent_env.pids import pid_alive
 from coding_agent_env.sandbox import _docker_tar as tars
 from coding_agent_env.sandbox import _inner
 from coding_agent_env.sandbox._inner import SANDBOX_UID, InnerLayout, OutputCap
@@ -209,7 +210,7 @@ class DockerBackend(SandboxBackend):
         reaped = 0
         for container in self.client().containers.list(all=True, filters={"label": LABEL_ROLLOUT}):
             owner_host, _, pid = container.labels.get(LABEL_OWNER, "").rpartition("/")
-            if owner_host != host or not pid.isdigit() or _alive(int(pid)):
+            if owner_host != host or not pid.isdigit() or pid_alive(int(pid)):
                 continue
             try:
                 container.remove(force=True, v=True)
@@ -217,16 +218,6 @@ class DockerBackend(SandboxBackend):
             except docker.errors.NotFound:
                 pass
         return reaped
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class DockerSandbox(Sandbox):

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coding_agent_env.errors import SandboxError, SandboxUnavailableError
+from coding_agent_env.pids import pid_alive
 from coding_agent_env.sandbox import _proc
 from coding_agent_env.sandbox._hostfs import HostMounts, remove_tree
 from coding_agent_env.sandbox.base import (
@@ -229,21 +230,11 @@ def _reap(state: Path) -> int:
     reaped = 0
     for entry in state.iterdir():
         pid_text = entry.name.split("-", 1)[0]
-        if not pid_text.isdigit() or _alive(int(pid_text)):
+        if not pid_text.isdigit() or pid_alive(int(pid_text)):
             continue
         remove_tree(entry)
         reaped += 1
     return reaped
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _namespace_args(network: str) -> list[str]:
