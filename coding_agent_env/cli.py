@@ -74,7 +74,8 @@ def load_task(source: str) -> RolloutRequest:
 def summary(result: RolloutResult) -> str:
     reward = "null" if result.reward is None else f"{result.reward:.3f}"
     lines = [
-        f"rollout {result.rollout_id}  agent={result.agent}  sandbox={result.sandbox} ({result.isolation})",
+        f"rollout {result.rollout_id}  agent={result.agent}  sandbox={result.sandbox} ({result.isolation}, "
+        f"network {result.network})",
         f"status={result.status.value}  reward={reward}  agent_exit_code={result.agent_exit_code}",
     ]
     for title, results in (("setup", result.setup_results), ("verify", result.verify_results)):
@@ -105,7 +106,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     for name in settings.sandbox_backends:
         try:
             status = get_backend(name, settings).check()
-            report["backends"][name] = {"available": status.available, "isolation": status.isolation, "detail": status.detail}
+            report["backends"][name] = {"available": status.available, "isolation": status.isolation,
+                                        "detail": status.detail, "limits": dict(status.limits)}
         except CodingAgentEnvError as exc:
             report["backends"][name] = {"available": False, "detail": str(exc)}
     print(json.dumps(report, indent=2))

@@ -312,6 +312,14 @@ class RolloutResult(_Wire):
     sandbox: str
     sandbox_id: str | None = None
     isolation: str | None = Field(default=None, description="Isolation really in effect: bwrap, docker, none, ...")
+    network: str | None = Field(
+        default=None, description="Network really in effect: none, llm (only the LLM relay) or host."
+    )
+    limits: dict[str, int] = Field(
+        default_factory=dict,
+        description="Limits really enforced on the sandbox's processes (rlimits: data, fsize, cpu, nproc; "
+        "container: memory, pids, nano_cpus).",
+    )
     status: RolloutStatus
     reward: float | None = Field(default=None, description="In [0,1]; null when the episode is invalid.")
     reward_note: str | None = Field(

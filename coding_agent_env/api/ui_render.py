@@ -56,6 +56,7 @@ def badge_html(result: RolloutResult) -> str:
         f"agent {html.escape(result.agent)}",
         f"sandbox {html.escape(result.sandbox)}",
         f"isolation <b>{html.escape(result.isolation or 'unknown')}</b>",
+        f"network {html.escape(result.network or 'unknown')}",
         f"{result.timings.total_s:.2f}s",
     ]
     parts = [

@@ -343,6 +343,8 @@ class _Rollout:
             sandbox=self.backend,
             sandbox_id=self.sandbox.id if self.sandbox else None,
             isolation=self.sandbox.isolation if self.sandbox else None,
+            network=self.sandbox.network if self.sandbox else None,
+            limits=dict(self.sandbox.limits) if self.sandbox else {},
             status=self.status,
             reward=self.reward,
             reward_note=self.reward_note,

@@ -72,14 +72,18 @@ def forwarder_source() -> bytes:
     return _source_of("coding_agent_env.llm.forwarder")
 
 
-def rlimit_args(settings: Settings) -> list[str]:
-    limits = {
+def rlimits(settings: Settings) -> dict[str, int]:
+    """The rlimits the launcher sets on every command, by `prlimit` name."""
+    return {
         "data": settings.sandbox_memory_mb * 1024 * 1024,
         "fsize": settings.sandbox_max_file_mb * 1024 * 1024,
         "cpu": settings.sandbox_cpu_s,
     }
+
+
+def rlimit_args(settings: Settings) -> list[str]:
     args: list[str] = []
-    for name, value in limits.items():
+    for name, value in rlimits(settings).items():
         args += ["--rlimit", f"{name}={value}"]
     return args
 

@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 from coding_agent_env.errors import SandboxError, SandboxFileError, SandboxFileNotFoundError
 from coding_agent_env.sandbox import _inner
@@ -37,6 +38,7 @@ class RemoteSandbox(Sandbox):
         self.paths = SandboxPaths(workdir=f"{root}/workspace", home=f"{root}/home", tmp=f"{root}/tmp", logs=f"{root}/logs")
         self.layout = InnerLayout(base=f"{root}/.machinery")
         self._limits = _inner.rlimit_args(settings)
+        self.limits = MappingProxyType(_inner.rlimits(settings))
 
     # -- primitives ------------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ import abc
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Literal
 
 from coding_agent_env.errors import SandboxClosedError
@@ -148,6 +149,12 @@ class Sandbox(abc.ABC):
     """Where the spec's `agents_dir` is visible inside (read-only), else None."""
     shell: str = "/bin/bash"
     """Shell used to run the task's command strings (`shell -c CMD`)."""
+    network: str = "none"
+    """Network really in effect: `none`, `llm` (only the relay), or `host` (whatever the host or pod reaches,
+    e.g. an unisolated fallback or a pod with outbound network)."""
+    limits: Mapping[str, int] = MappingProxyType({})
+    """Limits really enforced on the sandbox's processes, by name (`data`, `fsize`, `cpu`, `nproc` rlimits;
+    `memory`, `pids`, `nano_cpus` for a container); empty where the backend enforces none of its own."""
 
     def __init__(self) -> None:
         self._state = SandboxState.OPEN

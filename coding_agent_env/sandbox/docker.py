@@ -28,6 +28,7 @@ import os
 import socket
 import tarfile
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 import docker
@@ -137,8 +138,7 @@ class DockerBackend(SandboxBackend):
 
     def check(self) -> BackendStatus:
         s = self._settings
-        limits = {"memory": s.sandbox_memory_mb * 1024 * 1024, "pids": s.sandbox_max_processes,
-                  "nano_cpus": int(s.docker_cpus * 1e9)}
+        limits = _container_limits(s)
         socket_path = self._daemon_url().removeprefix("unix://")
         if self._daemon_url().startswith("unix://") and not os.path.exists(socket_path):
             return BackendStatus(self.name, False, None, f"no usable Docker daemon: no socket at {socket_path}", limits)
@@ -220,6 +220,12 @@ class DockerBackend(SandboxBackend):
         return reaped
 
 
+def _container_limits(s: Settings) -> dict[str, int]:
+    """What `_create_container` asks the engine for, plus the rlimits the launcher sets on every command."""
+    return {"memory": s.sandbox_memory_mb * 1024 * 1024, "pids": s.sandbox_max_processes,
+            "nano_cpus": int(s.docker_cpus * 1e9), **_inner.rlimits(s)}
+
+
 class DockerSandbox(Sandbox):
     """See the module docstring. Built only by `DockerBackend.create`."""
 
@@ -236,6 +242,8 @@ class DockerSandbox(Sandbox):
         self.id = container.id
         self.paths = _PATHS
         self._limits = _inner.rlimit_args(self._settings)
+        self.limits = MappingProxyType(_container_limits(self._settings))
+        self.network = spec.network
         if spec.network == "llm":
             self.relay_url = f"http://127.0.0.1:{self._settings.docker_relay_port}/v1"
         if spec.agents_dir is not None:

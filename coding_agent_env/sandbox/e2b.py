@@ -22,6 +22,7 @@ from typing import Any
 import e2b
 
 from coding_agent_env.errors import SandboxError, SandboxFileNotFoundError, SandboxUnavailableError
+from coding_agent_env.sandbox import _inner
 from coding_agent_env.sandbox._remote import RemoteSandbox
 from coding_agent_env.sandbox.base import BackendStatus, Sandbox, SandboxBackend, SandboxSpec
 from coding_agent_env.settings import Settings
@@ -52,7 +53,8 @@ class E2bBackend(SandboxBackend):
     def check(self) -> BackendStatus:
         if self._settings.e2b_api_key is None:
             return BackendStatus(self.name, False, None, "no E2B API key (E2B_API_KEY)")
-        return BackendStatus(self.name, True, "e2b", f"E2B template {self._settings.e2b_template!r}")
+        return BackendStatus(self.name, True, "e2b", f"E2B template {self._settings.e2b_template!r}",
+                             _inner.rlimits(self._settings))
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         s = self._settings
@@ -72,6 +74,7 @@ class E2bBackend(SandboxBackend):
         except e2b.SandboxException as exc:
             raise _translate(exc, "create E2B sandbox") from exc
         box = E2bSandbox(s, vm)
+        box.network = "host" if spec.network == "host" else "none"
         try:
             await box.install()
         except BaseException:

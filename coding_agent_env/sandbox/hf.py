@@ -27,6 +27,7 @@ import httpx
 from hf_sandbox import Sandbox as HfClient
 
 from coding_agent_env.errors import SandboxError, SandboxFileNotFoundError, SandboxUnavailableError
+from coding_agent_env.sandbox import _inner
 from coding_agent_env.sandbox._remote import RemoteSandbox
 from coding_agent_env.sandbox.base import BackendStatus, Sandbox, SandboxBackend, SandboxSpec
 from coding_agent_env.settings import Settings
@@ -66,12 +67,14 @@ class HfBackend(SandboxBackend):
                 ok = httpx.get(f"{s.hf_sandbox_url}/health", timeout=_HEALTH_TIMEOUT_S).status_code == 200
             except httpx.HTTPError as exc:
                 return BackendStatus(self.name, False, None, f"hf-sandbox server unreachable: {type(exc).__name__}")
-            return BackendStatus(self.name, ok, "none", f"shared hf-sandbox server at {s.hf_sandbox_url}")
+            return BackendStatus(self.name, ok, "none", f"shared hf-sandbox server at {s.hf_sandbox_url}",
+                             _inner.rlimits(self._settings))
         from huggingface_hub import get_token
 
         if get_token() is None:
             return BackendStatus(self.name, False, None, "no Hugging Face token (HF_TOKEN or `hf auth login`)")
-        return BackendStatus(self.name, True, "hf-job", f"one HF Job per rollout ({s.hf_sandbox_flavor}); pods have outbound network whatever the policy")
+        return BackendStatus(self.name, True, "hf-job", f"one HF Job per rollout ({s.hf_sandbox_flavor}); pods have outbound network whatever the policy",
+                             _inner.rlimits(self._settings))
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         s = self._settings
@@ -104,6 +107,7 @@ class HfSandbox(RemoteSandbox):
         self._job = job
         self.id = client.job_id if job else root.rsplit("/", 1)[-1]
         self.isolation = "hf-job" if job else "none"
+        self.network = "host"  # a pod (or the attached server's host) has outbound network whatever the policy
 
     async def _run(self, argv: Sequence[str], *, env: Mapping[str, str], timeout: float | None) -> tuple[int | None, bytes, bytes]:
         limit = int(timeout if timeout is not None else self._settings.remote_sandbox_lifetime_s) + 1

@@ -31,6 +31,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 from coding_agent_env.errors import SandboxError, SandboxUnavailableError
 from coding_agent_env.pids import pid_alive
@@ -298,6 +299,9 @@ class LocalSandbox(Sandbox):
         nproc = isolation.bwrap is not None or uid is not None
         limits = _limits(settings, with_nproc=nproc)
         self._prlimit = ("prlimit", *(f"--{name}={value}" for name, value in limits.items()), "--")
+        self.limits = MappingProxyType(limits)
+        # Without bwrap there is no network namespace: whatever the policy asked, the host's network is there.
+        self.network = ("llm" if relay is not None else "none") if isolation.bwrap else "host"
 
     def _command(
         self, argv: Sequence[str], cwd: str, fresh: bool, relay: bool = False

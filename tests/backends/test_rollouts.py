@@ -18,14 +18,27 @@ from coding_agent_env.settings import Settings
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "binary_search.yaml"
 
 
-@pytest.mark.parametrize("kind", ["docker", "hf", "e2b-fake"])
+# What each backend really gives the example task (network policy `none`): isolation, network, and the
+# limits it enforces itself.
+_IN_EFFECT = {
+    "local": ("bwrap", "none", {"data", "fsize", "cpu", "nproc"}),
+    "local-unisolated": ("none", "host", {"data", "fsize", "cpu"}),  # no netns; as root no nproc either
+    "docker": ("docker", "none", {"memory", "pids", "nano_cpus", "data", "fsize", "cpu"}),
+    "hf": ("none", "host", {"data", "fsize", "cpu"}),
+    "e2b-fake": ("e2b", "none", {"data", "fsize", "cpu"}),
+}
+
+
+@pytest.mark.parametrize("kind", list(_IN_EFFECT))
 async def test_oracle_binary_search_passes(kind: str, settings_for: Callable[[str], tuple[str, Settings]],
                                            assert_no_leftovers: None) -> None:
     name, settings = settings_for(kind)
     task = load_task(str(EXAMPLE)).model_copy(update={"sandbox": name})
     result = await run_rollout(task, settings=settings)
     assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, result.error
-    assert result.sandbox == name and result.isolation == {"docker": "docker", "hf": "none", "e2b-fake": "e2b"}[kind]
+    isolation, network, limits = _IN_EFFECT[kind]
+    assert (result.sandbox, result.isolation, result.network) == (name, isolation, network)
+    assert limits <= set(result.limits) and result.limits["data"] == settings.sandbox_memory_mb * 1024 * 1024
     assert "NotImplementedError" not in result.files["search.py"]
 
 
