@@ -1,7 +1,11 @@
-"""Local sandbox cost: create -> exec `true` -> close, beside a raw `bwrap ... true` spawn and a plain
-subprocess, measured in the same run. Prints p50/p99 and the ratio to the raw bwrap spawn (target <= 1.5x).
+"""Sandbox cost per backend: create -> exec `true` -> close, beside the raw references measured in the same
+run. Prints p50/p99 and the ratios.
 
-    .venv/bin/python bench/sandbox.py [N]
+- local: beside a raw `bwrap ... true` spawn and a plain subprocess (target <= 1.5x of raw bwrap).
+- docker (when a daemon answers at DOCKER_HOST): beside a raw `docker run --rm --network none` of the same
+  image running `true` (target <= 1.2x). Uses the offline test image of tests/backends (imported if missing).
+
+    .venv/bin/python bench/sandbox.py [N] [--docker-only]
 """
 
 from __future__ import annotations
@@ -11,22 +15,89 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench._common import bench_settings, describe, pct, raw_bwrap_argv, which_bwrap  # noqa: E402
 from coding_agent_env.sandbox import SandboxSpec, get_backend  # noqa: E402
+from coding_agent_env.settings import Settings  # noqa: E402
 
 
-async def spawn(argv: list[str], **creds: object) -> None:
+async def spawn(argv: list[str], env: dict[str, str] | None = None, **creds: object) -> None:
     proc = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, env={}, **creds  # type: ignore[arg-type]
+        *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, env=env or {}, **creds  # type: ignore[arg-type]
     )
     assert await proc.wait() == 0
 
 
-async def main(n: int) -> None:
-    with bench_settings() as settings, tempfile.TemporaryDirectory() as workdir:
+def docker_cases(settings: Settings) -> dict[str, Callable[[], Awaitable[None]]]:
+    """The Docker backend and its raw `docker run --rm` reference, or nothing when no daemon answers."""
+    import docker
+    import docker.errors
+
+    from tests.backends.rootfs import HOST_BINDS, IMAGE, rootfs_tar
+
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    client = docker.DockerClient(base_url=host)
+    try:
+        client.ping()
+    except Exception as exc:  # any failure to reach the daemon means: no docker rows
+        print(f"docker: skipped (no daemon at {host}: {type(exc).__name__})")
+        return {}
+    try:
+        client.images.get(IMAGE)
+    except docker.errors.ImageNotFound:
+        repo, _, tag = IMAGE.partition(":")
+        client.api.import_image_from_data(rootfs_tar(), repository=repo, tag=tag)
+    finally:
+        client.close()
+    enabled = settings.model_copy(update={"sandbox_backends": ("local", "docker"), "docker_host": host,
+                                          "docker_image": IMAGE, "docker_host_binds": HOST_BINDS})
+    backend = get_backend("docker", enabled)
+    binds = [arg for path in HOST_BINDS for arg in ("-v", f"{path}:{path}:ro")]
+    raw = ["docker", "-H", host, "run", "--rm", "--network", "none", *binds, IMAGE, "/usr/bin/true"]
+
+    async def ours() -> None:
+        box = await backend.create(SandboxSpec(rollout_id="bench"))
+        done = await box.exec(["true"], timeout=30, max_output_bytes=1024)
+        assert done.exit_code == 0
+        await box.close()
+
+    return {"raw docker run --rm `true`": lambda: spawn(raw, env=dict(os.environ)),
+            "docker sandbox create+exec+close": ours}
+
+
+async def measure(cases: dict[str, Callable[[], Awaitable[None]]], n: int) -> dict[str, list[float]]:
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(min(5, n)):
+        for case in cases.values():
+            await case()
+    for _ in range(n):  # interleaved so machine noise hits every case alike
+        for name, case in cases.items():
+            t0 = time.perf_counter()
+            await case()
+            samples[name].append(time.perf_counter() - t0)
+    for name, values in samples.items():
+        print(describe(name, values))
+    return samples
+
+
+async def main(n: int, docker_only: bool) -> None:
+    with bench_settings() as settings:
+        if not docker_only:
+            await local(settings, n)
+        cases = docker_cases(settings)
+        if cases:
+            n_docker = max(10, n // 10)  # a container costs ~100x a bwrap spawn
+            print(f"docker, n={n_docker}")
+            samples = await measure(cases, n_docker)
+            ratio = pct(samples["docker sandbox create+exec+close"], 0.5) / pct(samples["raw docker run --rm `true`"], 0.5)
+            print(f"ratio p50 docker sandbox / raw docker run --rm: {ratio:.2f}x (target <= 1.2x)")
+
+
+async def local(settings: Settings, n: int) -> None:
+    with tempfile.TemporaryDirectory() as workdir:
         backend = get_backend("local", settings)
         print(f"isolation: {backend.check().isolation}  ({backend.check().detail}); euid {os.geteuid()}; n={n}")
         raw = raw_bwrap_argv(which_bwrap(), workdir) + ["true"]
@@ -45,21 +116,12 @@ async def main(n: int) -> None:
             uid = settings.sandbox_uid_base + settings.sandbox_uid_count - 1
             cases["raw bwrap spawn `true`, as a uid"] = lambda: spawn(raw, user=uid, group=uid, extra_groups=[])
         cases["sandbox create+exec+close"] = ours
-        samples: dict[str, list[float]] = {name: [] for name in cases}
-        for _ in range(5):
-            for case in cases.values():
-                await case()
-        for _ in range(n):  # interleaved so machine noise hits every case alike
-            for name, case in cases.items():
-                t0 = time.perf_counter()
-                await case()
-                samples[name].append(time.perf_counter() - t0)
-        for name, values in samples.items():
-            print(describe(name, values))
+        samples = await measure(cases, n)
         ours_p50 = pct(samples["sandbox create+exec+close"], 0.5)
         for ref in [name for name in samples if name.startswith("raw bwrap")]:
             print(f"ratio p50 sandbox / {ref}: {ours_p50 / pct(samples[ref], 0.5):.2f}x (target <= 1.5x)")
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 200))
+    numbers = [arg for arg in sys.argv[1:] if arg.isdigit()]
+    asyncio.run(main(int(numbers[0]) if numbers else 200, "--docker-only" in sys.argv))
