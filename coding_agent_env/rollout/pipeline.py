@@ -196,7 +196,7 @@ class _Rollout:
 
     async def _provision(self) -> None:
         backend = get_backend(self.backend, self.settings)
-        spec = SandboxSpec(rollout_id=self.rollout_id, image=self.request.image)
+        spec = SandboxSpec(rollout_id=self.rollout_id, image=self.request.image, deadline_s=self.budget.total_s)
         if self.upstream is not None:
             self.lease = await self._open_lease(self.upstream)
             agents = self.settings.agents_dir
@@ -206,6 +206,7 @@ class _Rollout:
                 network="llm",
                 relay=relay_endpoint(self.lease),
                 agents_dir=str(agents) if agents.is_dir() else None,
+                deadline_s=self.budget.total_s,
             )
         self.sandbox = await backend.create(spec)
         self.emit(ev.Provisioned(rollout_id=self.rollout_id, sandbox_id=self.sandbox.id, isolation=self.sandbox.isolation))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -63,6 +64,20 @@ class SandboxSpec:
     relay: RelayEndpoint | None = None
     agents_dir: str | None = None
     """Host directory of pre-installed agents to make visible read-only (at `Sandbox.agents_dir`)."""
+    deadline_s: float | None = None
+    """The rollout's whole deadline. A backend whose sandboxes end by themselves (a remote VM or Job) gives
+    them at least this lifetime plus `REMOTE_LIFETIME_MARGIN_S`, so one never ends under a running rollout
+    and one left by a crashed server ends soon after; None means the backend's configured lifetime."""
+
+    def lifetime_s(self, default_s: int) -> int:
+        """Seconds a self-ending sandbox should live: see `deadline_s`."""
+        if self.deadline_s is None:
+            return default_s
+        return math.ceil(self.deadline_s) + REMOTE_LIFETIME_MARGIN_S
+
+
+REMOTE_LIFETIME_MARGIN_S = 120
+"""Lifetime beyond the rollout's deadline for self-ending sandboxes: room for teardown and clock skew."""
 
 
 @dataclass(frozen=True)

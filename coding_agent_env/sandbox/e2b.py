@@ -1,8 +1,9 @@
 """The E2B backend (`e2b` SDK, async): one E2B sandbox (a microVM) per rollout.
 
 The sandbox is made from the request's image taken as an E2B template (or `Settings.e2b_template`), with a
-lifetime of `Settings.remote_sandbox_lifetime_s` (longer than any rollout's deadline, so E2B ends one left
-behind by a crashed server), the rollout id in its metadata, and internet access only under network policy
+lifetime of the rollout's deadline plus a margin (`SandboxSpec.lifetime_s`; `Settings.remote_sandbox_lifetime_s`
+when the spec names no deadline), so it never ends under its rollout and E2B ends one left behind by a crashed
+server soon after, the rollout id in its metadata, and internet access only under network policy
 `host` (operator opt-in); `llm` is refused (no relay socket can reach a remote VM). Commands run through the
 in-sandbox launcher (timeouts that kill the tree, background processes, fresh verify context); their
 environment travels in the SDK's `envs` (never in the command string, which holds only shell-quoted argv
@@ -66,7 +67,7 @@ class E2bBackend(SandboxBackend):
         try:
             vm = await self._sdk.create(
                 template=spec.image or s.e2b_template,
-                timeout=s.remote_sandbox_lifetime_s,
+                timeout=spec.lifetime_s(s.remote_sandbox_lifetime_s),
                 metadata={"coding-agent-env.rollout": spec.rollout_id},
                 allow_internet_access=spec.network == "host",
                 api_key=key,

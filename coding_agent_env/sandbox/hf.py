@@ -1,7 +1,7 @@
 """The Hugging Face Sandbox backend (`hf-sandbox` SDK: HF Jobs running the SDK's small in-pod RPC server).
 
-One HF Job per rollout (`Settings.hf_sandbox_image`, `hf_sandbox_flavor`, lifetime
-`remote_sandbox_lifetime_s`), or, with `Settings.hf_sandbox_url`, sandboxes made side by side on an
+One HF Job per rollout (`Settings.hf_sandbox_image`, `hf_sandbox_flavor`, lifetime the rollout's deadline
+plus a margin, see `SandboxSpec.lifetime_s`), or, with `Settings.hf_sandbox_url`, sandboxes made side by side on an
 already running hf-sandbox server (self-hosted pods; the tests run the SDK's own server on loopback): each
 sandbox then has its own root directory but shares the pod, so `isolation` says `none`.
 
@@ -88,7 +88,7 @@ class HfBackend(SandboxBackend):
         else:
             image = spec.image or s.hf_sandbox_image
             client = await _call("create HF Job", HfClient.create, image, flavor=s.hf_sandbox_flavor,
-                                 timeout=f"{s.remote_sandbox_lifetime_s}s")
+                                 timeout=f"{spec.lifetime_s(s.remote_sandbox_lifetime_s)}s")
             box = HfSandbox(s, client, _JOB_ROOT, job=True)
         try:
             await box.install()

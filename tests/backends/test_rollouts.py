@@ -11,7 +11,9 @@ from coding_agent_env.cli import load_task
 from coding_agent_env.errors import MissingExtraError, UnknownBackendError
 from coding_agent_env.models import RolloutStatus
 from coding_agent_env.rollout import run_rollout
+from coding_agent_env.rollout.budget import Budget
 from coding_agent_env.sandbox import get_backend
+from coding_agent_env.sandbox.base import REMOTE_LIFETIME_MARGIN_S
 from coding_agent_env.sandbox.registry import BACKENDS
 from coding_agent_env.settings import Settings
 
@@ -65,3 +67,19 @@ def test_remote_backends_check_reports_missing_credentials(settings: Settings, m
     enabled = settings.model_copy(update={"sandbox_backends": ("hf", "e2b")})
     assert not get_backend("e2b", enabled).check().available
     assert not get_backend("hf", enabled).check().available
+
+
+async def test_remote_sandbox_lives_as_long_as_the_rollout_and_not_much_longer(
+    settings_for: Callable[[str], tuple[str, Settings]], assert_no_leftovers: None
+) -> None:
+    """A self-ending sandbox (E2B VM, HF Job) must outlive the rollout's deadline, and one left by a crashed
+    server must not run for hours: its lifetime is the deadline plus a fixed margin. (E2B SDK faked.)"""
+    from tests.fakes.e2b_fake import FakeAsyncSandbox
+
+    name, settings = settings_for("e2b-fake")
+    task = load_task(str(EXAMPLE)).model_copy(update={"sandbox": name, "agent_timeout_s": 900})
+    result = await run_rollout(task, settings=settings)
+    assert result.reward == 1.0, result.error
+    [made] = [c for c in FakeAsyncSandbox.created if c["metadata"]["coding-agent-env.rollout"] == result.rollout_id]
+    deadline = Budget.for_request(task, settings).total_s
+    assert deadline > 900 and deadline <= made["timeout"] <= deadline + REMOTE_LIFETIME_MARGIN_S + 1
