@@ -1,0 +1,50 @@
+"""The real agents (OpenCode and Pi from the shared npm prefix, the built-in Terminus) through the real pipeline
+on the Docker backend, against the scripted fake LLM behind the relay (network policy `llm`: the relay's unix
+socket bind-mounted, a forwarder inside the container).
+
+The test image holds no programs: the host's /usr is bound read-only (node and python3 come from there) and
+the agents prefix (`Settings.agents_dir`) is bound read-only too, so nothing is downloaded per rollout.
+Skipped without a Docker daemon (a failure under CI, see tests/backends/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from coding_agent_env.models import RolloutStatus
+from coding_agent_env.rollout import run_rollout
+from coding_agent_env.settings import Settings
+from tests.agents.conftest import SERVER_KEY
+from tests.agents.sessions import AGENTS, CORRECT, session, write_file_command
+from tests.agents.test_agents_e2e import SCAN, request
+from tests.backends.conftest import docker_engine, no_leftover_containers, settings_for  # noqa: F401 (fixtures)
+from tests.fakes.llm import FakeLLMServer
+
+pytestmark = [pytest.mark.usefixtures("assert_no_leftovers"), pytest.mark.parametrize("agent", AGENTS)]
+
+
+async def test_binary_search_on_docker_scores_one_and_the_key_stays_out(
+    agent: str, fake: FakeLLMServer, settings_for: Callable[[str], tuple[str, Settings]],
+    require_agent: Callable[[str], None],
+) -> None:
+    require_agent(agent)
+    name, settings = settings_for("docker")  # also: no container of this process is left afterwards
+    fake.app.script = session(agent, write_file_command("binary_search.py", CORRECT), SCAN)
+    result = await run_rollout(request(fake, agent, sandbox=name, mode="transparent_proxy", top_logprobs=2),
+                               settings=settings)
+    assert result.status is RolloutStatus.COMPLETED, (result.error, result.agent_log_tail)
+    assert (result.sandbox, result.isolation, result.network) == ("docker", "docker", "llm")
+    assert result.reward == 1.0 and result.agent_exit_code == 0, (result.verify_results, result.agent_log_tail)
+    assert result.files["binary_search.py"] == CORRECT
+    # The scan ran as the agent's own tool call inside the container: no key in files, argv or environments.
+    assert result.files["found.txt"].split() == ["0"], result.files["found.txt"]
+    assert int(result.files["seen_lines.txt"]) > 10
+    assert SERVER_KEY not in json.dumps(result.model_dump(mode="json"))
+    assert all(seen.headers["authorization"] == f"Bearer {SERVER_KEY}" for seen in fake.app.requests)
+    assert len(result.turns) == len(fake.app.requests) >= 3
+    traced = [t for t in result.turns if t.completion_token_ids]
+    assert traced and all(t.logprobs and len(t.logprobs) == len(t.completion_token_ids or []) for t in traced)
+    events = result.agent_events
+    assert events is not None and events.steps >= 1 and events.tool_calls, events
