@@ -142,6 +142,8 @@ async def run_capped(
         raise
     finally:
         readers.cancel()
+        # A cancelled gather stores CancelledError as its exception; nobody awaits it after a cancellation.
+        readers.add_done_callback(_retrieve)
         out_transport.close()
         err_transport.close()
         track.discard(proc.pid)
@@ -154,6 +156,11 @@ async def run_capped(
         stdout_dropped=out.dropped,
         stderr_dropped=err.dropped,
     )
+
+
+def _retrieve(future: asyncio.Future[object]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 class HostProcess(Process):
