@@ -60,6 +60,15 @@ class RemoteSandbox(Sandbox):
 
     # -- setup -----------------------------------------------------------------------------------------
 
+    async def installed(self) -> RemoteSandbox:
+        """`install()`, closing the sandbox (shielded) when that fails or is cancelled; returns self."""
+        try:
+            await self.install()
+        except BaseException:
+            await asyncio.shield(self.close())
+            raise
+        return self
+
     async def install(self) -> None:
         """Create the root, the sandbox directories and the machinery, and copy the launcher in."""
         dirs = [*_inner.roots(self.paths), self.layout.run_dir, self.layout.fresh_dir]

@@ -15,7 +15,6 @@ it uses (`tests/fakes/e2b_fake.py`), injected through the `sdk` argument.
 
 from __future__ import annotations
 
-import asyncio
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -76,12 +75,7 @@ class E2bBackend(SandboxBackend):
             raise _translate(exc, "create E2B sandbox") from exc
         box = E2bSandbox(s, vm)
         box.network = "host" if spec.network == "host" else "none"
-        try:
-            await box.install()
-        except BaseException:
-            await asyncio.shield(box.close())
-            raise
-        return box
+        return await box.installed()
 
 
 class E2bSandbox(RemoteSandbox):

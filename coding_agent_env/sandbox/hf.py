@@ -90,12 +90,7 @@ class HfBackend(SandboxBackend):
             client = await _call("create HF Job", HfClient.create, image, flavor=s.hf_sandbox_flavor,
                                  timeout=f"{spec.lifetime_s(s.remote_sandbox_lifetime_s)}s")
             box = HfSandbox(s, client, _JOB_ROOT, job=True)
-        try:
-            await box.install()
-        except BaseException:
-            await asyncio.shield(box.close())
-            raise
-        return box
+        return await box.installed()
 
 
 class HfSandbox(RemoteSandbox):
