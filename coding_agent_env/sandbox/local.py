@@ -8,7 +8,10 @@ capabilities dropped, uid 1000 inside) over read-only system directories, with r
 
 When the server runs as root, each sandbox also gets its own host uid from a pool: its processes are not
 root anywhere, the process limit is really enforced (root is exempt from RLIMIT_NPROC), and sandboxes
-cannot read one another's files.
+cannot read one another's files. bwrap is then started through `nsenter`, which switches to that uid and
+joins a network namespace made once per sandbox (empty but for loopback; see `_netns`), so a command costs
+no namespace of its own to create and destroy. Commands of one sandbox can thus reach one another over
+loopback while they run, as they can through its files; nothing in the namespace outlives its processes.
 
 With network policy `llm`, every `spawn` also gets the relay's unix socket at /run/llm.sock and a small
 forwarder inside its own network namespace, so the spawned agent reaches the relay at `relay_url`
@@ -35,7 +38,7 @@ from types import MappingProxyType
 
 from coding_agent_env.errors import SandboxError, SandboxUnavailableError
 from coding_agent_env.pids import pid_alive
-from coding_agent_env.sandbox import _proc
+from coding_agent_env.sandbox import _netns, _proc
 from coding_agent_env.sandbox._hostfs import HostMounts, remove_tree
 from coding_agent_env.sandbox.base import (
     BackendStatus,
@@ -72,11 +75,13 @@ listens, then becomes the command. Only constants and positional arguments: noth
 
 @dataclass(frozen=True)
 class _Isolation:
-    """The probe's verdict: bwrap argv prefix when bubblewrap works here, else None."""
+    """The probe's verdict: bwrap argv prefix when bubblewrap works here, else None; and, as root, the
+    nsenter that switches to the sandbox uid (and joins the sandbox's network namespace) when it works."""
 
     bwrap: str | None
     system_args: tuple[str, ...]
     detail: str
+    nsenter: str | None = None
 
 
 def _system_args() -> tuple[str, ...]:
@@ -143,18 +148,26 @@ class LocalBackend(SandboxBackend):
         bwrap = self._settings.bwrap_path or shutil.which("bwrap") or _bundled_bwrap()
         if bwrap is None:
             return _Isolation(None, system, "bubblewrap not found: commands run unisolated")
-        argv = [bwrap, *_namespace_args("none"), *system, "--", "true"]
-        creds = self._probe_creds()
+        failure = _try_run([bwrap, *_namespace_args(share_net=False), *system, "--", "true"], self._probe_creds())
+        if failure is not None:
+            return _Isolation(None, system, f"bubblewrap unusable ({failure}): commands run unisolated")
+        nsenter = shutil.which("nsenter") if self._as_root else None
+        if nsenter is None:
+            return _Isolation(bwrap, system, f"bubblewrap at {bwrap}")
+        uid = str(self._settings.sandbox_uid_base)
         try:
-            done = subprocess.run(
-                argv, capture_output=True, timeout=_PROBE_TIMEOUT_S, env={}, check=False, **creds
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return _Isolation(None, system, f"bubblewrap unusable ({exc}): commands run unisolated")
-        if done.returncode != 0:
-            why = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
-            return _Isolation(None, system, f"bubblewrap unusable ({why[0]}): commands run unisolated")
-        return _Isolation(bwrap, system, f"bubblewrap at {bwrap}")
+            netns = _netns.new_netns()
+        except OSError as exc:
+            return _Isolation(bwrap, system, f"bubblewrap at {bwrap}; no shared network namespace ({exc})")
+        try:
+            argv = [nsenter, f"--net={_netns.join_path(netns)}", "-S", uid, "-G", uid, "--", bwrap,
+                    *_namespace_args(share_net=True), *system, "--", "true"]
+            failure = _try_run(argv, {})
+        finally:
+            os.close(netns)
+        if failure is not None:
+            return _Isolation(bwrap, system, f"bubblewrap at {bwrap}; no shared network namespace ({failure})")
+        return _Isolation(bwrap, system, f"bubblewrap at {bwrap}, one network namespace per sandbox", nsenter)
 
     def _probe_creds(self) -> dict[str, object]:
         if not self._as_root:
@@ -187,11 +200,16 @@ class LocalBackend(SandboxBackend):
         try:
             root = self._make_root(spec.rollout_id, uid)
         except BaseException:
-            if uid is not None and self._uids is not None:
-                self._uids.give(uid)
+            self._release(uid)
+            raise
+        try:
+            netns = await _sandbox_netns(iso)
+        except BaseException:
+            remove_tree(root)
+            self._release(uid)
             raise
         relay = spec.relay if spec.network == "llm" else None
-        box = LocalSandbox(self._settings, iso, root, uid, relay=relay, release=self._release)
+        box = LocalSandbox(self._settings, iso, root, uid, relay=relay, release=self._release, netns=netns)
         if spec.agents_dir is not None:
             box.agents_dir = _AGENTS_MOUNT if iso.bwrap else spec.agents_dir
             box.agents_source = spec.agents_dir
@@ -225,6 +243,38 @@ class LocalBackend(SandboxBackend):
         return await asyncio.to_thread(_reap, self._settings.state_dir)
 
 
+def _try_run(argv: list[str], creds: dict[str, object]) -> str | None:
+    """Run a probe command; None when it succeeded, else why it failed."""
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=_PROBE_TIMEOUT_S, env={}, check=False, **creds)  # type: ignore[call-overload]
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if done.returncode != 0:
+        return (done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no message"])[0]
+    return None
+
+
+async def _sandbox_netns(iso: _Isolation) -> int | None:
+    """The sandbox's own network namespace, when its commands can join one (root with nsenter); None makes
+    each command's bwrap create its own instead, which is slower but just as isolated."""
+    if iso.nsenter is None:
+        return None
+    making = asyncio.ensure_future(asyncio.to_thread(_netns.new_netns))
+    try:
+        return await asyncio.shield(making)
+    except OSError as exc:
+        log.warning("no network namespace for a sandbox, each command makes its own: %s", exc)
+        return None
+    except asyncio.CancelledError:
+        making.add_done_callback(_close_made_netns)  # the thread still finishes: its fd must not leak
+        raise
+
+
+def _close_made_netns(making: asyncio.Future[int]) -> None:
+    if not making.cancelled() and making.exception() is None:
+        os.close(making.result())
+
+
 def _reap(state: Path) -> int:
     if not state.is_dir():
         return 0
@@ -238,10 +288,12 @@ def _reap(state: Path) -> int:
     return reaped
 
 
-def _namespace_args(network: str) -> list[str]:
+def _namespace_args(*, share_net: bool) -> list[str]:
+    """bwrap's namespaces; with `share_net` the command stays in the network namespace it was started in
+    (the sandbox's own, joined by nsenter) instead of making one."""
     args = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     args += ["--unshare-user", "--uid", str(_INNER_UID), "--gid", str(_INNER_UID)]
-    if network == "host":
+    if share_net:
         args.append("--share-net")
     return args
 
@@ -270,6 +322,7 @@ class LocalSandbox(Sandbox):
         uid: int | None,
         relay: RelayEndpoint | None,
         release: Callable[[int | None], None],
+        netns: int | None = None,
     ) -> None:
         super().__init__()
         self._settings = settings
@@ -278,6 +331,7 @@ class LocalSandbox(Sandbox):
         self._uid = uid
         self._release = release
         self._creds = _proc.HostCredentials(uid, uid)
+        self._netns = netns
         self._groups: set[int] = set()
         self._relay = relay
         self.agents_source: str | None = None
@@ -323,8 +377,27 @@ class LocalSandbox(Sandbox):
         else:
             binds += ["--bind", str(self._root / "home"), self.paths.home]
             binds += ["--bind", str(self._root / "tmp"), self.paths.tmp]
-        head = [self._iso.bwrap, *_namespace_args("none"), *self._iso.system_args, *binds, "--chdir", cwd]
+        # A command that serves the relay needs its own network namespace (its forwarder's port); every
+        # other one joins the sandbox's, when there is one.
+        netns = None if relay and self._relay is not None else self._netns
+        head = [*self._launcher(netns), self._iso.bwrap, *_namespace_args(share_net=netns is not None)]
+        head += [*self._iso.system_args, *binds, "--chdir", cwd]
         return [*head, "--", *self._prlimit, *argv], None
+
+    def _launcher(self, netns: int | None) -> list[str]:
+        """What starts bwrap: as root, nsenter switches to the sandbox's uid (and joins `netns`), so the
+        server itself spawns without changing credentials (which lets Python use vfork, not a full fork
+        of the server on the event loop)."""
+        if self._iso.nsenter is None or self._uid is None:
+            return []
+        uid = str(self._uid)
+        net = [f"--net={_netns.join_path(netns)}"] if netns is not None else []
+        return [self._iso.nsenter, *net, "-S", uid, "-G", uid, "--"]
+
+    @property
+    def _spawn_creds(self) -> _proc.HostCredentials:
+        """Credentials the server spawns with: none to change when nsenter does it."""
+        return _proc.HostCredentials() if self._launcher(None) else self._creds
 
     def _env(self, env: Mapping[str, str] | None, fresh_dir: Path | None) -> dict[str, str]:
         full = self.base_env()
@@ -360,7 +433,7 @@ class LocalSandbox(Sandbox):
                 full,
                 env=self._env(env, fresh_dir),
                 cwd=host_cwd,
-                creds=self._creds,
+                creds=self._spawn_creds,
                 timeout=timeout,
                 max_output_bytes=max_output_bytes,
                 track=self._groups,
@@ -384,7 +457,7 @@ class LocalSandbox(Sandbox):
         out = self._open_log(log_path) if log_path else os.open(os.devnull, os.O_WRONLY)
         try:
             proc = await _proc.start(
-                full, env=self._env(env, None), cwd=host_cwd, creds=self._creds, stdout=out, stderr=out
+                full, env=self._env(env, None), cwd=host_cwd, creds=self._spawn_creds, stdout=out, stderr=out
             )
         except OSError as exc:
             raise SandboxError(f"cannot start process: {exc.strerror}") from exc
@@ -424,5 +497,8 @@ class LocalSandbox(Sandbox):
         if self._uid is not None and not self._iso.bwrap:
             # Unisolated processes may have left their group (setsid): end everything of this uid.
             await _proc.kill_all_of_uid(self._creds)
+        if self._netns is not None:
+            os.close(self._netns)  # the namespace goes with its last process
+            self._netns = None
         remove_tree(self._root)  # a few small dirs: cheaper inline than a thread hop
         self._release(self._uid)
