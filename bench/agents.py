@@ -47,8 +47,8 @@ def direct_run(spec: CliAgentSpec, settings: Settings, base_url: str) -> float:
         launch = spec.launch(ctx)
         for item in launch.files:
             os.makedirs(os.path.dirname(item.path), exist_ok=True)
-            with open(item.path, "w", encoding="utf-8") as handle:
-                handle.write(item.content)
+            with open(item.path, "wb") as handle:
+                handle.write(item.data())
         instruction = os.path.join(agent_dir, "instruction.md")
         with open(instruction, "w", encoding="utf-8") as handle:
             handle.write(TASK)

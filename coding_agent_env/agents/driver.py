@@ -104,7 +104,7 @@ class CliAgent(Agent):
         lctx = self.launch_context(ctx)
         launch = self.spec.launch(lctx)
         for item in launch.files:
-            await ctx.sandbox.write_text(item.path, item.content, mode=item.mode)
+            await ctx.sandbox.write_bytes(item.path, item.data(), mode=item.mode)
         events = f"{ctx.agent_dir}/{self.spec.events_file}"
         script = f"{ctx.agent_dir}/launch.sh"
         await ctx.sandbox.write_text(script, launcher_script(launch, lctx, ctx.instruction_path, events), mode=0o700)

@@ -93,11 +93,18 @@ class LaunchContext:
 
 @dataclass(frozen=True)
 class AgentFile:
-    """A file the driver writes before the launch. Files holding the token must be mode 0600."""
+    """A file the driver writes before the launch, as `content.encode(encoding)`. Files holding the token must
+    be mode 0600. Binary content travels as `latin-1` text (one character per byte), so every file's content
+    is a `str` that can be searched for the token."""
 
     path: str
     content: str
     mode: int = _SECRET_MODE
+    encoding: str = "utf-8"
+
+    def data(self) -> bytes:
+        """The bytes written (as `Sandbox.write_text` does for UTF-8: surrogate escapes become raw bytes)."""
+        return self.content.encode(self.encoding, "surrogateescape")
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,10 @@ SCAN = (
 )
 
 
+HOSTILE_BYTES = 1024 * 1024
+"""The issue's "1 MB" hostile instruction, taken as a full MiB."""
+
+
 def request(fake: FakeLLMServer, agent: str, **fields: object) -> RolloutRequest:
     base = {"instruction": TASK, "agent": agent, "base_url": fake.base_url, "api_key": SERVER_KEY,
             "model": "fake/coder-1", "verify": VERIFY, "agent_timeout_s": 120, "command_timeout_s": 30}
@@ -99,12 +103,12 @@ async def test_hostile_instruction_arrives_intact_and_runs_nothing(
 ) -> None:
     require_agent(agent)
     hostile = "Fix it. $(touch /workspace/pwn1) `touch /workspace/pwn2` ' \" ; touch /workspace/pwn3 \\ %s {x}"
-    # 1 MB (10**6 bytes): the relay's upstream client warns about bodies from 1 MiB up (see the report).
-    padding = "A" * (1_000_000 - 2 * len(hostile) - 2)
+    padding = "A" * (HOSTILE_BYTES - 2 * len(hostile) - 2)
     instruction = hostile + "\n" + padding + "\n" + hostile
+    assert len(instruction.encode()) == HOSTILE_BYTES
     fake.app.script = [finish(agent)]
     result = await run_rollout(request(fake, agent, instruction=instruction, verify=["ls"]), settings=settings)
     check_ran(result)
-    assert any(instruction in text for text in user_texts(fake))
+    assert instruction in user_texts(fake), "no user message at the LLM is byte-identical to the instruction"
     assert not [name for name in result.files if name.startswith("pwn")]
     assert result.verify_results[0].stdout.split() == []

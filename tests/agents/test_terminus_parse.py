@@ -1,14 +1,18 @@
 """`build_terminal_tool_call` and `arguments_to_call`: the accepted shapes, prose refused, and (hypothesis)
-total and bounded on any input, deep nesting included."""
+total and bounded on any input, deep nesting included. And the loop's HTTP response parsing and client."""
 
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coding_agent_env.agents.terminus.loop import http_response_body, post_json
 from coding_agent_env.agents.terminus.parse import (
     MAX_DEPTH,
     MAX_TEXT_CHARS,
@@ -94,3 +98,88 @@ def test_never_raises_on_json_shapes(value: object, prefix: str) -> None:
 def test_deep_nesting_never_recurses(depth: int, opener: str) -> None:
     assert isinstance(build_terminal_tool_call(opener * depth), ParseFailure)
     assert isinstance(arguments_to_call(opener * depth), ParseFailure)
+
+
+# The loop's HTTP client (`loop.post_json`): the relay answers non-streamed calls with a Content-Length body;
+# a chunked body (another server, a proxy) must decode the same, and any bytes give a body or a clean error.
+
+
+def _response(body: bytes, *, status: str = "200 OK", chunks: list[int] | None = None) -> bytes:
+    if chunks is None:
+        return f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+    out, pos = [f"HTTP/1.1 {status}\r\nTransfer-Encoding: chunked\r\n\r\n".encode()], 0
+    for size in chunks:
+        piece = body[pos : pos + size]
+        pos += len(piece)
+        if piece:
+            out.append(b"%x\r\n%s\r\n" % (len(piece), piece))
+    out.append(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body) - pos, body[pos:]) if pos < len(body) else b"0\r\n\r\n")
+    return b"".join(out)
+
+
+@given(st.binary(max_size=2000), st.lists(st.integers(min_value=1, max_value=300), max_size=20))
+@settings(max_examples=200, deadline=None)
+def test_http_bodies_decode_whole(body: bytes, chunks: list[int]) -> None:
+    assert http_response_body(_response(body)) == body
+    assert http_response_body(_response(body, chunks=chunks)) == body
+
+
+def test_http_errors_and_truncation_are_clean() -> None:
+    with pytest.raises(OSError, match="HTTP 429"):
+        http_response_body(_response(b'{"error": "slow down"}', status="429 Too Many Requests"))
+    whole = _response(b"x" * 100)
+    with pytest.raises(ValueError):
+        http_response_body(whole[:-1])
+    chunked = _response(b"x" * 100, chunks=[10, 10])
+    with pytest.raises(ValueError):
+        http_response_body(chunked[:-7])
+
+
+@given(st.binary(max_size=400))
+@settings(max_examples=300, deadline=None)
+def test_http_parse_never_raises_anything_else(data: bytes) -> None:
+    for candidate in (data, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + data):
+        try:
+            http_response_body(candidate)
+        except (OSError, ValueError):
+            pass
+
+
+def test_post_json_sends_one_request_and_bounds_the_wait() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        seen: list[bytes] = []
+
+        def answer_then_hang() -> None:
+            conn, _ = server.accept()
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data or len(data.partition(b"\r\n\r\n")[2]) < 5:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                seen.append(data)
+                conn.sendall(_response(b'{"ok": 1}', chunks=[3, 3]))
+            hung, _ = server.accept()  # the second request gets no answer at all
+            with hung:
+                hung.recv(65536)
+                done.wait(10)
+
+        done = threading.Event()
+        thread = threading.Thread(target=answer_then_hang)
+        thread.start()
+        try:
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            assert post_json(url, b"hello", {"Authorization": "Bearer t"}, 10) == b'{"ok": 1}'
+            head = seen[0].partition(b"\r\n\r\n")[0].decode()
+            assert head.startswith("POST /v1/chat/completions HTTP/1.1\r\n") and "Authorization: Bearer t" in head
+            started = time.monotonic()
+            with pytest.raises(OSError):  # TimeoutError
+                post_json(url, b"hello", {}, 0.5)
+            assert time.monotonic() - started < 5
+        finally:
+            done.set()
+            thread.join(10)
+    with pytest.raises(ValueError):
+        post_json("https://example.invalid/v1", b"", {}, 1)

@@ -5,13 +5,22 @@ driver spawns like any CLI agent. So it gets exactly what OpenCode and Pi get: t
 relay URL with the per-rollout token (its turns are recorded like any agent's), the same deadline and the
 same process-tree kill, and no access to the server. Its commands run next to it with persistent shell state
 (`terminus.shell`). Nothing is installed: the three modules are written into the agent dir per rollout
-(a few KB) and run with the sandbox's own `python3 -I`.
+(a few KB) and run with the sandbox's own `python3 -I -S -B` (no site: only the standard library is needed;
+no bytecode written: the agent dir is fresh per rollout).
+
+Start-up is on every rollout's critical path, so the modules also ship compiled, as PEP 552 checked-hash
+`.pyc` files under `__pycache__` tagged with this server's `sys.implementation.cache_tag`: a sandbox Python
+of the same version imports them without compiling (its import system checks the source hash, so a pyc can
+never run stale code); any other Python ignores them and compiles the sources as usual.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
+import marshal
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -50,22 +59,50 @@ class TerminusConfig:
         )
 
 
+_PYC_FLAGS = 0b11
+"""PEP 552 flags: hash-based, and checked against the source on import."""
+
+
+def _pyc(source: bytes, name: str) -> bytes:
+    """A checked-hash pyc of `source` for this interpreter (PEP 552 layout: magic, flags, hash, code).
+    The code's file name does not matter: the importer sets it to where the source really is."""
+    code = compile(source, name, "exec", dont_inherit=True)
+    header = importlib.util.MAGIC_NUMBER + _PYC_FLAGS.to_bytes(4, "little") + importlib.util.source_hash(source)
+    return header + marshal.dumps(code)
+
+
 @functools.cache
-def _sources() -> dict[str, str]:
+def _compiled() -> tuple[tuple[str, str, str | None], ...]:
+    """(module file name, source, pyc as latin-1 text or None) of each shipped module, compiled once per server."""
     here = Path(__file__).parent
-    return {name: (here / name).read_text(encoding="utf-8") for name in _SHIPPED}
+    shipped = []
+    for name in _SHIPPED:
+        source = (here / name).read_bytes()
+        pyc = _pyc(source, name).decode("latin-1") if sys.implementation.cache_tag is not None else None
+        shipped.append((name, source.decode("utf-8"), pyc))
+    return tuple(shipped)
+
+
+def _package_files(package_dir: str) -> list[AgentFile]:
+    """The package's files under `package_dir` (a sandbox path): sources, and their pycs when possible."""
+    files = [AgentFile(f"{package_dir}/__init__.py", "", mode=0o644)]
+    for name, source, pyc in _compiled():
+        files.append(AgentFile(f"{package_dir}/{name}", source, mode=0o644))
+        if pyc is not None:
+            cached = f"{package_dir}/__pycache__/{name.removesuffix('.py')}.{sys.implementation.cache_tag}.pyc"
+            files.append(AgentFile(cached, pyc, mode=0o644, encoding="latin-1"))
+    return files
 
 
 def render(ctx: LaunchContext) -> Launch:
     config = TerminusConfig.from_settings(ctx.settings)
     package_root = f"{ctx.agent_dir}/py"
-    files = [AgentFile(f"{package_root}/{_PACKAGE}/__init__.py", "", mode=0o644)]
-    files += [AgentFile(f"{package_root}/{_PACKAGE}/{name}", text, mode=0o644) for name, text in _sources().items()]
+    files = _package_files(f"{package_root}/{_PACKAGE}")
     loop_config = {**asdict(config), "base_url": ctx.base_url, "model": ctx.model,
                    "state_dir": f"{ctx.agent_dir}/terminus"}
     config_path = f"{ctx.agent_dir}/terminus.json"
     files.append(AgentFile(config_path, json.dumps(loop_config)))
-    argv = ("python3", "-I", "-c", _BOOT, package_root, config_path)
+    argv = ("python3", "-I", "-S", "-B", "-c", _BOOT, package_root, config_path)
     return Launch(argv=argv, env={"TERMINUS_API_KEY": ctx.token}, files=tuple(files))
 
 

@@ -1,6 +1,6 @@
-"""The Terminus agent loop. Standard library only: it runs inside the sandbox as `python3 -I`.
+"""The Terminus agent loop. Standard library only: it runs inside the sandbox as `python3 -I -S -B`.
 
-    python3 -I -c BOOT PKG_DIR CONFIG_JSON < instruction
+    python3 -I -S -B -c BOOT PKG_DIR CONFIG_JSON < instruction
 
 It reads the instruction from stdin, its limits and the relay's URL from the config file, and the relay
 token from `TERMINUS_API_KEY` (which it removes from the environment its commands get). Each turn is one
@@ -10,6 +10,10 @@ non-streamed `POST /chat/completions` through the relay offering one `terminal` 
 (`shell.PersistentShell`). One JSON event per line goes to stdout: `turn`, `command`, `text`, `parse_failure`,
 `final`, `error`.
 
+Start-up is on every rollout's critical path, so this module and its two siblings import only light modules
+(`json`, `socket`, `subprocess`, `collections`): the relay is spoken to by `post_json`, a minimal HTTP/1.1
+client, not `urllib.request` (whose import alone costs more than the rest of the loop's start-up).
+
 Exit codes: 0 after a `final_answer`, 1 when the LLM call fails, 3 when `max_turns` run out.
 """
 
@@ -17,22 +21,23 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
-import urllib.error
-import urllib.request
-from typing import Any
+import time
 
 from .parse import ParseFailure, TerminalCall, arguments_to_call, build_terminal_tool_call
 from .shell import PersistentShell
 
-__all__ = ["TERMINAL_TOOL", "main"]
+__all__ = ["TERMINAL_TOOL", "http_response_body", "main", "post_json"]
 
 TOKEN_ENV = "TERMINUS_API_KEY"
 EXIT_LLM_FAILED = 1
 EXIT_OUT_OF_TURNS = 3
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+"""Largest HTTP response (head and body) read from the relay."""
+_RECV_CHUNK = 256 * 1024
 
-TERMINAL_TOOL: dict[str, Any] = {
+TERMINAL_TOOL: dict = {
     "type": "function",
     "function": {
         "name": "terminal",
@@ -59,23 +64,108 @@ SYSTEM_PROMPT = (
 )
 
 
-def emit(kind: str, **fields: Any) -> None:
+def emit(kind: str, **fields: object) -> None:
     sys.stdout.write(json.dumps({"type": kind, **fields}) + "\n")
     sys.stdout.flush()
 
 
-def chat(config: dict[str, Any], token: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
+def post_json(url: str, body: bytes, headers: dict, timeout_s: float) -> bytes:
+    """POST `body` to an `http://host:port/path` URL and return the body of its 200 response.
+
+    HTTP/1.1 with `Connection: close`, so the response ends at EOF; a chunked body is decoded. `timeout_s`
+    bounds the whole exchange. Raises OSError (connection, timeout, non-200 status) or ValueError (not an
+    http:// URL, malformed or oversized response). The relay's URL inside a sandbox is always plain HTTP on
+    loopback, so TLS is not needed here.
+    """
+    if not url.startswith("http://"):
+        raise ValueError(f"only http:// URLs are supported, not {url[:40]!r}")
+    authority, _, path = url[len("http://") :].partition("/")
+    host, _, port = authority.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"URL without host:port: {url[:80]!r}")
+    host = host.strip("[]")  # an IPv6 literal
+    head = [f"POST /{path} HTTP/1.1", f"Host: {authority}", f"Content-Length: {len(body)}", "Connection: close"]
+    head += [f"{name}: {value}" for name, value in headers.items()]
+    deadline = time.monotonic() + timeout_s
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as conn:
+        conn.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
+        data = _read_to_eof(conn, deadline)
+    return http_response_body(data)
+
+
+def _read_to_eof(conn: socket.socket, deadline: float) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("LLM response not complete within llm_timeout_s")
+        conn.settimeout(remaining)
+        chunk = conn.recv(_RECV_CHUNK)
+        if not chunk:
+            return b"".join(parts)
+        size += len(chunk)
+        if size > MAX_RESPONSE_BYTES:
+            raise ValueError("response too large")
+        parts.append(chunk)
+
+
+def http_response_body(data: bytes) -> bytes:
+    """The body of a whole HTTP/1.1 response (as read to EOF): its Content-Length prefix, or its chunks
+    decoded. Raises OSError for a status other than 200 and ValueError for anything malformed or cut short;
+    nothing else, whatever the bytes."""
+    head, sep, body = data.partition(b"\r\n\r\n")
+    if not sep:
+        raise ValueError("truncated HTTP response")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    fields = status_line.split(" ", 2)
+    if len(fields) < 2 or not fields[0].startswith("HTTP/"):
+        raise ValueError(f"malformed status line {status_line[:80]!r}")
+    if fields[1] != "200":
+        raise OSError(f"HTTP {status_line[9:80]}: {body[:500].decode('utf-8', 'replace')}")
+    headers = {}
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return _dechunk(body)
+    length = headers.get("content-length")
+    if length is not None:
+        if not length.isdigit() or len(body) < int(length):
+            raise ValueError("truncated HTTP response body")
+        return body[: int(length)]
+    return body
+
+
+def _dechunk(data: bytes) -> bytes:
+    """The payload of a chunked body (trailers ignored); ValueError when it is malformed or cut short."""
+    parts: list[bytes] = []
+    pos = 0
+    while True:
+        line_end = data.find(b"\r\n", pos)
+        if line_end < 0:
+            raise ValueError("truncated chunked body")
+        size = int(data[pos:line_end].split(b";", 1)[0], 16)
+        if size < 0:
+            raise ValueError("negative chunk size")
+        if size == 0:
+            return b"".join(parts)
+        start = line_end + 2
+        if len(data) < start + size + 2:
+            raise ValueError("truncated chunked body")
+        parts.append(data[start : start + size])
+        pos = start + size + 2
+
+
+def chat(config: dict, token: str, messages: list[dict]) -> dict:
     """One chat completion through the relay; raises OSError/ValueError on failure."""
     body = {"model": config["model"], "messages": messages, "tools": [TERMINAL_TOOL], "stream": False}
-    request = urllib.request.Request(
+    data = post_json(
         config["base_url"].rstrip("/") + "/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        json.dumps(body).encode(),
+        {"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        config["llm_timeout_s"],
     )
-    with urllib.request.urlopen(request, timeout=config["llm_timeout_s"]) as response:
-        data = response.read(MAX_RESPONSE_BYTES + 1)
-    if len(data) > MAX_RESPONSE_BYTES:
-        raise ValueError("response too large")
     answer = json.loads(data)
     message = answer["choices"][0]["message"]
     if not isinstance(message, dict):
@@ -83,7 +173,7 @@ def chat(config: dict[str, Any], token: str, messages: list[dict[str, Any]]) -> 
     return message
 
 
-def calls_of(message: dict[str, Any], loose: bool) -> list[tuple[str | None, TerminalCall | ParseFailure]]:
+def calls_of(message: dict, loose: bool) -> list[tuple[str | None, TerminalCall | ParseFailure]]:
     """(tool_call_id or None for a text call, parsed call) for each call in an assistant message."""
     tool_calls = message.get("tool_calls")
     if isinstance(tool_calls, list) and tool_calls:
@@ -103,15 +193,15 @@ def _call_id(call: object) -> str:
     return value if isinstance(value, str) else "call"
 
 
-def _feedback(call_id: str | None, text: str) -> dict[str, Any]:
+def _feedback(call_id: str | None, text: str) -> dict:
     if call_id is None:
         return {"role": "user", "content": text}
     return {"role": "tool", "tool_call_id": call_id, "content": text}
 
 
-def step(config: dict[str, Any], shell: PersistentShell, message: dict[str, Any]) -> tuple[bool, list[dict[str, Any]]]:
+def step(config: dict, shell: PersistentShell, message: dict) -> tuple[bool, list[dict]]:
     """Act on one assistant message: (finished, messages to append after it)."""
-    replies: list[dict[str, Any]] = []
+    replies: list[dict] = []
     for call_id, parsed in calls_of(message, config["loose_parsing"]):
         if isinstance(parsed, ParseFailure):
             emit("parse_failure", reason=parsed.reason)
@@ -129,8 +219,8 @@ def step(config: dict[str, Any], shell: PersistentShell, message: dict[str, Any]
     return False, replies
 
 
-def run(config: dict[str, Any], token: str, instruction: str, shell: PersistentShell) -> int:
-    messages: list[dict[str, Any]] = [
+def run(config: dict, token: str, instruction: str, shell: PersistentShell) -> int:
+    messages: list[dict] = [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": instruction},
     ]
@@ -160,7 +250,7 @@ def main(argv: list[str]) -> int:
         config = json.load(handle)
     os.makedirs(config["state_dir"], exist_ok=True)
     token = os.environ.pop(TOKEN_ENV, "")
-    instruction = sys.stdin.read()
+    instruction = sys.stdin.buffer.read().decode("utf-8", "replace")  # whatever the sandbox's locale
     shell = PersistentShell(config["state_dir"], os.getcwd(), os.environ,
                             max_output_bytes=config["max_output_bytes"])
     return run(config, token, instruction, shell)

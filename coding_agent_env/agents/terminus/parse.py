@@ -17,13 +17,9 @@ linear in the (bounded) text.
 
 from __future__ import annotations
 
-import ast
-import io
 import json
 import re
-import tokenize
-from dataclasses import dataclass
-from typing import Union
+from collections import namedtuple
 
 __all__ = [
     "MAX_DEPTH",
@@ -48,20 +44,18 @@ _SHELL_FENCES = {"bash", "sh", "shell", "console", "zsh"}
 _CALL = re.compile(r"\bterminal\s*\(\s*(command|final_answer)\s*=\s*")
 
 
-@dataclass(frozen=True)
-class TerminalCall:
-    """Exactly one of `command` (run it) and `final_answer` (the agent is done) is set."""
+# Named tuples, not dataclasses: `dataclasses` (and the `inspect` it pulls in) would be most of this module's
+# import time in the sandbox, paid on every rollout.
+class TerminalCall(namedtuple("TerminalCall", ("command", "final_answer"), defaults=(None, None))):
+    """Exactly one of `command: str` (run it) and `final_answer: str` (the agent is done) is set."""
 
-    command: str | None = None
-    final_answer: str | None = None
-
-
-@dataclass(frozen=True)
-class ParseFailure:
-    reason: str
+    __slots__ = ()
 
 
-Parsed = Union[TerminalCall, ParseFailure]
+class ParseFailure(namedtuple("ParseFailure", ("reason",))):
+    """Why no call was found (`reason: str`, for the model and the events)."""
+
+    __slots__ = ()
 
 
 def _depth_ok(text: str) -> bool:
@@ -94,7 +88,7 @@ def _loads(text: str) -> object:
         return None
 
 
-def arguments_to_call(arguments: object) -> Parsed:
+def arguments_to_call(arguments: object) -> TerminalCall | ParseFailure:
     """The call in a tool call's `arguments` (a dict, or a JSON string of one). Never raises."""
     for _ in range(MAX_STRING_NESTING + 1):
         if not isinstance(arguments, str):
@@ -112,7 +106,7 @@ def arguments_to_call(arguments: object) -> Parsed:
     return ParseFailure("arguments have neither a `command` nor a `final_answer` string")
 
 
-def _from_object(value: object) -> Parsed:
+def _from_object(value: object) -> TerminalCall | ParseFailure:
     """A call from a decoded JSON object of any of the accepted shapes."""
     if not isinstance(value, dict):
         return ParseFailure("not a JSON object")
@@ -154,7 +148,7 @@ def _fences(text: str) -> list[tuple[str, str]]:
     return blocks
 
 
-def _first_json_call(text: str) -> Parsed:
+def _first_json_call(text: str) -> TerminalCall | ParseFailure:
     decoder = json.JSONDecoder()
     pos, tried = 0, 0
     while tried < MAX_CANDIDATES:
@@ -174,11 +168,17 @@ def _first_json_call(text: str) -> Parsed:
     return ParseFailure("no JSON terminal call")
 
 
-def _python_call(text: str) -> Parsed:
+def _python_call(text: str) -> TerminalCall | ParseFailure:
     """`terminal(command="...")` or `terminal(final_answer='''...''')`: the first string literal after `=`."""
     match = _CALL.search(text)
     if match is None:
         return ParseFailure("no terminal(...) call")
+    # Imported here, not at the top: only text-only models reach this path, and these imports would
+    # otherwise cost every rollout's start-up.
+    import ast
+    import io
+    import tokenize
+
     rest = text[match.end() :]
     try:
         token = next(tokenize.generate_tokens(io.StringIO(rest).readline))
@@ -192,7 +192,7 @@ def _python_call(text: str) -> Parsed:
     return TerminalCall(command=value) if match.group(1) == "command" else TerminalCall(final_answer=value)
 
 
-def build_terminal_tool_call(text: object, *, loose: bool = False) -> Parsed:
+def build_terminal_tool_call(text: object, *, loose: bool = False) -> TerminalCall | ParseFailure:
     """The terminal call in free-form model output, or why there is none. Never raises (see module doc)."""
     if not isinstance(text, str):
         return ParseFailure("not text")

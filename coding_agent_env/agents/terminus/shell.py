@@ -18,8 +18,8 @@ import selectors
 import signal
 import subprocess
 import time
+from collections import namedtuple
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 __all__ = ["CommandOutcome", "PersistentShell"]
 
@@ -34,12 +34,12 @@ _GRACE_S = 1.0
 """After the command exits, how long its output pipe may stay open (held by a background job)."""
 
 
-@dataclass(frozen=True)
-class CommandOutcome:
-    exit_code: int | None
-    output: str
-    timed_out: bool
-    dropped_bytes: int
+# A named tuple, not a dataclass: importing `dataclasses` would cost every rollout's start-up (see `parse`).
+class CommandOutcome(namedtuple("CommandOutcome", ("exit_code", "output", "timed_out", "dropped_bytes"))):
+    """`exit_code: int | None` (None when timed out), `output: str` (merged, capped), `timed_out: bool`,
+    `dropped_bytes: int` (output bytes left out of the middle)."""
+
+    __slots__ = ()
 
 
 class _Capped:
