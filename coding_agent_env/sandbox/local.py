@@ -24,6 +24,7 @@ subprocesses in the host directory and `isolation` says `none`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import logging
 import os
@@ -198,14 +199,13 @@ class LocalBackend(SandboxBackend):
             raise SandboxError("network policy 'llm' needs the relay's endpoint")
         uid = self._uids.take() if self._uids is not None else None
         try:
-            root = self._make_root(spec.rollout_id, uid)
-        except BaseException:
-            self._release(uid)
+            # Directory work waits on the filesystem's journal when the disk is busy: off the event loop.
+            made = asyncio.ensure_future(asyncio.to_thread(self._provision, iso, spec.rollout_id, uid))
+            root, netns = await asyncio.shield(made)
+        except asyncio.CancelledError:
+            made.add_done_callback(functools.partial(self._undo_provision, uid))  # the thread still finishes
             raise
-        try:
-            netns = await _sandbox_netns(iso)
         except BaseException:
-            remove_tree(root)
             self._release(uid)
             raise
         relay = spec.relay if spec.network == "llm" else None
@@ -218,6 +218,27 @@ class LocalBackend(SandboxBackend):
     def _release(self, uid: int | None) -> None:
         if uid is not None and self._uids is not None:
             self._uids.give(uid)
+
+    def _provision(self, iso: _Isolation, rollout_id: str, uid: int | None) -> tuple[Path, int | None]:
+        """(sandbox root, its network namespace or None); runs in a worker thread."""
+        root = self._make_root(rollout_id, uid)
+        if iso.nsenter is None:
+            return root, None
+        try:
+            return root, _netns.new_netns()
+        except OSError as exc:
+            # Each command's bwrap then makes its own namespace: slower, just as isolated.
+            log.warning("no network namespace for a sandbox, each command makes its own: %s", exc)
+            return root, None
+
+    def _undo_provision(self, uid: int | None, made: asyncio.Future[tuple[Path, int | None]]) -> None:
+        """A create() cancelled while its thread ran: remove what the thread made, once it is done."""
+        if not made.cancelled() and made.exception() is None:
+            root, netns = made.result()
+            if netns is not None:
+                os.close(netns)
+            remove_tree(root)
+        self._release(uid)
 
     def _make_root(self, rollout_id: str, uid: int | None) -> Path:
         state = self._settings.state_dir
@@ -252,27 +273,6 @@ def _try_run(argv: list[str], creds: dict[str, object]) -> str | None:
     if done.returncode != 0:
         return (done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no message"])[0]
     return None
-
-
-async def _sandbox_netns(iso: _Isolation) -> int | None:
-    """The sandbox's own network namespace, when its commands can join one (root with nsenter); None makes
-    each command's bwrap create its own instead, which is slower but just as isolated."""
-    if iso.nsenter is None:
-        return None
-    making = asyncio.ensure_future(asyncio.to_thread(_netns.new_netns))
-    try:
-        return await asyncio.shield(making)
-    except OSError as exc:
-        log.warning("no network namespace for a sandbox, each command makes its own: %s", exc)
-        return None
-    except asyncio.CancelledError:
-        making.add_done_callback(_close_made_netns)  # the thread still finishes: its fd must not leak
-        raise
-
-
-def _close_made_netns(making: asyncio.Future[int]) -> None:
-    if not making.cancelled() and making.exception() is None:
-        os.close(making.result())
 
 
 def _reap(state: Path) -> int:
@@ -500,5 +500,10 @@ class LocalSandbox(Sandbox):
         if self._netns is not None:
             os.close(self._netns)  # the namespace goes with its last process
             self._netns = None
-        remove_tree(self._root)  # a few small dirs: cheaper inline than a thread hop
+        # Off the event loop (rmdir waits on the journal when the disk is busy); shielded, so a cancelled
+        # close still removes everything and returns the uid to the pool.
+        await asyncio.shield(asyncio.to_thread(self._remove_root))
+
+    def _remove_root(self) -> None:
+        remove_tree(self._root)
         self._release(self._uid)
