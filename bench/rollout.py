@@ -2,17 +2,25 @@
 time against running the same four commands as raw bwrap spawns (same binds, same credentials) in the same run.
 Targets: at concurrency 1 within 1.3x of the raw commands; at 32, at least 40 rollouts/s on 2 cores.
 
-    .venv/bin/python bench/rollout.py [ROLLOUTS_PER_LEVEL]
+Ours and the reference alternate in rounds (one rollout each at concurrency 1, a batch each above), so load
+from other work on the machine hits both alike. `cpu` is this process's and its children's CPU time per
+rollout: a figure that load elsewhere barely moves (kernel work done in worker threads, such as tearing
+down network namespaces, is not in it).
+
+    .venv/bin/python bench/rollout.py [BATCH]   (rollouts per batch at concurrency 8; at 32, at least 128)
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import shutil
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -40,16 +48,43 @@ async def raw_commands(uid: int | None) -> None:
         shutil.rmtree(workdir)
 
 
-async def level(concurrency: int, total: int, job: object) -> float:
+Job = Callable[[], Awaitable[None]]
+
+
+def cpu_s() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+async def batch(concurrency: int, total: int, job: Job) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) to run `total` jobs, at most `concurrency` at a time."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one() -> None:
         async with gate:
-            await job()  # type: ignore[operator]
+            await job()
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_s()
     await asyncio.gather(*(one() for _ in range(total)))
-    return time.perf_counter() - started
+    return time.perf_counter() - started, cpu_s() - cpu
+
+
+async def level(concurrency: int, size: int, rounds: int, ours: Job, raw: Job) -> None:
+    """Alternate ours and raw, `rounds` batches of `size` each; print rates, CPU and the ratio of the medians."""
+    walls: dict[str, list[float]] = {"ours": [], "raw": []}
+    cpus: dict[str, float] = {"ours": 0.0, "raw": 0.0}
+    for _ in range(rounds):
+        for name, job in (("ours", ours), ("raw", raw)):
+            wall, cpu = await batch(concurrency, size, job)
+            walls[name].append(wall / size)
+            cpus[name] += cpu
+    n = size * rounds
+    ours_s, raw_s = statistics.median(walls["ours"]), statistics.median(walls["raw"])
+    print(
+        f"concurrency {concurrency:2}: {1 / ours_s:6.1f} rollouts/s ({1000 * ours_s:6.1f} ms each, cpu {1000 * cpus['ours'] / n:5.1f} ms)   "
+        f"raw {1 / raw_s:6.1f}/s ({1000 * raw_s:6.1f} ms, cpu {1000 * cpus['raw'] / n:5.1f} ms)   ratio {ours_s / raw_s:.2f}x",
+        flush=True,
+    )
 
 
 async def main(total: int) -> None:
@@ -61,17 +96,17 @@ async def main(total: int) -> None:
             result = await run_rollout(REQUEST, settings=settings)
             assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, result
 
-        await level(4, 8, ours)  # warm-up
-        await level(4, 8, lambda: raw_commands(uid))
-        print(f"{total} rollouts per level; raw reference runs the same 4 commands as bwrap spawns" + (f" as uid {uid}" if uid else ""))
-        for concurrency in (1, 8, 32):
-            n = total if concurrency > 1 else max(total // 4, 10)
-            ours_s = await level(concurrency, n, ours)
-            raw_s = await level(concurrency, n, lambda: raw_commands(uid))
-            print(
-                f"concurrency {concurrency:2}: {n / ours_s:6.1f} rollouts/s ({1000 * ours_s / n:6.1f} ms each)   "
-                f"raw {n / raw_s:6.1f}/s ({1000 * raw_s / n:6.1f} ms)   ratio {ours_s / raw_s:.2f}x"
-            )
+        async def raw() -> None:
+            await raw_commands(uid)
+
+        await batch(4, 8, ours)  # warm-up
+        await batch(4, 8, raw)
+        print(f"load average {os.getloadavg()[0]:.2f}; rollouts per batch: 1, {max(total, 32)}, {max(total, 128)}; raw reference runs the same 4 commands as bwrap spawns" + (f" as uid {uid}" if uid else ""))
+        await level(1, 1, max(total // 2, 10), ours, raw)  # one each, alternating
+        for concurrency in (8, 32):
+            # Batches of several waves each, so the last wave's ramp-down weighs little.
+            await level(concurrency, max(total, 4 * concurrency), 3, ours, raw)
+        print(f"load average {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":
