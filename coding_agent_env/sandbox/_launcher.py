@@ -14,7 +14,17 @@ run it as `python3 launcher.py MODE ...`. Modes:
 - `kill --token T --run-dir D`: SIGTERM that launcher and wait (bounded) until it is gone; a launcher
   that has not started yet exits as soon as it does.
 - `killall --run-dir D`: the same for every launcher that has a pid file in D.
-- `init`: a PID 1 that only reaps zombies, for containers.
+- `init [--dirs JSON] [--forward-socket SOCKET --forward-port PORT] [--ctl SOCKET]`: a PID 1 for
+  containers. It reaps zombies. With `--dirs` (a JSON list of `[path, uid, mode]`) it first makes those
+  directories (parents root-owned 0755) and sets their owner and mode. With `--forward-*` it starts the LLM
+  forwarder (as root) on 127.0.0.1:PORT piping to SOCKET and waits (bounded) until it accepts. With `--ctl`
+  it then connects to the host's SOCK_SEQPACKET control socket and sends one JSON `{"error": str}` (""
+  when ready). After that, each control message carries three fds (request/reply socket, stdout, stderr):
+  init forks a child that reads the request JSON `{"argv", "env", "uid"}` until EOF, runs it with exactly
+  that environment, stdin /dev/null, stdout/stderr on the two fds and cwd `/` (launcher modes in-process,
+  anything else in a child it waits for, as `uid` when given), then writes the reply JSON
+  `{"code": int, "status": str|null}` (`status`: the run's status file, when a `run` left one). Commands
+  thus start without the engine's exec API. A closed control socket leaves init a plain reaper.
 - `list PATH MAX`: JSON listing of a tree without following symlinks (one object on stdout).
 - `stat PATH`: JSON `{"real": realpath, "kind": ...}` of PATH (missing: `{"real": null}`).
 - `prepare PATH ROOT [--uid U]`: make PATH's parents below ROOT real directories (owned by U), unlink a
@@ -33,6 +43,7 @@ import time
 
 _KILL_ROUNDS = 500
 _KILL_WAIT_S = 10.0
+_FORWARDER_READY_S = 10.0
 _RLIMITS = {"data": resource.RLIMIT_DATA, "fsize": resource.RLIMIT_FSIZE, "cpu": resource.RLIMIT_CPU,
             "nproc": resource.RLIMIT_NPROC}
 
@@ -229,13 +240,167 @@ def killall(run_dir: str) -> int:
     return 0
 
 
-def init() -> int:
+def init(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    args, _, _ = _parse(argv)
+    error = ""
+    try:
+        if "dirs" in args:
+            _make_dirs(json.loads(args["dirs"]))
+        if "forward-socket" in args:
+            error = _start_forwarder(args["forward-socket"], args["forward-port"])
+    except OSError as exc:
+        error = f"init: {exc}"
+    if "ctl" not in args:
+        while True:
+            try:
+                os.wait()
+            except ChildProcessError:
+                signal.pause()
+    return _serve(args["ctl"], error)
+
+
+def _make_dirs(dirs: list[list[object]]) -> None:
+    for path, uid, mode in dirs:
+        assert isinstance(path, str) and isinstance(uid, int) and isinstance(mode, int)
+        os.makedirs(path, 0o755, exist_ok=True)
+        os.chown(path, uid, uid)
+        os.chmod(path, mode)
+
+
+def _start_forwarder(socket_path: str, port: str) -> str:
+    """Start the forwarder next to this file; "" once 127.0.0.1:PORT accepts, else why not."""
+    import socket
+
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forwarder.py")
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setsid()
+            os.execv(sys.executable, [sys.executable, script, socket_path, port])
+        finally:
+            os._exit(127)
+    end = time.monotonic() + _FORWARDER_READY_S
     while True:
         try:
-            os.wait()
-        except ChildProcessError:
-            signal.pause()
+            socket.create_connection(("127.0.0.1", int(port)), 1).close()
+            return ""
+        except OSError:
+            pid, _ = os.waitpid(child, os.WNOHANG)
+            if pid == child:
+                return "the LLM forwarder exited at start"
+            if time.monotonic() > end:
+                return f"the LLM forwarder did not listen on port {port} within {_FORWARDER_READY_S:.0f} s"
+            time.sleep(0.005)  # the forwarder is starting: python start-up, then listen
+
+
+def _serve(ctl_path: str, error: str) -> int:
+    """The control loop of `init --ctl` (see the module docstring). Returns only if the host never answered."""
+    import select
+    import socket
+
+    conn: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    assert conn is not None
+    try:
+        conn.connect(ctl_path)
+        conn.send(json.dumps({"error": error}).encode())
+    except OSError:
+        conn.close()
+        conn = None
+    import ctypes  # noqa: F401 (imported once, after the ready message, so that forked `run`s need not)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so SIGCHLD wakes the select (wakeup fd)
+    while True:
+        _reap()
+        ready, _, _ = select.select([wake_r] if conn is None else [wake_r, conn], [], [])
+        if wake_r in ready:
+            try:
+                os.read(wake_r, 4096)
+            except BlockingIOError:
+                pass
+        if conn is None or conn not in ready:
+            continue
+        try:
+            msg, fds, _, _ = socket.recv_fds(conn, 16, 3)
+        except OSError:
+            msg, fds = b"", []
+        if not msg:  # the host closed the control socket: only reaping is left to do
+            conn.close()
+            conn = None
+        elif len(fds) == 3:
+            if os.fork() == 0:
+                _serve_child(fds, [conn.fileno(), wake_r, wake_w])
+        for fd in fds:
+            os.close(fd)
+
+
+def _serve_child(fds: list[int], inherited: list[int]) -> None:
+    """In a child of `init`: run one request (see the module docstring). Never returns."""
+    import socket
+
+    code, status = 1, None
+    try:
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        for fd in inherited:
+            os.close(fd)
+        os.set_inheritable(fds[0], False)  # received fds may lack close-on-exec: no command may hold the reply
+        chan = socket.socket(fileno=fds[0])
+        chunks = []
+        while data := chan.recv(65536):
+            chunks.append(data)
+        request = json.loads(b"".join(chunks))
+        null = os.open("/dev/null", os.O_RDONLY)
+        for target, fd in ((0, null), (1, fds[1]), (2, fds[2])):
+            os.dup2(fd, target)
+        for fd in (null, fds[1], fds[2]):
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir("/")
+        argv = request["argv"]
+        if request.get("uid") is not None:
+            os.setgroups([])
+            os.setgid(request["uid"])
+            os.setuid(request["uid"])
+        if argv[1:2] == [os.path.abspath(__file__)]:
+            code = main(argv[2:])
+            args, _, _ = _parse(argv[3:]) if argv[2] == "run" else ({}, [], [])
+            path = os.path.join(args.get("run-dir", ""), args.get("token", "") + ".status")
+            if "token" in args and os.path.exists(path):
+                with open(path) as fh:
+                    status = fh.read()
+                os.unlink(path)
+        else:
+            child = os.fork()
+            if child == 0:
+                try:
+                    os.execvpe(argv[0], argv, dict(os.environ))
+                except OSError as exc:
+                    os.write(2, f"cannot run {argv[0]!r}: {exc.strerror}\n".encode())
+                os._exit(127)
+            _, wait_status = os.waitpid(child, 0)
+            code = os.waitstatus_to_exitcode(wait_status)
+            code = 128 - code if code < 0 else code
+    except BaseException as exc:  # anything: the host must still get a reply
+        try:
+            os.write(2, f"launcher: {type(exc).__name__}: {exc}\n".encode())
+        except OSError:
+            pass
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:
+        pass
+    try:
+        chan.sendall(json.dumps({"code": code, "status": status}).encode())
+    except (OSError, NameError):
+        pass
+    os._exit(0)
 
 
 def _kind(mode: int) -> str:
@@ -310,7 +475,7 @@ def main(argv: list[str]) -> int:
         args, _, _ = _parse(rest)
         return killall(args["run-dir"])
     if mode == "init":
-        return init()
+        return init(rest)
     if mode == "list":
         return listing(rest[0], int(rest[1]))
     if mode == "stat":

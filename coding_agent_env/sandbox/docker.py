@@ -7,12 +7,24 @@ LLM forwarder started inside once, so processes reach the relay at `relay_url`),
 (`sandbox_memory_mb`), a process limit (`sandbox_max_processes`) and a CPU quota (`docker_cpus`), all
 capabilities dropped but the few its root-run launcher needs, and `no-new-privileges`.
 
-Every command runs through the in-container launcher (`_launcher.py`, copied in at create): as uid 1000, in
-its own session, under a child subreaper so the whole tree is killed at the timeout, on cancellation, or when
-it exits. The environment travels through the exec API (`environment=`), never in an argv. Files go in and
-out through the archive API (`put_archive`/`get_archive`), never through a shell. `close()` removes the
-container (killing everything in it). Containers of a server that died are removed by `reap_orphans()`, run
-before the first create.
+Every command runs through the in-container launcher (`_launcher.py`): as uid 1000, in its own session, under
+a child subreaper so the whole tree is killed at the timeout, on cancellation, or when it exits. How commands
+reach the launcher depends on where the daemon is:
+
+- a daemon on this host (a `unix://` DOCKER_HOST, the usual case, and the one network `llm` needs anyway):
+  the launcher and forwarder files are bind-mounted read-only from a per-container host directory
+  (`<state_dir>/<pid>-docker-<hex>`), and the container's PID 1 (`launcher.py init --ctl`) makes the sandbox
+  directories, starts the forwarder under `llm`, then connects to a one-shot SOCK_SEQPACKET listener the
+  backend left in a bind-mounted directory (the connection is the readiness signal; the listener is then
+  closed and unlinked, before any sandbox command exists). Each command is a message on that connection
+  carrying three socket fds (request/reply, stdout, stderr): PID 1 forks, no engine exec, no new interpreter.
+- any other daemon: the machinery is copied in with `put_archive` before start and each command is an
+  engine exec (`exec_create`/`exec_start`/`exec_inspect`).
+
+Either way the environment travels outside any argv (the request socket, or the exec API's `environment=`).
+Files go in and out through the archive API (`put_archive`/`get_archive`), never through a shell. `close()`
+removes the container (killing everything in it) and its host directory. Containers of a server that died
+are removed, with their host directories, by `reap_orphans()`, run before the first create.
 
 Symlinks: a symlink at the path read is resolved (by the daemon, inside the container) and refused when it
 leaves the sandbox roots; a symlinked *parent* directory is followed inside the container's own filesystem
@@ -25,9 +37,12 @@ import asyncio
 import io
 import json
 import os
+import secrets
+import shutil
 import socket
 import tarfile
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -64,6 +79,7 @@ T = TypeVar("T")
 
 LABEL_ROLLOUT = "coding-agent-env.rollout"
 LABEL_OWNER = "coding-agent-env.owner"
+LABEL_HOSTDIR = "coding-agent-env.hostdir"
 _PATHS = SandboxPaths(workdir="/workspace", home="/home/sandbox", tmp="/tmp", logs="/logs")
 _LAYOUT = InnerLayout(base="/.coding-agent-env")
 _RELAY_SOCKET = "/run/coding-agent-env-relay.sock"
@@ -71,6 +87,11 @@ _AGENTS_DIR = "/opt/coding-agent-env/agents"
 _KILL_GRACE_S = 5.0
 """Host-side slack past a command's timeout before we kill its tree ourselves (the launcher normally does)."""
 _FORWARDER_READY_S = 10.0
+_INIT_READY_S = 30.0
+"""How long PID 1 may take to report ready (directories, forwarder) before create fails."""
+_CTL_DIR = f"{_LAYOUT.base}/ctl"
+_SOCKET_PATH_MAX = 100
+"""`sun_path` holds 108 bytes: a longer control socket path falls back to the engine-exec mode."""
 _CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETUID", "SETGID"]
 """Only the root-run launcher uses these; commands run as uid 1000 and have none."""
 _KILLED_BY_CLOSE = -9
@@ -152,6 +173,10 @@ class DockerBackend(SandboxBackend):
         detail += "present" if present else "absent (pulled at the first rollout)"
         return BackendStatus(self.name, True, "docker", detail, limits)
 
+    def _local_daemon(self) -> bool:
+        """Whether the daemon shares this host's filesystem (so host paths can be bind-mounted)."""
+        return self._daemon_url().startswith("unix://")
+
     async def create(self, spec: SandboxSpec) -> Sandbox:
         if not self._reaped:
             self._reaped = True
@@ -161,8 +186,17 @@ class DockerBackend(SandboxBackend):
         if spec.network == "llm" and spec.relay is None:
             raise SandboxError("network policy 'llm' needs a relay endpoint")
         image = spec.image or self._settings.docker_image
-        container = await _call("create container", self._create_container, spec, image)
-        box = DockerSandbox(self, container, spec)
+        ctl = _HostDir.make(self._settings) if self._local_daemon() else None
+        creating = asyncio.ensure_future(_call("create container", self._create_container, spec, image, ctl))
+        try:
+            container = await asyncio.shield(creating)
+        except BaseException:
+            # Cancelled while the engine creates it: the container still appears, so remove it once it has.
+            await asyncio.shield(self._discard(creating))
+            if ctl is not None:
+                ctl.remove()
+            raise
+        box = DockerSandbox(self, container, spec, ctl)
         try:
             await box.start()
         except BaseException:
@@ -170,7 +204,17 @@ class DockerBackend(SandboxBackend):
             raise
         return box
 
-    def _create_container(self, spec: SandboxSpec, image: str) -> Any:
+    async def _discard(self, creating: asyncio.Future[str]) -> None:
+        try:
+            container_id = await creating
+        except BaseException:
+            return  # never created
+        try:
+            await _call("remove container", self.client().api.remove_container, container_id, force=True, v=True)
+        except SandboxError:
+            pass  # gone already, or left to the reaper
+
+    def _create_container(self, spec: SandboxSpec, image: str, ctl: _HostDir | None) -> Any:
         s = self._settings
         volumes = {path: {"bind": path, "mode": "ro"} for path in s.docker_host_binds}
         if spec.network == "llm":
@@ -178,10 +222,22 @@ class DockerBackend(SandboxBackend):
             volumes[spec.relay.socket_path] = {"bind": _RELAY_SOCKET, "mode": "rw"}
         if spec.agents_dir is not None:
             volumes[spec.agents_dir] = {"bind": _AGENTS_DIR, "mode": "ro"}
+        labels = {LABEL_ROLLOUT: spec.rollout_id, LABEL_OWNER: _owner()}
+        command = _LAYOUT.launcher_argv("init")
+        if ctl is not None:
+            # -I -S: PID 1's start-up is on every create's path; it needs neither site nor PYTHON* variables.
+            command = [_LAYOUT.python, "-I", "-S", _LAYOUT.launcher, "init"]
+            labels[LABEL_HOSTDIR] = str(ctl.path)
+            volumes[str(ctl.launcher)] = {"bind": _LAYOUT.launcher, "mode": "ro"}
+            volumes[str(ctl.forwarder)] = {"bind": _LAYOUT.forwarder, "mode": "ro"}
+            volumes[str(ctl.ctl_dir)] = {"bind": _CTL_DIR, "mode": "rw"}
+            command += ["--dirs", json.dumps(_sandbox_dirs()), "--ctl", f"{_CTL_DIR}/{_HostDir.SOCKET}"]
+            if spec.network == "llm":
+                command += ["--forward-socket", _RELAY_SOCKET, "--forward-port", str(s.docker_relay_port)]
         kwargs: dict[str, Any] = dict(
             image=image,
-            command=_LAYOUT.launcher_argv("init"),
-            labels={LABEL_ROLLOUT: spec.rollout_id, LABEL_OWNER: _owner()},
+            command=command,
+            labels=labels,
             network_mode="host" if spec.network == "host" else "none",
             volumes=volumes,
             mem_limit=f"{s.sandbox_memory_mb}m",
@@ -195,14 +251,16 @@ class DockerBackend(SandboxBackend):
             working_dir="/",
             environment={},
         )
+        # The low-level API: `containers.create` would inspect the new container (one more round trip).
+        api = self.client().api
         try:
-            return self.client().containers.create(**kwargs)
+            return _create(api, kwargs)
         except docker.errors.ImageNotFound:
             self.client().images.pull(image)
-            return self.client().containers.create(**kwargs)
+            return _create(api, kwargs)
 
     async def reap_orphans(self) -> int:
-        """Remove labelled containers whose owning server (on this host) is gone."""
+        """Remove labelled containers whose owning server (on this host) is gone, with their host dirs."""
         return await _call("reap containers", self._reap)
 
     def _reap(self) -> int:
@@ -217,7 +275,74 @@ class DockerBackend(SandboxBackend):
                 reaped += 1
             except docker.errors.NotFound:
                 pass
+            hostdir = container.labels.get(LABEL_HOSTDIR)
+            if hostdir and os.path.basename(hostdir).startswith(f"{pid}-docker-"):
+                shutil.rmtree(hostdir, ignore_errors=True)
         return reaped
+
+
+def _create(api: Any, kwargs: dict[str, Any]) -> str:
+    """Create a container with the SDK's own argument mapping; returns its id."""
+    from docker.models.containers import _create_container_args
+
+    return str(api.create_container(**_create_container_args(dict(kwargs, version=api._version)))["Id"])
+
+
+def _sandbox_dirs() -> list[list[object]]:
+    """What PID 1 makes at start: [path, uid, mode], parents first."""
+    dirs: list[list[object]] = [[_LAYOUT.run_dir, 0, 0o700], [_LAYOUT.fresh_dir, 0, 0o711], ["/tmp", 0, 0o1777]]
+    for path in (_PATHS.workdir, _PATHS.home, _PATHS.logs):
+        dirs.append([path, SANDBOX_UID, 0o755])
+    return dirs
+
+
+class _HostDir:
+    """A container's host directory (local daemon only): the machinery files bound read-only into it, and
+    the directory holding the one-shot control listener (see the module docstring). Owned by this server
+    process (`<pid>-docker-<hex>` under the state dir), so both reapers can remove it after a crash."""
+
+    SOCKET = "s"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.launcher = path / "launcher.py"
+        self.forwarder = path / "forwarder.py"
+        self.ctl_dir = path / "ctl"
+        self.listener: socket.socket | None = None
+
+    @classmethod
+    def make(cls, settings: Settings) -> _HostDir | None:
+        """A fresh host dir with its listener bound, or None when the socket path would be too long."""
+        state = settings.state_dir
+        path = state / f"{os.getpid()}-docker-{secrets.token_hex(6)}"
+        if len(str(path / "ctl" / cls.SOCKET)) > _SOCKET_PATH_MAX:
+            return None
+        state.mkdir(parents=True, exist_ok=True)
+        box = cls(path)
+        try:
+            path.mkdir(mode=0o700)
+            box.ctl_dir.mkdir(mode=0o700)
+            box.launcher.write_bytes(_inner.launcher_source())
+            box.forwarder.write_bytes(_inner.forwarder_source())
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            box.listener = listener
+            listener.bind(str(box.ctl_dir / cls.SOCKET))
+            listener.listen(1)
+            listener.setblocking(False)
+        except OSError as exc:
+            box.remove()
+            raise SandboxError(f"cannot prepare the container's host directory: {exc.strerror}") from exc
+        return box
+
+    def close_listener(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+            (self.ctl_dir / self.SOCKET).unlink(missing_ok=True)
+
+    def remove(self) -> None:
+        self.close_listener()
+        shutil.rmtree(self.path, ignore_errors=True)
 
 
 def _container_limits(s: Settings) -> dict[str, int]:
@@ -232,14 +357,15 @@ class DockerSandbox(Sandbox):
     backend = "docker"
     isolation = "docker"
 
-    def __init__(self, backend: DockerBackend, container: Any, spec: SandboxSpec) -> None:
+    def __init__(self, backend: DockerBackend, container_id: str, spec: SandboxSpec, host: _HostDir | None) -> None:
         super().__init__()
         self._backend = backend
         self._settings = backend._settings
         self._api = backend.client().api
-        self._container = container
         self._spec = spec
-        self.id = container.id
+        self._host = host
+        self._ctl: socket.socket | None = None
+        self.id = container_id
         self.paths = _PATHS
         self._limits = _inner.rlimit_args(self._settings)
         self.limits = MappingProxyType(_container_limits(self._settings))
@@ -250,13 +376,49 @@ class DockerSandbox(Sandbox):
             self.agents_dir = _AGENTS_DIR
 
     async def start(self) -> None:
-        """Copy the machinery in, start the container, and the forwarder under network `llm`."""
-        await _call("prepare container", self._container.put_archive, "/", _machinery_tar())
-        await _call("start container", self._container.start)
-        if self._spec.network == "llm":
-            await self._start_forwarder()
+        """Start the container; ready once its directories exist (and the forwarder listens under `llm`)."""
+        if self._host is None:
+            await _call("prepare container", self._api.put_archive, self.id, "/", _machinery_tar())
+            await _call("start container", self._api.start, self.id)
+            if self._spec.network == "llm":
+                await self._start_forwarder()
+            return
+        await _call("start container", self._api.start, self.id)
+        await self._accept_init()
+
+    async def _accept_init(self) -> None:
+        """Wait for PID 1 to connect to the control listener (checking now and then that it still runs)."""
+        assert self._host is not None and self._host.listener is not None
+        loop = asyncio.get_running_loop()
+        accept = asyncio.ensure_future(loop.sock_accept(self._host.listener))
+        end = loop.time() + _INIT_READY_S
+        try:
+            while True:
+                done, _ = await asyncio.wait([accept], timeout=0.5)
+                if done:
+                    break
+                state = (await _call("inspect container", self._api.inspect_container, self.id))["State"]
+                if not state.get("Running") or loop.time() > end:
+                    logs = await _call("container logs", self._api.logs, self.id, tail=20)
+                    why = "exited" if not state.get("Running") else f"is not ready after {_INIT_READY_S:.0f} s"
+                    raise SandboxError(f"the container's init {why}: {logs.decode(errors='replace')[-500:]}")
+        finally:
+            if not accept.done():
+                accept.cancel()
+            self._host.close_listener()
+        conn, _ = accept.result()
+        conn.setblocking(False)
+        self._ctl = conn
+        try:
+            hello = await asyncio.wait_for(loop.sock_recv(conn, 4096), _INIT_READY_S)
+        except (TimeoutError, OSError):
+            hello = b""
+        error = json.loads(hello or b'{"error": "init closed the control socket"}')["error"]
+        if error:
+            raise SandboxError(f"the container's init failed: {error}")
 
     async def _start_forwarder(self) -> None:
+        """Engine-exec mode only (in control mode PID 1 starts it)."""
         port = str(self._settings.docker_relay_port)
         argv = [_LAYOUT.python, _LAYOUT.forwarder, _RELAY_SOCKET, port]
         exec_id = await _call("start forwarder", self._exec_create, argv, {}, "0:0")
@@ -270,12 +432,62 @@ class DockerSandbox(Sandbox):
             "        if time.monotonic()>end: sys.exit(1)\n"
             "        time.sleep(0.01)\n"
         )
-        code, _, err = await self._small([_LAYOUT.python, "-c", probe], user="0:0")
+        code, _, err = await self._small([_LAYOUT.python, "-c", probe], uid=None)
         if code != 0:
             raise SandboxError(f"the LLM forwarder did not start: {err.decode(errors='replace')[-300:]}")
 
+    # -- running machinery: through PID 1's control socket, or engine execs ----------------------------------
+
+    async def _run(self, argv: Sequence[str], env: Mapping[str, str], uid: int | None,
+                   out: OutputCap, err: OutputCap) -> tuple[int | None, str | None]:
+        """Run `argv` to completion as `uid` (None: root): (exit code or None when the container went away,
+        the launcher's status JSON when PID 1 passed it back). Output goes to the caps."""
+        if self._ctl is None:
+            user = "0:0" if uid is None else f"{uid}:{uid}"
+            exec_id = await _call("exec", self._exec_create, argv, env, user)
+            await _call("exec", self._drain, exec_id, out, err)
+            try:
+                info = await _call("exec", self._api.exec_inspect, exec_id)
+            except SandboxFileNotFoundError:
+                return None, None
+            return info.get("ExitCode"), None
+        return await self._ctl_run(argv, env, uid, out, err)
+
+    async def _ctl_run(self, argv: Sequence[str], env: Mapping[str, str], uid: int | None,
+                       out: OutputCap, err: OutputCap) -> tuple[int | None, str | None]:
+        assert self._ctl is not None
+        loop = asyncio.get_running_loop()
+        pairs = [socket.socketpair() for _ in range(3)]
+        try:
+            try:
+                await _send_fds(loop, self._ctl, [theirs.fileno() for _, theirs in pairs])
+            except OSError:
+                return None, None  # PID 1 is gone: the container was removed
+            finally:
+                for _, theirs in pairs:
+                    theirs.close()
+            chan, out_sock, err_sock = (ours for ours, _ in pairs)
+            for sock in (chan, out_sock, err_sock):
+                sock.setblocking(False)
+            request = json.dumps({"argv": list(argv), "env": dict(env), "uid": uid}).encode()
+            try:
+                await loop.sock_sendall(chan, request)
+                chan.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass  # the child died before reading: reported below as no reply
+            await asyncio.gather(_pump(loop, out_sock, out), _pump(loop, err_sock, err))
+            reply = OutputCap(64 * 1024)
+            await _pump(loop, chan, reply)
+        finally:
+            for ours, _ in pairs:
+                ours.close()
+        if not reply.kept:
+            return None, None
+        answer = json.loads(bytes(reply.kept))
+        return int(answer["code"]), answer.get("status")
+
     def _exec_create(self, argv: Sequence[str], env: Mapping[str, str], user: str) -> str:
-        created = self._api.exec_create(self._container.id, list(argv), environment=dict(env), user=user,
+        created = self._api.exec_create(self.id, list(argv), environment=dict(env), user=user,
                                         workdir="/", stdout=True, stderr=True)
         return str(created["Id"])
 
@@ -289,13 +501,11 @@ class DockerSandbox(Sandbox):
         finally:
             _close_attach_socket(sock)
 
-    async def _small(self, argv: Sequence[str], *, user: str = f"{SANDBOX_UID}:{SANDBOX_UID}") -> tuple[int | None, bytes, bytes]:
-        """Run a short machinery command to completion (no launcher)."""
+    async def _small(self, argv: Sequence[str], *, uid: int | None = SANDBOX_UID) -> tuple[int | None, bytes, bytes]:
+        """Run a short machinery command to completion (no launcher `run`)."""
         out, err = OutputCap(16 * 1024 * 1024), OutputCap(64 * 1024)
-        exec_id = await _call("exec", self._exec_create, argv, {}, user)
-        await _call("exec", self._drain, exec_id, out, err)
-        info = await _call("exec", self._api.exec_inspect, exec_id)
-        return info.get("ExitCode"), bytes(out.kept), bytes(err.kept)
+        code, _ = await self._run(argv, {}, uid, out, err)
+        return code, bytes(out.kept), bytes(err.kept)
 
     async def exec(
         self,
@@ -315,31 +525,30 @@ class DockerSandbox(Sandbox):
                                   env_keys=list(full_env), fresh=fresh, limits=self._limits)
         loop = asyncio.get_running_loop()
         started = loop.time()
-        exec_id = await _call("exec", self._exec_create, command, full_env, "0:0")
         out, err = OutputCap(max_output_bytes), OutputCap(max_output_bytes)
-        drain = asyncio.ensure_future(_call("exec", self._drain, exec_id, out, err))
+        run = asyncio.ensure_future(self._run(command, full_env, None, out, err))
         try:
-            await asyncio.wait_for(asyncio.shield(drain), timeout + _KILL_GRACE_S)
+            await asyncio.wait_for(asyncio.shield(run), timeout + _KILL_GRACE_S)
         except TimeoutError:
             await self._kill_run(token)
-            await drain
+            await run
         except BaseException:
             await asyncio.shield(self._kill_run(token))
-            await asyncio.shield(drain)
+            await asyncio.shield(run)
             raise
-        code, timed_out = await self._exit_status(exec_id, token)
+        code, timed_out = await self._exit_status(run.result(), token)
         return ExecResult(code, bytes(out.kept), bytes(err.kept), loop.time() - started, timed_out,
                           out.dropped, err.dropped)
 
-    async def _exit_status(self, exec_id: str, token: str) -> tuple[int | None, bool]:
-        if self.closed:
+    async def _exit_status(self, ran: tuple[int | None, str | None], token: str) -> tuple[int | None, bool]:
+        code, status = ran
+        if self.closed or code is None:
             return _KILLED_BY_CLOSE, False
-        try:
-            info = await _call("exec", self._api.exec_inspect, exec_id)
-        except SandboxFileNotFoundError:
-            return _KILLED_BY_CLOSE, False
-        code = info.get("ExitCode")
-        if code is None or code < 128:
+        if code < 128:
+            return code, False
+        if status is not None:
+            return _inner.parse_status(status.encode())
+        if self._ctl is not None:
             return code, False
         try:
             raw = await self._read(_LAYOUT.status_path(token), None, False)
@@ -352,7 +561,7 @@ class DockerSandbox(Sandbox):
         if self.closed:
             return
         try:
-            await self._small(_LAYOUT.launcher_argv("kill", "--token", token, "--run-dir", _LAYOUT.run_dir), user="0:0")
+            await self._small(_LAYOUT.launcher_argv("kill", "--token", token, "--run-dir", _LAYOUT.run_dir), uid=None)
         except SandboxError:
             if not self.closed:
                 raise
@@ -372,16 +581,27 @@ class DockerSandbox(Sandbox):
         token = _inner.new_token()
         command = _inner.run_argv(_LAYOUT, argv, token=token, cwd=cwd or self.paths.workdir, timeout=None,
                                   env_keys=list(full_env), limits=self._limits, log_path=log)
-        exec_id = await _call("spawn", self._exec_create, command, full_env, "0:0")
         sink = OutputCap(0)
-        task = asyncio.ensure_future(_call("spawn", self._drain, exec_id, sink, sink))
-        return DockerProcess(self, exec_id, token, task)
+        if self._ctl is None:  # keep the engine-exec error surface: a failed exec_create raises here
+            exec_id = await _call("spawn", self._exec_create, command, full_env, "0:0")
+
+            async def ran() -> tuple[int | None, str | None]:
+                await _call("spawn", self._drain, exec_id, sink, sink)
+                try:
+                    return (await _call("spawn", self._api.exec_inspect, exec_id)).get("ExitCode"), None
+                except SandboxFileNotFoundError:
+                    return None, None
+
+            task = asyncio.ensure_future(ran())
+        else:
+            task = asyncio.ensure_future(self._ctl_run(command, full_env, None, sink, sink))
+        return DockerProcess(self, token, task)
 
     # -- files -----------------------------------------------------------------------------------------
 
     async def _read(self, full: str, max_bytes: int | None, tail: bool) -> bytes:
         def fetch() -> tuple[bytes | None, dict[str, Any]]:
-            stream, stat = self._container.get_archive(full, chunk_size=64 * 1024)
+            stream, stat = self._api.get_archive(self.id, full, chunk_size=64 * 1024)
             try:
                 if stat.get("linkTarget") or stat.get("mode", 0) & _GO_MODE_DIR:
                     return None, stat
@@ -414,14 +634,15 @@ class DockerSandbox(Sandbox):
         if not rel:
             raise SandboxFileError(f"cannot write over the directory {path!r}")
         payload = tars.file_tar(rel, data, mode=mode, uid=SANDBOX_UID)
-        await _call(f"write {path!r}", self._container.put_archive, root, payload)
+        await _call(f"write {path!r}", self._api.put_archive, self.id, root, payload)
 
     async def mkdir(self, path: str) -> None:
         self._check_open()
         root, full = _inner.confine(self.paths, path)
         rel = tars.split_root(root, full)
         if rel:
-            await _call(f"mkdir {path!r}", self._container.put_archive, root, tars.dir_entries_tar([rel], SANDBOX_UID))
+            payload = tars.dir_entries_tar([rel], SANDBOX_UID)
+            await _call(f"mkdir {path!r}", self._api.put_archive, self.id, root, payload)
 
     async def remove(self, path: str) -> None:
         self._check_open()
@@ -449,9 +670,14 @@ class DockerSandbox(Sandbox):
 
     async def _close(self) -> None:
         try:
-            await _call("remove container", self._container.remove, force=True, v=True)
+            await _call("remove container", self._api.remove_container, self.id, force=True, v=True)
         except SandboxFileNotFoundError:
             pass  # already gone
+        finally:
+            if self._ctl is not None:
+                self._ctl.close()
+            if self._host is not None:
+                self._host.remove()
 
 
 def _machinery_tar() -> bytes:
@@ -478,12 +704,35 @@ def _machinery_tar() -> bytes:
     return buf.getvalue()
 
 
+async def _send_fds(loop: asyncio.AbstractEventLoop, sock: socket.socket, fds: list[int]) -> None:
+    """One control message carrying `fds` (SOCK_SEQPACKET: atomic, so concurrent senders never interleave)."""
+    while True:
+        try:
+            socket.send_fds(sock, [b"r"], fds)
+            return
+        except BlockingIOError:
+            writable = loop.create_future()
+            loop.add_writer(sock, lambda: writable.done() or writable.set_result(None))
+            try:
+                await writable
+            finally:
+                loop.remove_writer(sock)
+
+
+async def _pump(loop: asyncio.AbstractEventLoop, sock: socket.socket, cap: OutputCap) -> None:
+    """Read `sock` to EOF into `cap` (a reset counts as EOF: the container went away)."""
+    try:
+        while chunk := await loop.sock_recv(sock, 64 * 1024):
+            cap.add(chunk)
+    except OSError:
+        pass
+
+
 class DockerProcess(Process):
     """A background command in a Docker sandbox; `kill()` kills its launcher's whole tree."""
 
-    def __init__(self, box: DockerSandbox, exec_id: str, token: str, task: asyncio.Future[None]) -> None:
+    def __init__(self, box: DockerSandbox, token: str, task: asyncio.Future[tuple[int | None, str | None]]) -> None:
         self._box = box
-        self._exec_id = exec_id
         self._token = token
         self._task = task
         self._code: int | None = None
@@ -494,8 +743,8 @@ class DockerProcess(Process):
 
     async def wait(self) -> int:
         if self._code is None:
-            await asyncio.shield(self._task)
-            code, _ = await self._box._exit_status(self._exec_id, self._token)
+            ran = await asyncio.shield(self._task)
+            code, _ = await self._box._exit_status(ran, self._token)
             self._code = code if code is not None else _KILLED_BY_CLOSE
         return self._code
 
