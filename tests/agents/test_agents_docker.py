@@ -22,9 +22,10 @@ from tests.agents.test_agents_e2e import SCAN, request
 from tests.backends.conftest import docker_engine, no_leftover_containers, settings_for  # noqa: F401 (fixtures)
 from tests.fakes.llm import FakeLLMServer
 
-pytestmark = [pytest.mark.usefixtures("assert_no_leftovers"), pytest.mark.parametrize("agent", AGENTS)]
+pytestmark = pytest.mark.usefixtures("assert_no_leftovers")
 
 
+@pytest.mark.parametrize("agent", AGENTS)
 async def test_binary_search_on_docker_scores_one_and_the_key_stays_out(
     agent: str, fake: FakeLLMServer, settings_for: Callable[[str], tuple[str, Settings]],
     require_agent: Callable[[str], None],
@@ -48,3 +49,19 @@ async def test_binary_search_on_docker_scores_one_and_the_key_stays_out(
     assert traced and all(t.logprobs and len(t.logprobs) == len(t.completion_token_ids or []) for t in traced)
     events = result.agent_events
     assert events is not None and events.steps >= 1 and events.tool_calls, events
+
+
+async def test_terminus_on_docker_through_engine_execs(
+    fake: FakeLLMServer, settings_for: Callable[[str], tuple[str, Settings]], require_agent: Callable[[str], None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The mode for daemons not on this host (machinery copied in, commands as engine execs), forced here."""
+    from coding_agent_env.sandbox.docker import DockerBackend
+
+    monkeypatch.setattr(DockerBackend, "_local_daemon", lambda self: False)
+    require_agent("terminus")
+    name, settings = settings_for("docker")
+    fake.app.script = session("terminus", write_file_command("binary_search.py", CORRECT))
+    result = await run_rollout(request(fake, "terminus", sandbox=name), settings=settings)
+    assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, (result.error, result.agent_log_tail)
+    assert result.network == "llm" and len(result.turns) == len(fake.app.requests) >= 2
