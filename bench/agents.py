@@ -3,7 +3,10 @@ running the same agent directly (same launcher, config and scripted session; no 
 the agent talks to the fake LLM itself) in the same run. Target: rollout within 1.3x of the direct run (the
 agent's own start-up is the floor).
 
-    .venv/bin/python bench/agents.py [RUNS_PER_AGENT]
+Also printed: each agent's rollout phases (p50), and the fixed cost of a rollout without an agent process
+(the `nop` agent, same verify: provision + verify + collect + teardown), which no agent can go below.
+
+    .venv/bin/python bench/agents.py [RUNS_PER_AGENT [AGENT ...]]
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from coding_agent_env.agents.driver import SESSION_TITLE, launcher_script  # noq
 from coding_agent_env.agents.install import check_installed  # noqa: E402
 from coding_agent_env.agents.registry import cli_specs  # noqa: E402
 from coding_agent_env.agents.spec import CliAgentSpec, LaunchContext  # noqa: E402
-from coding_agent_env.models import RolloutRequest, RolloutStatus  # noqa: E402
+from coding_agent_env.models import RolloutRequest, RolloutStatus, Timings  # noqa: E402
 from coding_agent_env.rollout import run_rollout  # noqa: E402
 from coding_agent_env.settings import Settings  # noqa: E402
 from tests.agents.sessions import CORRECT, TASK, VERIFY, session, write_file_command  # noqa: E402
@@ -64,31 +67,46 @@ def direct_run(spec: CliAgentSpec, settings: Settings, base_url: str) -> float:
         shutil.rmtree(root, ignore_errors=True)
 
 
-async def rollout(spec: CliAgentSpec, settings: Settings, base_url: str) -> float:
-    request = RolloutRequest(instruction=TASK, agent=spec.name, base_url=base_url, api_key=KEY, model=MODEL,
+PHASES = ("provision", "setup", "agent", "verify", "collect", "teardown")
+
+
+async def rollout(agent: str, settings: Settings, base_url: str, reward: float = 1.0) -> tuple[float, Timings]:
+    request = RolloutRequest(instruction=TASK, agent=agent, base_url=base_url, api_key=KEY, model=MODEL,
                              verify=VERIFY, agent_timeout_s=300)
     started = time.perf_counter()
     result = await run_rollout(request, settings=settings)
     elapsed = time.perf_counter() - started
-    assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, (result.error, result.agent_log_tail)
-    return elapsed
+    assert result.status is RolloutStatus.COMPLETED and result.reward == reward, (result.error, result.agent_log_tail)
+    return elapsed, result.timings
 
 
-async def main(runs: int) -> None:
+def phases(timings: list[Timings]) -> str:
+    return "  ".join(f"{p} {statistics.median(getattr(t, f'{p}_s') for t in timings) * 1000:.0f}" for p in PHASES)
+
+
+async def main(runs: int, only: set[str]) -> None:
     with bench_settings() as settings, FakeLLMServer(FakeLLM(api_key=KEY)) as fake:
         for spec in cli_specs():
+            if only and spec.name not in only:
+                continue
             check_installed(spec, settings.agents_dir)
             script = session(spec.name, write_file_command("binary_search.py", CORRECT))
-            ours, direct = [], []
+            ours, direct, timings = [], [], []
             for _ in range(runs):  # interleaved, so both see the same machine load
                 fake.app.reset(list(script))
                 direct.append(await asyncio.to_thread(direct_run, spec, settings, fake.base_url))
                 fake.app.reset(list(script))
-                ours.append(await rollout(spec, settings, fake.base_url))
+                elapsed, timing = await rollout(spec.name, settings, fake.base_url)
+                ours.append(elapsed)
+                timings.append(timing)
             ratio = statistics.median(ours) / statistics.median(direct)
             print(f"{spec.name:9} rollout p50 {statistics.median(ours):6.2f} s   direct p50 "
                   f"{statistics.median(direct):6.2f} s   ratio {ratio:4.2f}x   (target <= 1.30x, {runs} runs)")
+            print(f"{'':9} phases p50 (ms): {phases(timings)}")
+        fixed = [await rollout("nop", settings, fake.base_url, reward=0.0) for _ in range(runs)]
+        print(f"{'nop':9} rollout p50 {statistics.median(e for e, _ in fixed):6.2f} s   (fixed cost without an agent "
+              f"process)   phases p50 (ms): {phases([t for _, t in fixed])}")
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 3))
+    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 3, set(sys.argv[2:])))
