@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 
 _INNER_UID = 1000
 _PROBE_TIMEOUT_S = 10.0
+_REAP_S = 5.0
+"""How long close() waits for killed children to be reaped (SIGKILL is prompt; this bounds a stuck one)."""
 _BWRAP_PATHS = SandboxPaths(workdir="/workspace", home="/home/sandbox", tmp="/tmp", logs="/logs")
 _SUBDIRS = {"workdir": "work", "home": "home", "tmp": "tmp", "logs": "logs"}
 _AGENTS_MOUNT = "/opt/agents"
@@ -332,7 +334,9 @@ class LocalSandbox(Sandbox):
         self._release = release
         self._creds = _proc.HostCredentials(uid, uid)
         self._netns = netns
-        self._groups: set[int] = set()
+        self._closing: asyncio.Future[None] | None = None
+        self._children: dict[int, _proc.Child] = {}
+        """Running children by process group: what close() kills and reaps."""
         self._relay = relay
         self.agents_source: str | None = None
         self.id = root.name
@@ -436,7 +440,7 @@ class LocalSandbox(Sandbox):
                 creds=self._spawn_creds,
                 timeout=timeout,
                 max_output_bytes=max_output_bytes,
-                track=self._groups,
+                track=self._children,
             )
         except OSError as exc:
             raise SandboxError(f"cannot start command: {exc.strerror}") from exc
@@ -463,8 +467,8 @@ class LocalSandbox(Sandbox):
             raise SandboxError(f"cannot start process: {exc.strerror}") from exc
         finally:
             os.close(out)
-        self._groups.add(proc.pid)
-        return _proc.HostProcess(proc, self._groups)
+        self._children[proc.pid] = proc
+        return _proc.HostProcess(proc, self._children)
 
     def _open_log(self, log_path: str) -> int:
         self._mounts.write(log_path, b"", 0o644)
@@ -492,17 +496,24 @@ class LocalSandbox(Sandbox):
         return await asyncio.to_thread(self._mounts.list, path, max_entries)
 
     async def _close(self) -> None:
-        for pgid in list(self._groups):
-            _proc.kill_group(pgid)
-        if self._uid is not None and not self._iso.bwrap:
-            # Unisolated processes may have left their group (setsid): end everything of this uid.
-            await _proc.kill_all_of_uid(self._creds)
+        children = list(self._children.values())
+        for child in children:
+            _proc.kill_group(child.pid)  # before any await: even a close cancelled at once has killed
         if self._netns is not None:
             os.close(self._netns)  # the namespace goes with its last process
             self._netns = None
-        # Off the event loop (rmdir waits on the journal when the disk is busy); shielded, so a cancelled
-        # close still removes everything and returns the uid to the pool.
-        await asyncio.shield(asyncio.to_thread(self._remove_root))
+        # Shielded (and referenced, so it runs to the end): a cancelled close still reaps, removes
+        # everything and returns the uid to the pool.
+        self._closing = asyncio.ensure_future(self._finish_close(children))
+        await asyncio.shield(self._closing)
+
+    async def _finish_close(self, children: list[_proc.Child]) -> None:
+        await _proc.kill_and_reap(children, _REAP_S)
+        if self._uid is not None and not self._iso.bwrap:
+            # Unisolated processes may have left their group (setsid): end everything of this uid.
+            await _proc.kill_all_of_uid(self._creds)
+        # Off the event loop: rmdir waits on the filesystem's journal when the disk is busy.
+        await asyncio.to_thread(self._remove_root)
 
     def _remove_root(self) -> None:
         remove_tree(self._root)

@@ -1,0 +1,107 @@
+"""The local backend's per-sandbox network namespace (root only: nsenter joins a namespace the server made)
+and its cancellation-safe set-up and teardown.
+
+As root, every command of one sandbox runs in one network namespace made for that sandbox: not the host's,
+not another sandbox's, with a working loopback, and gone (no file descriptor of ours left) after close.
+A spawn under network `llm` keeps a namespace of its own, for the relay forwarder's port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+
+import pytest
+
+from coding_agent_env.sandbox import Sandbox, SandboxSpec, get_backend
+from coding_agent_env.settings import Settings
+from tests.helpers import leftovers
+
+OUT = 64 * 1024
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the shared network namespace is made only as root")
+
+
+def _net_fds() -> set[str]:
+    """Network namespace links among this process's file descriptors."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("net:["):
+            found.add(f"{fd}->{target}")
+    return found
+
+
+async def _netns_of(box: Sandbox) -> str:
+    done = await box.exec(["readlink", "/proc/self/ns/net"], timeout=20, max_output_bytes=OUT)
+    assert done.exit_code == 0, done.stderr
+    return done.stdout.decode().strip()
+
+
+async def _poll(condition: Callable[[], bool], deadline_s: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    while not condition():
+        assert loop.time() < end, "condition not met before the deadline"
+        await asyncio.sleep(0.01)
+
+
+@as_root
+async def test_one_namespace_per_sandbox_with_loopback(settings: Settings, assert_no_leftovers: None) -> None:
+    backend = get_backend("local", settings)
+    if backend.check().isolation != "bwrap":
+        pytest.skip("bubblewrap unavailable here")
+    before = _net_fds()
+    first = await backend.create(SandboxSpec(rollout_id="a"))
+    second = await backend.create(SandboxSpec(rollout_id="b"))
+    try:
+        ns_a = await _netns_of(first)
+        assert ns_a == await _netns_of(first), "commands of one sandbox share its namespace"
+        assert ns_a == (await first.exec(["readlink", "/proc/self/ns/net"], timeout=20, fresh=True, max_output_bytes=OUT)).stdout.decode().strip()
+        assert ns_a != await _netns_of(second), "sandboxes do not share a namespace"
+        assert ns_a != os.readlink("/proc/self/ns/net"), "not the host's namespace"
+        probe = "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); socket.create_connection(s.getsockname(), 2); print('ok')"
+        done = await first.exec(["python3", "-c", probe], timeout=20, max_output_bytes=OUT)
+        assert done.stdout == b"ok\n", done.stderr
+    finally:
+        await first.close()
+        await second.close()
+    assert _net_fds() == before, "the sandboxes' namespace descriptors are closed"
+
+
+async def test_cancelled_create_leaves_nothing(settings: Settings, assert_no_leftovers: None) -> None:
+    backend = get_backend("local", settings)
+    backend.check()
+    await (await backend.create(SandboxSpec(rollout_id="warm"))).close()  # probe and reaper out of the way
+    before = _net_fds()
+    creating = asyncio.ensure_future(backend.create(SandboxSpec(rollout_id="cancelled")))
+    await _poll(lambda: creating.done() or any(settings.state_dir.iterdir()))
+    creating.cancel()
+    try:
+        box = await creating
+    except asyncio.CancelledError:
+        pass
+    else:
+        await box.close()  # it finished before the cancel arrived: nothing to prove this time
+    await _poll(lambda: not leftovers(settings) and _net_fds() == before)
+    # Every uid went back to the pool: as many sandboxes as it holds can still be made.
+    boxes = [await backend.create(SandboxSpec(rollout_id=f"n{i}")) for i in range(settings.sandbox_uid_count)]
+    for box in boxes:
+        await box.close()
+
+
+async def test_cancelled_close_still_removes_everything(settings: Settings, assert_no_leftovers: None) -> None:
+    backend = get_backend("local", settings)
+    box = await backend.create(SandboxSpec(rollout_id="close"))
+    await box.spawn([box.shell, "-c", "sleep 300"])
+    closing = asyncio.ensure_future(box.close())
+    await _poll(lambda: box.closed)  # close has begun (a task cancelled before it starts never runs at all)
+    closing.cancel()
+    try:
+        await closing
+    except asyncio.CancelledError:
+        pass
+    await _poll(lambda: not leftovers(settings))
