@@ -32,14 +32,16 @@ class InnerLayout:
 
     base: str
     python: str = "python3"
+    code: str | None = None
+    """Where `launcher.py` and `forwarder.py` live (default: `base`); may be a read-only mount."""
 
     @property
     def launcher(self) -> str:
-        return f"{self.base}/launcher.py"
+        return f"{self.code or self.base}/launcher.py"
 
     @property
     def forwarder(self) -> str:
-        return f"{self.base}/forwarder.py"
+        return f"{self.code or self.base}/forwarder.py"
 
     @property
     def run_dir(self) -> str:

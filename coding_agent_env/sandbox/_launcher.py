@@ -14,8 +14,8 @@ run it as `python3 launcher.py MODE ...`. Modes:
 - `kill --token T --run-dir D`: SIGTERM that launcher and wait (bounded) until it is gone; a launcher
   that has not started yet exits as soon as it does.
 - `killall --run-dir D`: the same for every launcher that has a pid file in D.
-- `init [--dirs JSON] [--forward-socket SOCKET --forward-port PORT] [--ctl SOCKET]`: a PID 1 for
-  containers. It reaps zombies. With `--dirs` (a JSON list of `[path, uid, mode]`) it first makes those
+- `init [--dirs SPEC] [--forward-socket SOCKET --forward-port PORT] [--ctl SOCKET]`: a PID 1 for
+  containers. It reaps zombies. With `--dirs` (`PATH:UID:OCTAL_MODE,...`) it first makes those
   directories (parents root-owned 0755) and sets their owner and mode. With `--forward-*` it starts the LLM
   forwarder (as root) on 127.0.0.1:PORT piping to SOCKET and waits (bounded) until it accepts. With `--ctl`
   it then connects to the host's SOCK_SEQPACKET control socket and sends one JSON `{"error": str}` (""
@@ -33,13 +33,16 @@ run it as `python3 launcher.py MODE ...`. Modes:
 
 from __future__ import annotations
 
-import json
 import os
 import resource
-import signal
 import stat
 import sys
 import time
+
+# The C modules, not `signal`/`socket`/`json`: those import enum and re, ~20 ms more on every container's
+# start (init's) under load. `json` is imported where it is used (and preloaded by init once it is ready).
+import _signal as signal
+import _socket
 
 _KILL_ROUNDS = 500
 _KILL_WAIT_S = 10.0
@@ -103,6 +106,8 @@ def _kill_tree() -> None:
 
 def _child_env(args: dict[str, str]) -> dict[str, str]:
     if "env-file" in args:
+        import json
+
         with open(args["env-file"], "rb") as fh:
             env = json.load(fh)
         os.unlink(args["env-file"])
@@ -188,6 +193,8 @@ def run(argv: list[str]) -> int:
     if fresh is not None:
         _remove_tree(fresh)
     if status is None or os.WIFSIGNALED(status):
+        import json
+
         sig = os.WTERMSIG(status) if status is not None else signal.SIGKILL
         with open(os.path.join(args["run-dir"], args["token"] + ".status"), "w") as fh:
             json.dump({"signal": sig, "timed_out": timed_out}, fh)
@@ -246,7 +253,7 @@ def init(argv: list[str]) -> int:
     error = ""
     try:
         if "dirs" in args:
-            _make_dirs(json.loads(args["dirs"]))
+            _make_dirs(args["dirs"])
         if "forward-socket" in args:
             error = _start_forwarder(args["forward-socket"], args["forward-port"])
     except OSError as exc:
@@ -260,18 +267,35 @@ def init(argv: list[str]) -> int:
     return _serve(args["ctl"], error)
 
 
-def _make_dirs(dirs: list[list[object]]) -> None:
-    for path, uid, mode in dirs:
-        assert isinstance(path, str) and isinstance(uid, int) and isinstance(mode, int)
+def _make_dirs(spec: str) -> None:
+    """`PATH:UID:OCTAL_MODE,...` (our own paths: no `,` or `:` in them)."""
+    for item in spec.split(","):
+        path, uid, mode = item.split(":")
         os.makedirs(path, 0o755, exist_ok=True)
-        os.chown(path, uid, uid)
-        os.chmod(path, mode)
+        os.chown(path, int(uid), int(uid))
+        os.chmod(path, int(mode, 8))
+
+
+def _json_text(text: str) -> str:
+    """A JSON string literal, without importing json."""
+    return '"' + "".join(c if c.isprintable() and c not in '"\\' else "\\u%04x" % min(ord(c), 0xFFFD)
+                         for c in text) + '"'
+
+
+def _recv_fds(sock: _socket.socket, maxfds: int) -> tuple[bytes, list[int]]:
+    """`socket.recv_fds` on a plain `_socket.socket`."""
+    import array
+
+    fds = array.array("i")
+    msg, ancdata, _, _ = sock.recvmsg(16, _socket.CMSG_LEN(maxfds * fds.itemsize))
+    for level, kind, data in ancdata:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+    return msg, list(fds)
 
 
 def _start_forwarder(socket_path: str, port: str) -> str:
     """Start the forwarder next to this file; "" once 127.0.0.1:PORT accepts, else why not."""
-    import socket
-
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forwarder.py")
     child = os.fork()
     if child == 0:
@@ -282,8 +306,10 @@ def _start_forwarder(socket_path: str, port: str) -> str:
             os._exit(127)
     end = time.monotonic() + _FORWARDER_READY_S
     while True:
+        probe = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
         try:
-            socket.create_connection(("127.0.0.1", int(port)), 1).close()
+            probe.settimeout(1.0)
+            probe.connect(("127.0.0.1", int(port)))
             return ""
         except OSError:
             pid, _ = os.waitpid(child, os.WNOHANG)
@@ -292,22 +318,25 @@ def _start_forwarder(socket_path: str, port: str) -> str:
             if time.monotonic() > end:
                 return f"the LLM forwarder did not listen on port {port} within {_FORWARDER_READY_S:.0f} s"
             time.sleep(0.005)  # the forwarder is starting: python start-up, then listen
+        finally:
+            probe.close()
 
 
 def _serve(ctl_path: str, error: str) -> int:
     """The control loop of `init --ctl` (see the module docstring). Returns only if the host never answered."""
     import select
-    import socket
 
-    conn: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    conn: _socket.socket | None = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
     assert conn is not None
     try:
         conn.connect(ctl_path)
-        conn.send(json.dumps({"error": error}).encode())
+        conn.send(('{"error": %s}' % _json_text(error)).encode())
     except OSError:
         conn.close()
         conn = None
-    import ctypes  # noqa: F401 (imported once, after the ready message, so that forked `run`s need not)
+    # Imported once, after the ready message, so that forked requests need not.
+    import ctypes  # noqa: F401
+    import json  # noqa: F401
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
@@ -324,7 +353,7 @@ def _serve(ctl_path: str, error: str) -> int:
         if conn is None or conn not in ready:
             continue
         try:
-            msg, fds, _, _ = socket.recv_fds(conn, 16, 3)
+            msg, fds = _recv_fds(conn, 3)
         except OSError:
             msg, fds = b"", []
         if not msg:  # the host closed the control socket: only reaping is left to do
@@ -339,7 +368,7 @@ def _serve(ctl_path: str, error: str) -> int:
 
 def _serve_child(fds: list[int], inherited: list[int]) -> None:
     """In a child of `init`: run one request (see the module docstring). Never returns."""
-    import socket
+    import json
 
     code, status = 1, None
     try:
@@ -349,7 +378,7 @@ def _serve_child(fds: list[int], inherited: list[int]) -> None:
         for fd in inherited:
             os.close(fd)
         os.set_inheritable(fds[0], False)  # received fds may lack close-on-exec: no command may hold the reply
-        chan = socket.socket(fileno=fds[0])
+        chan = _socket.socket(fileno=fds[0])
         chunks = []
         while data := chan.recv(65536):
             chunks.append(data)
@@ -412,6 +441,8 @@ def _kind(mode: int) -> str:
 
 
 def listing(top: str, max_entries: int) -> int:
+    import json
+
     entries: list[list[object]] = []
     stack, cut = [""], False
     while stack and not cut:
@@ -437,6 +468,8 @@ def listing(top: str, max_entries: int) -> int:
 
 
 def stat_path(path: str) -> int:
+    import json
+
     if not os.path.lexists(path):
         json.dump({"real": None}, sys.stdout)
         return 0

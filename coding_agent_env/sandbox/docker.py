@@ -81,7 +81,7 @@ LABEL_ROLLOUT = "coding-agent-env.rollout"
 LABEL_OWNER = "coding-agent-env.owner"
 LABEL_HOSTDIR = "coding-agent-env.hostdir"
 _PATHS = SandboxPaths(workdir="/workspace", home="/home/sandbox", tmp="/tmp", logs="/logs")
-_LAYOUT = InnerLayout(base="/.coding-agent-env")
+_LAYOUT = InnerLayout(base="/.coding-agent-env", code="/.coding-agent-env/code")
 _RELAY_SOCKET = "/run/coding-agent-env-relay.sock"
 _AGENTS_DIR = "/opt/coding-agent-env/agents"
 _KILL_GRACE_S = 5.0
@@ -89,7 +89,6 @@ _KILL_GRACE_S = 5.0
 _FORWARDER_READY_S = 10.0
 _INIT_READY_S = 30.0
 """How long PID 1 may take to report ready (directories, forwarder) before create fails."""
-_CTL_DIR = f"{_LAYOUT.base}/ctl"
 _SOCKET_PATH_MAX = 100
 """`sun_path` holds 108 bytes: a longer control socket path falls back to the engine-exec mode."""
 _CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETUID", "SETGID"]
@@ -228,10 +227,9 @@ class DockerBackend(SandboxBackend):
             # -I -S: PID 1's start-up is on every create's path; it needs neither site nor PYTHON* variables.
             command = [_LAYOUT.python, "-I", "-S", _LAYOUT.launcher, "init"]
             labels[LABEL_HOSTDIR] = str(ctl.path)
-            volumes[str(ctl.launcher)] = {"bind": _LAYOUT.launcher, "mode": "ro"}
-            volumes[str(ctl.forwarder)] = {"bind": _LAYOUT.forwarder, "mode": "ro"}
-            volumes[str(ctl.ctl_dir)] = {"bind": _CTL_DIR, "mode": "rw"}
-            command += ["--dirs", json.dumps(_sandbox_dirs()), "--ctl", f"{_CTL_DIR}/{_HostDir.SOCKET}"]
+            # One read-only mount: the code, and the control listener (connecting needs no writable mount).
+            volumes[str(ctl.path)] = {"bind": _LAYOUT.code, "mode": "ro"}
+            command += ["--dirs", _sandbox_dirs(), "--ctl", f"{_LAYOUT.code}/{_HostDir.SOCKET}"]
             if spec.network == "llm":
                 command += ["--forward-socket", _RELAY_SOCKET, "--forward-port", str(s.docker_relay_port)]
         kwargs: dict[str, Any] = dict(
@@ -288,26 +286,22 @@ def _create(api: Any, kwargs: dict[str, Any]) -> str:
     return str(api.create_container(**_create_container_args(dict(kwargs, version=api._version)))["Id"])
 
 
-def _sandbox_dirs() -> list[list[object]]:
-    """What PID 1 makes at start: [path, uid, mode], parents first."""
-    dirs: list[list[object]] = [[_LAYOUT.run_dir, 0, 0o700], [_LAYOUT.fresh_dir, 0, 0o711], ["/tmp", 0, 0o1777]]
-    for path in (_PATHS.workdir, _PATHS.home, _PATHS.logs):
-        dirs.append([path, SANDBOX_UID, 0o755])
-    return dirs
+def _sandbox_dirs() -> str:
+    """What PID 1 makes at start, in `init --dirs` form: `PATH:UID:OCTAL_MODE,...`."""
+    dirs = [(_LAYOUT.run_dir, 0, 0o700), (_LAYOUT.fresh_dir, 0, 0o711), ("/tmp", 0, 0o1777)]
+    dirs += [(path, SANDBOX_UID, 0o755) for path in (_PATHS.workdir, _PATHS.home, _PATHS.logs)]
+    return ",".join(f"{path}:{uid}:{mode:o}" for path, uid, mode in dirs)
 
 
 class _HostDir:
-    """A container's host directory (local daemon only): the machinery files bound read-only into it, and
-    the directory holding the one-shot control listener (see the module docstring). Owned by this server
+    """A container's host directory (local daemon only), bound read-only at `_LAYOUT.code`: the launcher and
+    forwarder files, and the one-shot control listener (see the module docstring). Owned by this server
     process (`<pid>-docker-<hex>` under the state dir), so both reapers can remove it after a crash."""
 
-    SOCKET = "s"
+    SOCKET = "ctl.sock"
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.launcher = path / "launcher.py"
-        self.forwarder = path / "forwarder.py"
-        self.ctl_dir = path / "ctl"
         self.listener: socket.socket | None = None
 
     @classmethod
@@ -315,18 +309,17 @@ class _HostDir:
         """A fresh host dir with its listener bound, or None when the socket path would be too long."""
         state = settings.state_dir
         path = state / f"{os.getpid()}-docker-{secrets.token_hex(6)}"
-        if len(str(path / "ctl" / cls.SOCKET)) > _SOCKET_PATH_MAX:
+        if len(str(path / cls.SOCKET)) > _SOCKET_PATH_MAX:
             return None
         state.mkdir(parents=True, exist_ok=True)
         box = cls(path)
         try:
             path.mkdir(mode=0o700)
-            box.ctl_dir.mkdir(mode=0o700)
-            box.launcher.write_bytes(_inner.launcher_source())
-            box.forwarder.write_bytes(_inner.forwarder_source())
+            (path / "launcher.py").write_bytes(_inner.launcher_source())
+            (path / "forwarder.py").write_bytes(_inner.forwarder_source())
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             box.listener = listener
-            listener.bind(str(box.ctl_dir / cls.SOCKET))
+            listener.bind(str(path / cls.SOCKET))
             listener.listen(1)
             listener.setblocking(False)
         except OSError as exc:
@@ -338,7 +331,7 @@ class _HostDir:
         if self.listener is not None:
             self.listener.close()
             self.listener = None
-            (self.ctl_dir / self.SOCKET).unlink(missing_ok=True)
+            (self.path / self.SOCKET).unlink(missing_ok=True)
 
     def remove(self) -> None:
         self.close_listener()
@@ -684,7 +677,8 @@ def _machinery_tar() -> bytes:
     """The launcher, the forwarder, its run/fresh dirs (root-only) and the sandbox's own directories."""
     buf = io.BytesIO()
     base = _LAYOUT.base.lstrip("/")
-    dirs = {base: (0, 0o755), f"{base}/run": (0, 0o700), f"{base}/fresh": (0, 0o711)}
+    code = _LAYOUT.code.lstrip("/") if _LAYOUT.code else base
+    dirs = {base: (0, 0o755), code: (0, 0o755), f"{base}/run": (0, 0o700), f"{base}/fresh": (0, 0o711)}
     for path in (_PATHS.workdir, _PATHS.home, _PATHS.logs):
         parts = path.strip("/").split("/")
         for i in range(len(parts) - 1):
@@ -696,8 +690,8 @@ def _machinery_tar() -> bytes:
             info = tarfile.TarInfo(name)
             info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, mode, uid, uid
             tar.addfile(info)
-        for name, data in ((f"{base}/launcher.py", _inner.launcher_source()),
-                           (f"{base}/forwarder.py", _inner.forwarder_source())):
+        for name, data in ((f"{code}/launcher.py", _inner.launcher_source()),
+                           (f"{code}/forwarder.py", _inner.forwarder_source())):
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
