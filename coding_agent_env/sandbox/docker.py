@@ -12,12 +12,12 @@ a child subreaper so the whole tree is killed at the timeout, on cancellation, o
 reach the launcher depends on where the daemon is:
 
 - a daemon on this host (a `unix://` DOCKER_HOST, the usual case, and the one network `llm` needs anyway):
-  the launcher and forwarder files are bind-mounted read-only from a per-container host directory
-  (`<state_dir>/<pid>-docker-<hex>`), and the container's PID 1 (`launcher.py init --ctl`) makes the sandbox
-  directories, starts the forwarder under `llm`, then connects to a one-shot SOCK_SEQPACKET listener the
-  backend left in a bind-mounted directory (the connection is the readiness signal; the listener is then
-  closed and unlinked, before any sandbox command exists). Each command is a message on that connection
-  carrying three socket fds (request/reply, stdout, stderr): PID 1 forks, no engine exec, no new interpreter.
+  a per-container host directory (`<state_dir>/<pid>-docker-<hex>`, 0700) holding the launcher, the
+  forwarder and a one-shot SOCK_SEQPACKET listener is bind-mounted read-only; the container's PID 1
+  (`launcher.py init --ctl`) makes the sandbox directories, starts the forwarder under `llm`, then connects
+  to that listener (the connection is the readiness signal; the listener is then closed and unlinked, before
+  any sandbox command exists). Each command is a message on that connection carrying three socket fds
+  (request/reply, stdout, stderr): PID 1 forks, no engine exec, no new interpreter. Nothing is copied in.
 - any other daemon: the machinery is copied in with `put_archive` before start and each command is an
   engine exec (`exec_create`/`exec_start`/`exec_inspect`).
 
