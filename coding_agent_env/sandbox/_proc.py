@@ -83,7 +83,7 @@ class Child:
             self._exited.set_result(code)
 
 
-async def start(
+def start(
     argv: Sequence[str],
     *,
     env: Mapping[str, str],
@@ -124,19 +124,21 @@ class _Sink:
             self.dropped += len(chunk) - min(room, len(chunk))
 
 
-async def _pipe_reader(loop: asyncio.AbstractEventLoop) -> tuple[asyncio.StreamReader, asyncio.BaseTransport, int]:
-    """A pipe whose write end goes to the child and whose read end we own (not the subprocess transport,
-    whose `wait()` would otherwise also wait for every escaped holder of the pipe to exit)."""
-    read_fd, write_fd = os.pipe()
+async def _pipe_reader(
+    loop: asyncio.AbstractEventLoop, read_fd: int, transports: list[asyncio.BaseTransport]
+) -> asyncio.StreamReader:
+    """A stream over the read end of a pipe whose write end went to the child (our own pipe, not the
+    subprocess transport's, whose `wait()` would also wait for every escaped holder of the pipe to exit).
+    The transport, which then owns `read_fd`, is appended to `transports` for the caller to close."""
     reader = asyncio.StreamReader(limit=_CHUNK, loop=loop)
+    pipe = os.fdopen(read_fd, "rb", buffering=0)
     try:
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(read_fd, "rb", buffering=0)
-        )
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop), pipe)
     except BaseException:
-        os.close(write_fd)
+        pipe.close()
         raise
-    return reader, transport, write_fd
+    transports.append(transport)
+    return reader
 
 
 async def run_capped(
@@ -153,18 +155,33 @@ async def run_capped(
     The child is in `track` (by group id) while the command runs, so its owner can kill it from outside."""
     started = time.monotonic()
     loop = asyncio.get_running_loop()
-    out_reader, out_transport, out_fd = await _pipe_reader(loop)
-    err_reader, err_transport, err_fd = await _pipe_reader(loop)
+    # Nothing awaits between the caller's checks and the child being in `track`: a concurrent close()
+    # either refused this command already or kills it (the argv may name the sandbox's namespace by fd).
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
     try:
-        proc = await start(argv, env=env, cwd=cwd, creds=creds, stdout=out_fd, stderr=err_fd)
+        proc = start(argv, env=env, cwd=cwd, creds=creds, stdout=out_write, stderr=err_write)
     except BaseException:
-        out_transport.close()
-        err_transport.close()
+        os.close(out_read)
+        os.close(err_read)
         raise
     finally:
-        os.close(out_fd)
-        os.close(err_fd)
+        os.close(out_write)
+        os.close(err_write)
     track[proc.pid] = proc
+    transports: list[asyncio.BaseTransport] = []
+    try:
+        out_reader = await _pipe_reader(loop, out_read, transports)
+        err_reader = await _pipe_reader(loop, err_read, transports)
+    except BaseException:
+        if not transports:
+            os.close(err_read)  # out_read went with its failed transport
+        for transport in transports:
+            transport.close()
+        kill_group(proc.pid)
+        await asyncio.shield(proc.wait())
+        track.pop(proc.pid, None)
+        raise
     out, err = _Sink(max_output_bytes), _Sink(max_output_bytes)
     readers = asyncio.gather(out.drain(out_reader), err.drain(err_reader))
     timed_out = False
@@ -190,8 +207,8 @@ async def run_capped(
         readers.cancel()
         # A cancelled gather stores CancelledError as its exception; nobody awaits it after a cancellation.
         readers.add_done_callback(_retrieve)
-        out_transport.close()
-        err_transport.close()
+        for transport in transports:
+            transport.close()
         track.pop(proc.pid, None)
     return ExecResult(
         exit_code=proc.returncode,
@@ -250,7 +267,7 @@ async def kill_all_of_uid(creds: HostCredentials) -> None:
     """SIGKILL every process of the sandbox's own host uid (`kill(-1)` run as that uid)."""
     if creds.uid is None:
         return
-    proc = await start(
+    proc = start(
         ["kill", "-KILL", "-1"],
         env={"PATH": "/usr/bin:/bin"},
         cwd="/",

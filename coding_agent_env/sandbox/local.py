@@ -460,7 +460,7 @@ class LocalSandbox(Sandbox):
         full, host_cwd = self._command(argv, cwd or self.paths.workdir, fresh=False, relay=True)
         out = self._open_log(log_path) if log_path else os.open(os.devnull, os.O_WRONLY)
         try:
-            proc = await _proc.start(
+            proc = _proc.start(
                 full, env=self._env(env, None), cwd=host_cwd, creds=self._spawn_creds, stdout=out, stderr=out
             )
         except OSError as exc:
