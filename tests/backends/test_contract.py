@@ -26,8 +26,8 @@ from coding_agent_env.settings import Settings
 from tests.backends.conftest import forwarder_source_path, processes
 
 OUT = 64 * 1024
-BACKENDS = ["local", "local-unisolated", "docker", "hf", "e2b-fake"]
-"""Backend kinds (see conftest `make_backend`)."""
+BACKENDS = ["local", "local-unisolated", "docker", "docker-exec", "hf", "e2b-fake"]
+"""Backend kinds (see conftest `make_backend`); `docker-exec` is Docker's mode for a daemon not on this host."""
 STAND_INS = {"hf": "the hf-sandbox server runs on this host, not in a pod", "e2b-fake": "the e2b fake runs commands on this host, not in a VM"}
 
 
@@ -41,6 +41,8 @@ async def sandbox(kind: str, make_backend: Callable[[str], Any], assert_no_lefto
     box = await make_backend(kind)().create(SandboxSpec(rollout_id="contract"))
     if kind == "local-unisolated":
         assert box.isolation == "none"
+    if kind.startswith("docker"):
+        assert (getattr(box, "_ctl") is None) == (kind == "docker-exec"), "not the Docker mode under test"
     try:
         yield box
     finally:
@@ -49,7 +51,7 @@ async def sandbox(kind: str, make_backend: Callable[[str], Any], assert_no_lefto
 
 @pytest.fixture
 def live(request: pytest.FixtureRequest, kind: str, settings: Settings) -> Callable[[Sandbox], list[str]]:
-    engine = request.getfixturevalue("docker_engine") if kind == "docker" else None
+    engine = request.getfixturevalue("docker_engine") if kind.startswith("docker") else None
     return lambda box: processes(box, settings, engine)
 
 
