@@ -141,6 +141,46 @@ async def _pipe_reader(
     return reader
 
 
+async def _start_piped(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str | None,
+    creds: HostCredentials,
+    track: dict[int, Child],
+    transports: list[asyncio.BaseTransport],
+) -> tuple[Child, asyncio.StreamReader, asyncio.StreamReader]:
+    """Start argv with its stdout and stderr on pipes of ours; (child, stdout reader, stderr reader).
+
+    Nothing awaits between the caller's checks and the child being in `track`: a concurrent close() either
+    refused the command already or kills it (the argv may name the sandbox's namespace by fd)."""
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    try:
+        proc = start(argv, env=env, cwd=cwd, creds=creds, stdout=out_write, stderr=err_write)
+    except BaseException:
+        os.close(out_read)
+        os.close(err_read)
+        raise
+    finally:
+        os.close(out_write)
+        os.close(err_write)
+    track[proc.pid] = proc
+    loop = asyncio.get_running_loop()
+    try:
+        out_reader = await _pipe_reader(loop, out_read, transports)
+        err_reader = await _pipe_reader(loop, err_read, transports)
+    except BaseException:
+        if not transports:
+            os.close(err_read)  # out_read went with its failed transport
+        for transport in transports:
+            transport.close()
+        kill_group(proc.pid)
+        await asyncio.shield(proc.wait())
+        track.pop(proc.pid, None)
+        raise
+    return proc, out_reader, err_reader
+
+
 async def run_capped(
     argv: Sequence[str],
     *,
@@ -154,34 +194,8 @@ async def run_capped(
     """Run to completion or to `timeout`, then kill the group. Cancellation kills the group too.
     The child is in `track` (by group id) while the command runs, so its owner can kill it from outside."""
     started = time.monotonic()
-    loop = asyncio.get_running_loop()
-    # Nothing awaits between the caller's checks and the child being in `track`: a concurrent close()
-    # either refused this command already or kills it (the argv may name the sandbox's namespace by fd).
-    out_read, out_write = os.pipe()
-    err_read, err_write = os.pipe()
-    try:
-        proc = start(argv, env=env, cwd=cwd, creds=creds, stdout=out_write, stderr=err_write)
-    except BaseException:
-        os.close(out_read)
-        os.close(err_read)
-        raise
-    finally:
-        os.close(out_write)
-        os.close(err_write)
-    track[proc.pid] = proc
     transports: list[asyncio.BaseTransport] = []
-    try:
-        out_reader = await _pipe_reader(loop, out_read, transports)
-        err_reader = await _pipe_reader(loop, err_read, transports)
-    except BaseException:
-        if not transports:
-            os.close(err_read)  # out_read went with its failed transport
-        for transport in transports:
-            transport.close()
-        kill_group(proc.pid)
-        await asyncio.shield(proc.wait())
-        track.pop(proc.pid, None)
-        raise
+    proc, out_reader, err_reader = await _start_piped(argv, env, cwd, creds, track, transports)
     out, err = _Sink(max_output_bytes), _Sink(max_output_bytes)
     readers = asyncio.gather(out.drain(out_reader), err.drain(err_reader))
     timed_out = False
