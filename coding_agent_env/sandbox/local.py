@@ -68,12 +68,12 @@ _AGENTS_MOUNT = "/opt/agents"
 _RELAY_SOCKET = "/run/llm.sock"
 _RELAY_FORWARDER = "/run/llm-forwarder.py"
 _RELAY_LAUNCHER = f"""port="$1"; shift
-python3 {_RELAY_FORWARDER} {_RELAY_SOCKET} "$port" &
-for _ in $(seq 1 500); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.01; done
+python3 -I -S {_RELAY_FORWARDER} --detach {_RELAY_SOCKET} "$port" || {{ echo "LLM forwarder did not start" >&2; exit 111; }}
 exec "$@"
 """
-"""Starts the relay forwarder in the spawned command's own network namespace, waits (bounded) until it
-listens, then becomes the command. Only constants and positional arguments: nothing is interpolated."""
+"""Starts the relay forwarder in the spawned command's own network namespace (`--detach` returns once it
+listens: no readiness polling), then becomes the command. Only constants and positional arguments: nothing is
+interpolated."""
 
 
 @dataclass(frozen=True)
