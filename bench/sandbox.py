@@ -39,8 +39,8 @@ def docker_cases(settings: Settings) -> dict[str, Callable[[], Awaitable[None]]]
     from tests.backends.rootfs import HOST_BINDS, IMAGE, rootfs_tar
 
     host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    client = docker.DockerClient(base_url=host)
     try:
+        client = docker.DockerClient(base_url=host)  # asks the daemon its API version: the first contact
         client.ping()
     except Exception as exc:  # any failure to reach the daemon means: no docker rows
         print(f"docker: skipped (no daemon at {host}: {type(exc).__name__})")
