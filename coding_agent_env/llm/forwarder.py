@@ -14,44 +14,58 @@ the whole forwarder does otherwise.
 from __future__ import annotations
 
 import os
+import select
 import socket
 import sys
 import threading
+import time
 
 __all__ = ["listen", "main", "serve"]
 
 _CHUNK = 64 * 1024
 _BACKLOG = 64
+MAX_CONNECTIONS = 32
+"""Connections served at once (one thread each); more are closed at once. Agents keep a few open; the cap
+keeps the forwarder's threads, which count against the sandbox's process limit, bounded."""
+_ACCEPT_BACKOFF_S = 0.1
+"""Pause after a failed accept (out of file descriptors, say), so a transient shortage is waited out."""
 
 
-def _pipe(source: socket.socket, sink: socket.socket) -> None:
-    """Copy until EOF or an error, then half-close the sink so the other direction can finish."""
+def _pump(client: socket.socket, relay: socket.socket) -> None:
+    """Copy both ways until both sides have ended; an EOF on one side half-closes the other."""
+    peers = {client.fileno(): relay, relay.fileno(): client}
+    sources = {client.fileno(): client, relay.fileno(): relay}
+    poller = select.poll()
+    for fd in sources:
+        poller.register(fd, select.POLLIN)
+    open_fds = set(sources)
+    while open_fds:
+        for fd, _ in poller.poll():
+            try:
+                data = sources[fd].recv(_CHUNK)
+                if data:
+                    peers[fd].sendall(data)
+                    continue
+            except OSError:
+                return  # a reset on either side ends the connection
+            poller.unregister(fd)
+            open_fds.discard(fd)
+            try:
+                peers[fd].shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+
+def _handle(client: socket.socket, socket_path: str, slots: threading.BoundedSemaphore) -> None:
     try:
-        while data := source.recv(_CHUNK):
-            sink.sendall(data)
-    except OSError:
-        pass
+        with client, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as relay:
+            try:
+                relay.connect(socket_path)
+            except OSError:
+                return
+            _pump(client, relay)
     finally:
-        try:
-            sink.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-
-def _handle(client: socket.socket, socket_path: str) -> None:
-    relay = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        relay.connect(socket_path)
-    except OSError:
-        relay.close()
-        client.close()
-        return
-    back = threading.Thread(target=_pipe, args=(relay, client), daemon=True)
-    back.start()
-    _pipe(client, relay)
-    back.join()
-    relay.close()
-    client.close()
+        slots.release()
 
 
 def listen(port: int) -> socket.socket:
@@ -64,11 +78,25 @@ def listen(port: int) -> socket.socket:
 
 
 def serve(server: socket.socket, socket_path: str) -> None:
-    """Accept forever on `server`, piping each connection to the unix socket at `socket_path`."""
+    """Accept forever on `server`, piping each connection to the unix socket at `socket_path`. Never ends on
+    a failed accept or thread start (out of descriptors or processes): that connection is dropped and the
+    forwarder goes on, so a transient shortage cannot cut an agent off its LLM for the rest of the rollout."""
+    slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
     while True:
-        client, _ = server.accept()
-        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=_handle, args=(client, socket_path), daemon=True).start()
+        try:
+            client, _ = server.accept()
+        except OSError:
+            time.sleep(_ACCEPT_BACKOFF_S)
+            continue
+        if not slots.acquire(blocking=False):
+            client.close()  # over the cap: refused at once rather than queued without bound
+            continue
+        try:
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=_handle, args=(client, socket_path, slots), daemon=True).start()
+        except (OSError, RuntimeError):
+            client.close()
+            slots.release()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,15 +26,18 @@ def echo_socket(tmp_path: Path) -> Iterator[str]:
     server.bind(path)
     server.listen(8)
 
+    def echo(conn: socket.socket) -> None:
+        with conn:
+            while data := conn.recv(65536):
+                conn.sendall(data.upper())
+
     def run() -> None:
         while True:
             try:
                 conn, _ = server.accept()
             except OSError:
                 return
-            with conn:
-                while data := conn.recv(65536):
-                    conn.sendall(data.upper())
+            threading.Thread(target=echo, args=(conn,), daemon=True).start()
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -85,3 +88,108 @@ def test_forwarder_refuses_bad_arguments_and_a_taken_port(echo_socket: str) -> N
         busy = subprocess.run([sys.executable, "-I", "-S", FORWARDER, "--detach", echo_socket, str(port)],
                               capture_output=True, text=True, timeout=30, check=False)
     assert busy.returncode == 1 and "cannot listen" in busy.stderr
+
+
+def _start(echo_socket: str, *, nofile: int | None = None) -> tuple[subprocess.Popen[bytes], int]:
+    port = _free_port()
+    limit = ["prlimit", f"--nofile={nofile}", "--"] if nofile else []
+    parent = subprocess.Popen([*limit, sys.executable, "-I", "-S", FORWARDER, "--detach", echo_socket, str(port)],
+                              start_new_session=True, stderr=subprocess.PIPE)
+    _, err = parent.communicate(timeout=30)
+    assert parent.returncode == 0, err
+    return parent, port
+
+
+def _round_trip(target: int | socket.socket, payload: bytes) -> bytes:
+    conn = target if isinstance(target, socket.socket) else socket.create_connection(("127.0.0.1", target), timeout=10)
+    with conn:
+        conn.sendall(payload)
+        conn.shutdown(socket.SHUT_WR)
+        received = b""
+        while chunk := conn.recv(65536):
+            received += chunk
+        return received
+
+
+def _descriptors_run_out(pgid: int, limit: int, deadline_s: float = 20.0) -> bool:
+    """Poll (with a deadline) until the detached forwarder of process group `pgid` holds nearly `limit`
+    descriptors, or has died trying."""
+    import time
+
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        members = [entry for entry in os.listdir("/proc") if entry.isdigit() and int(entry) != pgid
+                   and _stat(entry)[1:2] == [str(pgid)]]
+        if not members or _stat(members[0])[:1] in (["Z"], []):
+            return True
+        try:
+            if len(os.listdir(f"/proc/{members[0]}/fd")) >= limit - 2:
+                return True
+        except FileNotFoundError:
+            return True
+    return False
+
+
+def _stat(pid: str) -> list[str]:
+    """(state, pgrp) of a process, or [] when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rpartition(")")[2].split()
+    except OSError:
+        return []
+    return [fields[0], fields[2]]
+
+
+def _serves_again(port: int, deadline_s: float = 20.0) -> bool:
+    """Poll (with a deadline) until a fresh connection is forwarded end to end."""
+    import time
+
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        try:
+            if _round_trip(port, b"ping") == b"PING":
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def test_forwarder_outlives_running_out_of_descriptors(echo_socket: str) -> None:
+    """An agent holding more connections open than the forwarder has descriptors for must not cut itself off
+    its LLM for the rest of the rollout: once they close, the forwarder serves again."""
+    parent, port = _start(echo_socket, nofile=40)
+    flood: list[socket.socket] = []
+    try:
+        for _ in range(forwarder.MAX_CONNECTIONS + 16):
+            flood.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        assert _descriptors_run_out(parent.pid, 40)
+        for conn in flood:
+            conn.close()
+        flood.clear()
+        assert _serves_again(port)
+    finally:
+        for conn in flood:
+            conn.close()
+        os.killpg(parent.pid, signal.SIGKILL)
+
+
+def test_connections_over_the_cap_are_closed_at_once(echo_socket: str) -> None:
+    parent, port = _start(echo_socket)
+    held: list[socket.socket] = []
+    try:
+        for _ in range(forwarder.MAX_CONNECTIONS):
+            held.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        assert _round_trip(held[-1], b"x") == b"X"  # the last one in the cap is served, so all were accepted
+        held.pop()
+        held.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        extra = socket.create_connection(("127.0.0.1", port), timeout=10)
+        held.append(extra)
+        assert extra.recv(1) == b""  # refused: closed without being forwarded
+        for conn in held:
+            conn.close()
+        held.clear()
+        assert _serves_again(port)
+    finally:
+        for conn in held:
+            conn.close()
+        os.killpg(parent.pid, signal.SIGKILL)
