@@ -66,17 +66,31 @@ class Child:
         return self._popen.returncode
 
     async def wait(self) -> int:
-        """The exit code (negative for a signal); cancelling the caller does not stop the watch."""
+        """The exit code (negative for a signal); cancelling the caller does not stop the watch.
+        When the leader exits, what it left in its group is killed too (see `_reap`)."""
         return await asyncio.shield(self._exited)
+
+    def kill_group(self) -> None:
+        """SIGKILL the child's process group, unless the child was already reaped: its pid, and so the group
+        id, may then belong to someone else (another sandbox's command, under heavy spawning)."""
+        if self._popen.returncode is None:
+            kill_group(self.pid)
 
     def _on_exit(self) -> None:
         self._loop.remove_reader(self._pidfd)
         os.close(self._pidfd)
-        self._finish(self._popen.wait())  # exited: reaps at once
+        self._finish(self._reap())
 
     def _wait_in_thread(self) -> None:
-        code = self._popen.wait()
+        os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)  # exited, not yet reaped
+        code = self._reap()
         self._loop.call_soon_threadsafe(self._finish, code)
+
+    def _reap(self) -> int:
+        """The leader has exited and is still an unreaped zombie, which keeps its pid (the group id) from
+        being reused: kill what it left in its group now, then reap it."""
+        kill_group(self.pid)
+        return self._popen.wait()
 
     def _finish(self, code: int) -> None:
         if not self._exited.done():
@@ -174,7 +188,7 @@ async def _start_piped(
             os.close(err_read)  # out_read went with its failed transport
         for transport in transports:
             transport.close()
-        kill_group(proc.pid)
+        proc.kill_group()
         await asyncio.shield(proc.wait())
         track.pop(proc.pid, None)
         raise
@@ -205,8 +219,9 @@ async def run_capped(
                 await proc.wait()
         except TimeoutError:
             timed_out = True
-        # What the command left running in its group goes now, so it cannot hold our pipes open.
-        kill_group(proc.pid)
+        # What the command left running in its group goes now, so it cannot hold our pipes open (a leader
+        # that exited by itself took its group with it as it was reaped).
+        proc.kill_group()
         await proc.wait()
         try:
             async with asyncio.timeout(_DRAIN_GRACE_S):
@@ -214,7 +229,7 @@ async def run_capped(
         except TimeoutError:
             pass  # an escaped process still holds a pipe: keep what was read, stop reading
     except BaseException:
-        kill_group(proc.pid)
+        proc.kill_group()
         await asyncio.shield(proc.wait())
         raise
     finally:
@@ -256,14 +271,12 @@ class HostProcess(Process):
         return self._proc.returncode
 
     async def wait(self) -> int:
-        code = await self._proc.wait()
-        # The leader is gone; whatever it left in its group goes with it.
-        kill_group(self._proc.pid)
+        code = await self._proc.wait()  # whatever the leader left in its group went with it
         self._track.pop(self._proc.pid, None)
         return code
 
     async def kill(self) -> None:
-        kill_group(self._proc.pid)
+        self._proc.kill_group()
         await asyncio.shield(self._proc.wait())
         self._track.pop(self._proc.pid, None)
 
@@ -272,7 +285,7 @@ async def kill_and_reap(children: list[Child], within_s: float) -> None:
     """SIGKILL each child's group and wait (at most `within_s`) until each is reaped, so none outlives its
     owner as an unreaped zombie."""
     for child in children:
-        kill_group(child.pid)
+        child.kill_group()
     if children:
         await asyncio.wait([asyncio.ensure_future(child.wait()) for child in children], timeout=within_s)
 

@@ -498,7 +498,7 @@ class LocalSandbox(Sandbox):
     async def _close(self) -> None:
         children = list(self._children.values())
         for child in children:
-            _proc.kill_group(child.pid)  # before any await: even a close cancelled at once has killed
+            child.kill_group()  # before any await: even a close cancelled at once has killed
         if self._netns is not None:
             os.close(self._netns)  # the namespace goes with its last process
             self._netns = None

@@ -1,0 +1,59 @@
+"""Host children of the local backend (`sandbox/_proc.py`): a leader's group is killed while the exited
+leader is still unreaped, and never signalled after: a reaped pid (and so its group id) can be reused by
+someone else, such as another sandbox's command."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+
+import pytest
+
+from coding_agent_env.sandbox import _proc
+
+
+def _start(script: str) -> _proc.Child:
+    return _proc.start(["bash", "-c", script], env={"PATH": "/usr/bin:/bin"}, cwd="/", creds=_proc.HostCredentials(),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def test_a_reaped_child_never_signals_its_old_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    child = _start("exit 3")
+    assert await child.wait() == 3
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(os, "killpg", lambda pgid, sig: sent.append((pgid, sig)))
+    child.kill_group()
+    assert sent == []
+
+
+async def test_what_the_leader_left_in_its_group_dies_with_it() -> None:
+    """The leader leaves a TERM-ignoring background child in its group and exits: by the time `wait()`
+    returns, that child is dead too (killed before the leader was reaped, so by a group id still its own)."""
+    child = _start("(trap '' TERM; exec sleep 600) & exit 0")
+    assert await child.wait() == 0
+    end = time.monotonic() + 5  # SIGKILL was sent; the kernel may take a moment to finish the target off
+    while (members := _members(child.pid)) and time.monotonic() < end:
+        await asyncio.sleep(0.01)  # polling the kernel's process table with a deadline
+    assert members == [], f"left in group {child.pid}: {members}"
+
+
+def _members(group: int) -> list[str]:
+    return [entry for entry in os.listdir("/proc") if entry.isdigit() and _pgid(entry) == group and _alive(int(entry))]
+
+
+def _pgid(pid: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rpartition(")")[2].split()[2])
+    except (FileNotFoundError, IndexError, ValueError):
+        return None
