@@ -134,9 +134,15 @@ def new_token() -> str:
 
 
 def parse_status(raw: bytes) -> tuple[int, bool]:
-    """(negative signal number, timed_out) from a launcher status file."""
-    data = json.loads(raw)
-    return -int(data["signal"]), bool(data["timed_out"])
+    """(negative signal number, timed_out) from a launcher status file; SandboxError if it is malformed (the
+    launcher runs on the sandbox's own python3)."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and type(data.get("signal")) is int and isinstance(data.get("timed_out"), bool):
+        return -data["signal"], data["timed_out"]
+    raise SandboxError(f"malformed launcher status: {raw[:100]!r}")
 
 
 def roots(paths: SandboxPaths) -> tuple[str, ...]:

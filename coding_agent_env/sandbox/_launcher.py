@@ -20,13 +20,20 @@ run it as `python3 launcher.py MODE ...`. Modes:
   forwarder (as root) on 127.0.0.1:PORT piping to SOCKET and waits (bounded) until it accepts. With `--ctl`
   it then connects to the host's SOCK_SEQPACKET control socket and sends one JSON `{"error": str}` (""
   when ready). After that, each control message carries three fds (request/reply socket, stdout, stderr):
-  init forks a child that reads the request JSON `{"argv", "env", "uid"}` until EOF, runs it with exactly
-  that environment, stdin /dev/null, stdout/stderr on the two fds and cwd `/` (launcher modes in-process,
-  anything else in a child it waits for, as `uid` when given), then writes the reply JSON
+  init forks a child (a fork that fails -- the pids limit is full -- leaves the request without a reply:
+  its fds are closed and init keeps serving) that reads the request JSON `{"argv", "env", "uid"}` until
+  EOF, runs it with exactly that environment, stdin /dev/null, stdout/stderr on the two fds and cwd `/`
+  (launcher modes in-process, anything else in a child it waits for, as `uid` when given), then writes
+  the reply JSON
   `{"code": int, "status": str|null}` (`status`: the run's status file, when a `run` left one). Commands
-  thus start without the engine's exec API. A closed control socket leaves init a plain reaper.
+  thus start without the engine's exec API. A message `k` (rather than `r`) is a `kill` request, which init
+  handles itself without forking (`_serve_kill`), so an agent that fills the pids limit can still be
+  killed. Commands start with SIGPIPE and SIGXFSZ at their default actions (Python ignores both). A closed
+  control socket leaves init a plain reaper.
 - `list PATH MAX`: JSON listing of a tree without following symlinks (one object on stdout).
 - `stat PATH`: JSON `{"real": realpath, "kind": ...}` of PATH (missing: `{"real": null}`).
+- `remove PATH ROOT`: remove PATH below ROOT without following any symlink, ROOT's own path excepted
+  (missing: not an error).
 - `prepare PATH ROOT [--uid U]`: make PATH's parents below ROOT real directories (owned by U), unlink a
   symlink at PATH.
 """
@@ -47,6 +54,10 @@ import _socket
 _KILL_ROUNDS = 500
 _KILL_WAIT_S = 10.0
 _FORWARDER_READY_S = 10.0
+_KILL_REQUEST_S = 5.0
+"""How long init waits for the host to send a kill request it announced."""
+_INIT_KILL_ROUNDS = 50
+"""Rounds of SIGKILL init sends through a launcher's tree itself (the launcher then finishes the job)."""
 _RLIMITS = {"data": resource.RLIMIT_DATA, "fsize": resource.RLIMIT_FSIZE, "cpu": resource.RLIMIT_CPU,
             "nproc": resource.RLIMIT_NPROC}
 
@@ -127,10 +138,18 @@ def _fresh_dir(args: dict[str, str], uid: int | None) -> str | None:
     return path
 
 
+def _default_signals() -> None:
+    """Python ignores SIGPIPE and SIGXFSZ; a command must start with the default actions (as on the local
+    backend: `yes | head -1` ends `yes` by SIGPIPE, a write past RLIMIT_FSIZE raises SIGXFSZ)."""
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _exec_child(argv: list[str], env: dict[str, str], args: dict[str, str], uid: int | None, rlimits: list[str]) -> None:
     """In the forked child: never returns."""
     try:
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        _default_signals()
         os.setsid()
         if "log" in args:
             fd = os.open(args["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
@@ -222,13 +241,20 @@ def _remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def kill(run_dir: str, token: str) -> int:
+def _mark_killed(run_dir: str, token: str) -> int | None:
+    """Leave the kill marker, then return the launcher's pid (None: it has not started, or is gone)."""
     with open(os.path.join(run_dir, token + ".kill"), "w"):
         pass
     try:
         with open(os.path.join(run_dir, token + ".pid")) as fh:
-            pid = int(fh.read())
+            return int(fh.read())
     except (OSError, ValueError):
+        return None
+
+
+def kill(run_dir: str, token: str) -> int:
+    pid = _mark_killed(run_dir, token)
+    if pid is None:
         return 0
     try:
         os.kill(pid, signal.SIGTERM)
@@ -359,11 +385,67 @@ def _serve(ctl_path: str, error: str) -> int:
         if not msg:  # the host closed the control socket: only reaping is left to do
             conn.close()
             conn = None
+        elif len(fds) == 3 and msg == b"k":
+            _serve_kill(fds)
         elif len(fds) == 3:
-            if os.fork() == 0:
+            try:
+                child = os.fork()
+            except OSError:  # the pids limit is full: no reply, the host sees EOF and reports it
+                child = -1
+            if child == 0:
                 _serve_child(fds, [conn.fileno(), wake_r, wake_w])
         for fd in fds:
-            os.close(fd)
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _serve_kill(fds: list[int]) -> None:
+    """A `kill` request (control message `k`), run inside init itself: it must work when no process can be
+    forked (an agent filled the pids limit). Reads the request (bounded), SIGKILLs the launcher's tree and
+    SIGTERMs the launcher (which then reaps, writes its status and replies to its own request), and replies
+    `{"code": 0, "status": null}` without waiting. Closes nothing: the caller closes `fds`."""
+    import json
+
+    chan = _socket.socket(fileno=os.dup(fds[0]))
+    code = 1
+    try:
+        chan.settimeout(_KILL_REQUEST_S)
+        chunks, size = [], 0
+        while size <= 65536 and (data := chan.recv(65536)):
+            chunks.append(data)
+            size += len(data)
+        request = json.loads(b"".join(chunks))
+        args, _, _ = _parse(request["argv"][3:])
+        pid = _mark_killed(args["run-dir"], args["token"])
+        if pid is not None:
+            for _ in range(_INIT_KILL_ROUNDS):
+                alive = _descendants(pid)
+                for target in alive:
+                    try:
+                        os.kill(target, signal.SIGKILL)
+                    except OSError:
+                        pass
+                if not alive:
+                    break
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
+        code = 0
+    except Exception as exc:  # a bad request: reply with the failure, keep serving
+        try:
+            os.write(fds[2], f"launcher: kill: {type(exc).__name__}: {exc}\n".encode())
+        except OSError:
+            pass
+    try:
+        chan.setblocking(False)
+        chan.send(('{"code": %d, "status": null}' % code).encode())
+    except OSError:
+        pass
+    finally:
+        chan.close()
 
 
 def _serve_child(fds: list[int], inherited: list[int]) -> None:
@@ -408,6 +490,7 @@ def _serve_child(fds: list[int], inherited: list[int]) -> None:
             child = os.fork()
             if child == 0:
                 try:
+                    _default_signals()
                     os.execvpe(argv[0], argv, dict(os.environ))
                 except OSError as exc:
                     os.write(2, f"cannot run {argv[0]!r}: {exc.strerror}\n".encode())
@@ -497,6 +580,43 @@ def prepare(path: str, root: str, uid: int | None) -> int:
     return 0
 
 
+def remove(path: str, root: str) -> int:
+    """Remove PATH (a tree, a file or a symlink, never followed) below ROOT, as whoever runs this (root: an
+    agent's mode-000 directories are no obstacle). Every directory from ROOT down to PATH's parent is opened
+    with O_NOFOLLOW, so a symlink the sandbox user planted there fails the removal instead of redirecting it;
+    `rm -rf` (which follows no symlink) then runs in that parent, pinned as its cwd. Missing: not an error."""
+    rel = os.path.relpath(path, root)
+    if rel == "." or rel.startswith("..") or os.path.isabs(rel):
+        print(f"refusing to remove {path!r}", file=sys.stderr)
+        return 2
+    *parents, name = rel.split("/")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parents:
+            try:
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except FileNotFoundError:
+                return 0
+            except OSError as exc:
+                print(f"cannot remove {path!r}: {part!r} is not a real directory ({exc.strerror})", file=sys.stderr)
+                return 1
+            os.close(fd)
+            fd = nxt
+        child = os.fork()
+        if child == 0:
+            try:
+                os.fchdir(fd)
+                _default_signals()
+                os.execvp("rm", ["rm", "-rf", "--", name])
+            finally:
+                os._exit(127)
+    finally:
+        os.close(fd)
+    _, status = os.waitpid(child, 0)
+    code = os.waitstatus_to_exitcode(status)
+    return code if code >= 0 else 128 - code
+
+
 def main(argv: list[str]) -> int:
     mode, rest = argv[0], argv[1:]
     if mode == "run":
@@ -513,6 +633,8 @@ def main(argv: list[str]) -> int:
         return listing(rest[0], int(rest[1]))
     if mode == "stat":
         return stat_path(rest[0])
+    if mode == "remove":
+        return remove(rest[0], rest[1])
     if mode == "prepare":
         args, _, _ = _parse(rest[2:])
         return prepare(rest[0], rest[1], int(args["uid"]) if "uid" in args else None)

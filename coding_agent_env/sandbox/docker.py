@@ -18,11 +18,17 @@ reach the launcher depends on where the daemon is:
   to that listener (the connection is the readiness signal; the listener is then closed and unlinked, before
   any sandbox command exists). Each command is a message on that connection carrying three socket fds
   (request/reply, stdout, stderr): PID 1 forks, no engine exec, no new interpreter. Nothing is copied in.
+  Sends are serialised (one asyncio.Lock per sandbox) and bounded (`_SEND_S`). A kill is handled by PID 1
+  itself, without forking, so an agent that fills the pids limit can still be killed; a command PID 1 could
+  not fork for gets no reply and ends with exit code `_NO_REPLY_CODE` and a note on stderr. A malformed
+  reply (the image, and so the python3 that runs PID 1, is the caller's) or a reply that does not come
+  (`_REPLY_S` after a kill, `_MACHINERY_S` for machinery) is a `SandboxError`.
 - any other daemon: the machinery is copied in with `put_archive` before start and each command is an
   engine exec (`exec_create`/`exec_start`/`exec_inspect`).
 
 Either way the environment travels outside any argv (the request socket, or the exec API's `environment=`).
-Files go in and out through the archive API (`put_archive`/`get_archive`), never through a shell. `close()`
+Files go in and out through the archive API (`put_archive`/`get_archive`), never through a shell; `remove()`
+runs as root through the launcher's `remove` mode, which follows no symlink below the sandbox root. `close()`
 removes the container (killing everything in it) and its host directory. Containers of a server that died
 are removed, with their host directories, by `reap_orphans()`, run before the first create.
 
@@ -34,6 +40,7 @@ leaves the sandbox roots; a symlinked *parent* directory is followed inside the 
 from __future__ import annotations
 
 import asyncio
+import errno
 import io
 import json
 import os
@@ -94,6 +101,15 @@ _SOCKET_PATH_MAX = 100
 _CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETUID", "SETGID"]
 """Only the root-run launcher uses these; commands run as uid 1000 and have none."""
 _KILLED_BY_CLOSE = -9
+_NO_REPLY_CODE = 126
+"""Exit code of a command PID 1 never answered for: it could not fork (the pids limit is full) or the
+command's runner died; stderr says so."""
+_SEND_S = 30.0
+"""How long a control message may wait for room in PID 1's queue."""
+_REPLY_S = 30.0
+"""How long PID 1 may take to answer a kill, or a killed command to finish, before the sandbox is broken."""
+_MACHINERY_S = 300.0
+"""Deadline of a machinery command (stat, list, remove, probes): past it the sandbox is broken."""
 _GO_MODE_DIR = 1 << 31
 """`os.ModeDir` in the archive API's stat header (Go's FileMode)."""
 
@@ -358,6 +374,7 @@ class DockerSandbox(Sandbox):
         self._spec = spec
         self._host = host
         self._ctl: socket.socket | None = None
+        self._sender: _CtlSender | None = None
         self.id = container_id
         self.paths = _PATHS
         self._limits = _inner.rlimit_args(self._settings)
@@ -402,11 +419,12 @@ class DockerSandbox(Sandbox):
         conn, _ = accept.result()
         conn.setblocking(False)
         self._ctl = conn
+        self._sender = _CtlSender(conn)
         try:
             hello = await asyncio.wait_for(loop.sock_recv(conn, 4096), _INIT_READY_S)
         except (TimeoutError, OSError):
             hello = b""
-        error = json.loads(hello or b'{"error": "init closed the control socket"}')["error"]
+        error = _parse_hello(hello)
         if error:
             raise SandboxError(f"the container's init failed: {error}")
 
@@ -432,9 +450,11 @@ class DockerSandbox(Sandbox):
     # -- running machinery: through PID 1's control socket, or engine execs ----------------------------------
 
     async def _run(self, argv: Sequence[str], env: Mapping[str, str], uid: int | None,
-                   out: OutputCap, err: OutputCap) -> tuple[int | None, str | None]:
+                   out: OutputCap, err: OutputCap, *, kill: bool = False,
+                   deadline: float | None = None) -> tuple[int | None, str | None]:
         """Run `argv` to completion as `uid` (None: root): (exit code or None when the container went away,
-        the launcher's status JSON when PID 1 passed it back). Output goes to the caps."""
+        the launcher's status JSON when PID 1 passed it back). Output goes to the caps. `kill`: a launcher
+        `kill`, which PID 1 runs itself (no fork). Past `deadline` seconds: SandboxError."""
         if self._ctl is None:
             user = "0:0" if uid is None else f"{uid}:{uid}"
             exec_id = await _call("exec", self._exec_create, argv, env, user)
@@ -444,16 +464,22 @@ class DockerSandbox(Sandbox):
             except SandboxFileNotFoundError:
                 return None, None
             return info.get("ExitCode"), None
-        return await self._ctl_run(argv, env, uid, out, err)
+        if deadline is None:
+            return await self._ctl_run(argv, env, uid, out, err, kill=kill)
+        try:
+            async with asyncio.timeout(deadline):
+                return await self._ctl_run(argv, env, uid, out, err, kill=kill)
+        except TimeoutError:
+            raise SandboxError(f"the container's init did not answer within {deadline:.0f} s") from None
 
     async def _ctl_run(self, argv: Sequence[str], env: Mapping[str, str], uid: int | None,
-                       out: OutputCap, err: OutputCap) -> tuple[int | None, str | None]:
-        assert self._ctl is not None
+                       out: OutputCap, err: OutputCap, *, kill: bool = False) -> tuple[int | None, str | None]:
+        assert self._sender is not None
         loop = asyncio.get_running_loop()
         pairs = [socket.socketpair() for _ in range(3)]
         try:
             try:
-                await _send_fds(loop, self._ctl, [theirs.fileno() for _, theirs in pairs])
+                await self._sender.send(b"k" if kill else b"r", [theirs.fileno() for _, theirs in pairs])
             except OSError:
                 return None, None  # PID 1 is gone: the container was removed
             finally:
@@ -475,9 +501,13 @@ class DockerSandbox(Sandbox):
             for ours, _ in pairs:
                 ours.close()
         if not reply.kept:
-            return None, None
-        answer = json.loads(bytes(reply.kept))
-        return int(answer["code"]), answer.get("status")
+            if self.closed:
+                return None, None
+            # PID 1 could not fork (pids limit full) or the runner died: the command did not run to its end.
+            err.add(b"\nsandbox: no reply from the container's init (no process could be started, or the "
+                    b"command's runner died)\n")
+            return _NO_REPLY_CODE, None
+        return _parse_reply(bytes(reply.kept))
 
     def _exec_create(self, argv: Sequence[str], env: Mapping[str, str], user: str) -> str:
         created = self._api.exec_create(self.id, list(argv), environment=dict(env), user=user,
@@ -497,7 +527,7 @@ class DockerSandbox(Sandbox):
     async def _small(self, argv: Sequence[str], *, uid: int | None = SANDBOX_UID) -> tuple[int | None, bytes, bytes]:
         """Run a short machinery command to completion (no launcher `run`)."""
         out, err = OutputCap(16 * 1024 * 1024), OutputCap(64 * 1024)
-        code, _ = await self._run(argv, {}, uid, out, err)
+        code, _ = await self._run(argv, {}, uid, out, err, deadline=_MACHINERY_S)
         return code, bytes(out.kept), bytes(err.kept)
 
     async def exec(
@@ -524,10 +554,9 @@ class DockerSandbox(Sandbox):
             await asyncio.wait_for(asyncio.shield(run), timeout + _KILL_GRACE_S)
         except TimeoutError:
             await self._kill_run(token)
-            await run
+            await self._settle(run)
         except BaseException:
-            await asyncio.shield(self._kill_run(token))
-            await asyncio.shield(run)
+            await asyncio.shield(self._abort(run, token))
             raise
         code, timed_out = await self._exit_status(run.result(), token)
         return ExecResult(code, bytes(out.kept), bytes(err.kept), loop.time() - started, timed_out,
@@ -553,11 +582,29 @@ class DockerSandbox(Sandbox):
         """Kill a launcher's whole tree (it is gone afterwards); a closed sandbox has nothing left to kill."""
         if self.closed:
             return
+        argv = _LAYOUT.launcher_argv("kill", "--token", token, "--run-dir", _LAYOUT.run_dir)
         try:
-            await self._small(_LAYOUT.launcher_argv("kill", "--token", token, "--run-dir", _LAYOUT.run_dir), uid=None)
+            await self._run(argv, {}, None, OutputCap(0), OutputCap(0), kill=True, deadline=_REPLY_S)
         except SandboxError:
             if not self.closed:
                 raise
+
+    async def _settle(self, run: asyncio.Future[Any]) -> None:
+        """Wait (bounded) for a killed command's run to finish; a sandbox where it does not is broken."""
+        done, _ = await asyncio.wait([run], timeout=_REPLY_S)
+        if not done:
+            run.cancel()
+            await asyncio.wait([run])
+            raise SandboxError(f"a killed command did not finish within {_REPLY_S:.0f} s")
+
+    async def _abort(self, run: asyncio.Future[Any], token: str) -> None:
+        """Kill and settle a command whose caller went away (errors here are dropped: the caller's stands)."""
+        try:
+            await self._kill_run(token)
+            await self._settle(run)
+        except SandboxError:
+            run.cancel()
+            await asyncio.wait([run])
 
     async def spawn(
         self,
@@ -642,7 +689,9 @@ class DockerSandbox(Sandbox):
         root, full = _inner.confine(self.paths, path)
         if full == root:
             raise SandboxFileError(f"refusing to remove the root {path!r}")
-        code, _, err = await self._small(["rm", "-rf", "--", full])
+        # As root (an agent's mode-000 directory must not make verify's removal fail), through the launcher,
+        # which follows no symlink below `root` (root's removal must not be redirected by one).
+        code, _, err = await self._small(_LAYOUT.launcher_argv("remove", full, root), uid=None)
         if code != 0:
             raise SandboxFileError(f"cannot remove {path!r}: {err.decode(errors='replace').strip()[-200:]}")
 
@@ -667,7 +716,9 @@ class DockerSandbox(Sandbox):
         except SandboxFileNotFoundError:
             pass  # already gone
         finally:
-            if self._ctl is not None:
+            if self._sender is not None:
+                self._sender.close()
+            elif self._ctl is not None:
                 self._ctl.close()
             if self._host is not None:
                 self._host.remove()
@@ -698,19 +749,82 @@ def _machinery_tar() -> bytes:
     return buf.getvalue()
 
 
-async def _send_fds(loop: asyncio.AbstractEventLoop, sock: socket.socket, fds: list[int]) -> None:
-    """One control message carrying `fds` (SOCK_SEQPACKET: atomic, so concurrent senders never interleave)."""
-    while True:
+class _CtlSender:
+    """Sends control messages on PID 1's socket, one at a time (an asyncio.Lock: a socket has one writer
+    callback in the loop, so two waiting senders would lose one wake-up), each within `_SEND_S`. `close()`
+    during a send wakes it with an OSError (read as "PID 1 is gone")."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.closed = False
+        self._lock = asyncio.Lock()
+        self._waiter: asyncio.Future[None] | None = None
+
+    async def send(self, msg: bytes, fds: list[int], timeout: float = _SEND_S) -> None:
+        """One message carrying `fds` (SOCK_SEQPACKET: atomic). OSError: closed; SandboxError: timed out."""
         try:
-            socket.send_fds(sock, [b"r"], fds)
-            return
-        except BlockingIOError:
-            writable = loop.create_future()
-            loop.add_writer(sock, lambda: writable.done() or writable.set_result(None))
+            async with asyncio.timeout(timeout):
+                async with self._lock:
+                    await self._send(msg, fds)
+        except TimeoutError:
+            raise SandboxError(f"the container's init took no command for {timeout:.0f} s") from None
+
+    async def _send(self, msg: bytes, fds: list[int]) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if self.closed:
+                raise OSError(errno.EBADF, "the control socket is closed")
             try:
-                await writable
+                socket.send_fds(self.sock, [msg], fds)
+                return
+            except BlockingIOError:
+                pass
+            waiter = self._waiter = loop.create_future()
+            loop.add_writer(self.sock, lambda: waiter.done() or waiter.set_result(None))
+            try:
+                await waiter
             finally:
-                loop.remove_writer(sock)
+                self._waiter = None
+                if not self.closed:
+                    loop.remove_writer(self.sock)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        waiter = self._waiter
+        if waiter is not None:
+            waiter.get_loop().remove_writer(self.sock)
+            if not waiter.done():
+                waiter.set_result(None)
+        self.sock.close()
+
+
+def _parse_reply(raw: bytes) -> tuple[int, str | None]:
+    """PID 1's reply `{"code": int, "status": str|null}`; SandboxError on any other shape (the image, so its
+    python3 that runs PID 1, is the caller's)."""
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict):
+        code, status = answer.get("code"), answer.get("status")
+        if type(code) is int and (status is None or isinstance(status, str)):
+            return code, status
+    raise SandboxError(f"malformed reply from the container's init: {raw[:100]!r}")
+
+
+def _parse_hello(raw: bytes) -> str:
+    """PID 1's ready message `{"error": str}` ("" when ready); a malformed one is an error message."""
+    if not raw:
+        return "init closed the control socket"
+    try:
+        hello = json.loads(raw)
+    except ValueError:
+        hello = None
+    if isinstance(hello, dict) and isinstance(hello.get("error"), str):
+        return str(hello["error"])
+    return f"malformed ready message {raw[:100]!r}"
 
 
 async def _pump(loop: asyncio.AbstractEventLoop, sock: socket.socket, cap: OutputCap) -> None:
@@ -745,4 +859,5 @@ class DockerProcess(Process):
     async def kill(self) -> None:
         if self._code is None:
             await asyncio.shield(self._box._kill_run(self._token))
+            await asyncio.shield(self._box._settle(self._task))
             await asyncio.shield(self.wait())

@@ -88,6 +88,14 @@ async def test_timeout_kills_the_whole_tree(sandbox: Sandbox, live: Callable[[Sa
         assert not [p for p in live(sandbox) if "sleep 30" in p]
 
 
+async def test_commands_start_with_default_sigpipe_and_sigxfsz(sandbox: Sandbox) -> None:
+    """Python ignores both; a command started through Python must not inherit that (`yes | head -1`)."""
+    code, out, _ = await sh(sandbox, "yes | head -1; echo ${PIPESTATUS[0]}; grep ^SigIgn: /proc/self/status")
+    lines = out.splitlines()
+    assert code == 0 and lines[:2] == ["y", "141"], out
+    assert int(lines[2].split()[1], 16) & (1 << 12 | 1 << 24) == 0, out  # SIGPIPE 13, SIGXFSZ 25
+
+
 async def test_files_bytes_text_parents_and_special_names(sandbox: Sandbox) -> None:
     name = "dir with space/ünï'cödé \"$(x)\"; `y`.txt"
     payload = bytes(range(256)) * 10
