@@ -17,7 +17,8 @@ run it as `python3 launcher.py MODE ...`. Modes:
 - `init [--dirs SPEC] [--forward-socket SOCKET --forward-port PORT] [--ctl SOCKET]`: a PID 1 for
   containers. It reaps zombies. With `--dirs` (`PATH:UID:OCTAL_MODE,...`) it first makes those
   directories (parents root-owned 0755) and sets their owner and mode. With `--forward-*` it starts the LLM
-  forwarder (as root) on 127.0.0.1:PORT piping to SOCKET and waits (bounded) until it accepts. With `--ctl`
+  forwarder (as root, `python3 -I -S forwarder.py --detach`) on 127.0.0.1:PORT piping to SOCKET and waits
+  (bounded) for its exit code (0: it listens). With `--ctl`
   it then connects to the host's SOCK_SEQPACKET control socket and sends one JSON `{"error": str}` (""
   when ready). After that, each control message carries three fds (request/reply socket, stdout, stderr):
   init forks a child (a fork that fails -- the pids limit is full -- leaves the request without a reply:
@@ -321,31 +322,27 @@ def _recv_fds(sock: _socket.socket, maxfds: int) -> tuple[bytes, list[int]]:
 
 
 def _start_forwarder(socket_path: str, port: str) -> str:
-    """Start the forwarder next to this file; "" once 127.0.0.1:PORT accepts, else why not."""
+    """Start the forwarder next to this file (`-I -S`, `--detach`: it returns once 127.0.0.1:PORT listens,
+    exit 1 if it cannot); "" once it listens, else why not. Its server process is left to init to reap."""
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forwarder.py")
     child = os.fork()
     if child == 0:
         try:
             os.setsid()
-            os.execv(sys.executable, [sys.executable, script, socket_path, port])
+            os.execv(sys.executable, [sys.executable, "-I", "-S", script, "--detach", socket_path, port])
         finally:
             os._exit(127)
     end = time.monotonic() + _FORWARDER_READY_S
     while True:
-        probe = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
-        try:
-            probe.settimeout(1.0)
-            probe.connect(("127.0.0.1", int(port)))
-            return ""
-        except OSError:
-            pid, _ = os.waitpid(child, os.WNOHANG)
-            if pid == child:
-                return "the LLM forwarder exited at start"
-            if time.monotonic() > end:
-                return f"the LLM forwarder did not listen on port {port} within {_FORWARDER_READY_S:.0f} s"
-            time.sleep(0.005)  # the forwarder is starting: python start-up, then listen
-        finally:
-            probe.close()
+        pid, status = os.waitpid(child, os.WNOHANG)
+        if pid == child:
+            code = os.waitstatus_to_exitcode(status)
+            return "" if code == 0 else f"the LLM forwarder did not start (exit {code})"
+        if time.monotonic() > end:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            return f"the LLM forwarder did not listen on port {port} within {_FORWARDER_READY_S:.0f} s"
+        time.sleep(0.002)  # bounded: the forwarder's start-up (python, listen) is a few ms
 
 
 def _serve(ctl_path: str, error: str) -> int:

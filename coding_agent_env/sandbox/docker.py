@@ -429,21 +429,13 @@ class DockerSandbox(Sandbox):
             raise SandboxError(f"the container's init failed: {error}")
 
     async def _start_forwarder(self) -> None:
-        """Engine-exec mode only (in control mode PID 1 starts it)."""
-        port = str(self._settings.docker_relay_port)
-        argv = [_LAYOUT.python, _LAYOUT.forwarder, _RELAY_SOCKET, port]
-        exec_id = await _call("start forwarder", self._exec_create, argv, {}, "0:0")
-        await _call("start forwarder", self._api.exec_start, exec_id, detach=True)
-        probe = (
-            "import socket,sys,time\n"
-            f"end=time.monotonic()+{_FORWARDER_READY_S}\n"
-            "while True:\n"
-            f"    try: socket.create_connection(('127.0.0.1',{port}),1).close(); break\n"
-            "    except OSError:\n"
-            "        if time.monotonic()>end: sys.exit(1)\n"
-            "        time.sleep(0.01)\n"
-        )
-        code, _, err = await self._small([_LAYOUT.python, "-c", probe], uid=None)
+        """Engine-exec mode only (in control mode PID 1 starts it): `--detach` exits 0 once it listens."""
+        argv = [_LAYOUT.python, "-I", "-S", _LAYOUT.forwarder, "--detach", _RELAY_SOCKET,
+                str(self._settings.docker_relay_port)]
+        try:
+            code, _, err = await asyncio.wait_for(self._small(argv, uid=None), _FORWARDER_READY_S)
+        except TimeoutError:
+            raise SandboxError(f"the LLM forwarder did not listen within {_FORWARDER_READY_S:.0f} s") from None
         if code != 0:
             raise SandboxError(f"the LLM forwarder did not start: {err.decode(errors='replace')[-300:]}")
 

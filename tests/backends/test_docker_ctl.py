@@ -381,3 +381,31 @@ async def test_sigpipe_and_sigxfsz_are_default(kind: str, make_backend: Callable
             assert int(ignored.split()[1], 16) & (1 << 12 | 1 << 24) == 0, ignored  # SIGPIPE 13, SIGXFSZ 25
     finally:
         await box.close()
+
+
+# -- 6. PID 1 starts the forwarder with --detach and trusts its exit code, not a probe -------------------
+
+def test_init_reports_a_forwarder_that_cannot_listen(tmp_path: Path) -> None:
+    """A port someone else holds: a connection probe would call that ready; `--detach` exits 1 and init's
+    ready message says the forwarder did not start."""
+    from coding_agent_env.sandbox import _inner
+
+    (tmp_path / "launcher.py").write_bytes(_inner.launcher_source())
+    (tmp_path / "forwarder.py").write_bytes(_inner.forwarder_source())
+    with contextlib.ExitStack() as stack:
+        taken = stack.enter_context(socket.socket())
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        listener = stack.enter_context(socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET))
+        listener.bind(str(tmp_path / "ctl.sock"))
+        listener.listen(1)
+        listener.settimeout(30)
+        argv = [sys.executable, "-I", "-S", str(tmp_path / "launcher.py"), "init", "--forward-socket",
+                str(tmp_path / "relay.sock"), "--forward-port", str(taken.getsockname()[1]),
+                "--ctl", str(tmp_path / "ctl.sock")]
+        proc = stack.enter_context(subprocess.Popen(argv))
+        stack.callback(proc.kill)
+        conn = stack.enter_context(listener.accept()[0])
+        conn.settimeout(30)
+        error = json.loads(conn.recv(4096))["error"]
+    assert error.startswith("the LLM forwarder did not start"), error
