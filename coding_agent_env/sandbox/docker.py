@@ -290,7 +290,10 @@ class DockerBackend(SandboxBackend):
             except docker.errors.NotFound:
                 pass
             hostdir = container.labels.get(LABEL_HOSTDIR)
-            if hostdir and os.path.basename(hostdir).startswith(f"{pid}-docker-"):
+            # Only a directory this backend makes (under our state dir, named for the dead server): a label
+            # is just a string, and must not steer a recursive removal anywhere else.
+            if (hostdir and os.path.dirname(hostdir) == str(self._settings.state_dir)
+                    and os.path.basename(hostdir).startswith(f"{pid}-docker-")):
                 shutil.rmtree(hostdir, ignore_errors=True)
         return reaped
 
