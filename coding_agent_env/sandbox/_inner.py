@@ -8,6 +8,8 @@ within its cap.
 
 from __future__ import annotations
 
+import abc
+import asyncio
 import importlib.util
 import json
 import posixpath
@@ -17,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coding_agent_env.errors import SandboxError, SandboxFileError
-from coding_agent_env.sandbox.base import SandboxPaths
+from coding_agent_env.sandbox.base import Process, SandboxPaths
 from coding_agent_env.settings import Settings
 
-__all__ = ["InnerLayout", "OutputCap", "confine", "forwarder_source", "launcher_source", "rlimit_args", "run_argv"]
+__all__ = ["InnerLayout", "LauncherProcess", "OutputCap", "confine", "forwarder_source", "launcher_source", "rlimit_args", "run_argv"]
 
 SANDBOX_UID = 1000
 """The unprivileged uid commands run as inside container-like sandboxes."""
@@ -176,3 +178,34 @@ class OutputCap:
         room = max(self.cap - len(self.kept), 0)
         self.kept += chunk[:room]
         self.dropped += max(len(chunk) - room, 0)
+
+
+class LauncherProcess(Process):
+    """A background command run by the in-sandbox launcher under `token`. A backend says how its exit code is
+    learnt (`_exit_code`) and how its whole tree is killed (`_kill`); the code is cached once known."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+        self._code: int | None = None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._code
+
+    async def wait(self) -> int:
+        if self._code is None:
+            self._code = await self._exit_code()
+        return self._code
+
+    async def kill(self) -> None:
+        if self._code is None:
+            await asyncio.shield(self._kill())
+            await asyncio.shield(self.wait())
+
+    @abc.abstractmethod
+    async def _exit_code(self) -> int:
+        """Wait for the command to end; its exit code (negative for a signal)."""
+
+    @abc.abstractmethod
+    async def _kill(self) -> None:
+        """Kill the command's whole tree."""

@@ -212,31 +212,22 @@ class RemoteSandbox(Sandbox):
         await self._small(["rm", "-rf", "--", self.root])
 
 
-class RemoteProcess(Process):
+class RemoteProcess(_inner.LauncherProcess):
     """A background command of a `RemoteSandbox`; `kill()` kills its launcher's whole tree."""
 
     def __init__(self, box: RemoteSandbox, token: str, task: asyncio.Future[tuple[int | None, bool, bytes, bytes]]) -> None:
+        super().__init__(token)
         self._box = box
-        self._token = token
         self._task = task
-        self._code: int | None = None
 
-    @property
-    def returncode(self) -> int | None:
-        return self._code
+    async def _exit_code(self) -> int:
+        try:
+            code, _, _, _ = await asyncio.shield(self._task)
+        except SandboxError:
+            if not self._box.closed:
+                raise
+            code = -9
+        return code if code is not None else -9
 
-    async def wait(self) -> int:
-        if self._code is None:
-            try:
-                code, _, _, _ = await asyncio.shield(self._task)
-            except SandboxError:
-                if not self._box.closed:
-                    raise
-                code = -9
-            self._code = code if code is not None else -9
-        return self._code
-
-    async def kill(self) -> None:
-        if self._code is None:
-            await asyncio.shield(self._box._kill(self._token))
-            await self.wait()
+    async def _kill(self) -> None:
+        await self._box._kill(self._token)

@@ -831,28 +831,19 @@ async def _pump(loop: asyncio.AbstractEventLoop, sock: socket.socket, cap: Outpu
         pass
 
 
-class DockerProcess(Process):
+class DockerProcess(_inner.LauncherProcess):
     """A background command in a Docker sandbox; `kill()` kills its launcher's whole tree."""
 
     def __init__(self, box: DockerSandbox, token: str, task: asyncio.Future[tuple[int | None, str | None]]) -> None:
+        super().__init__(token)
         self._box = box
-        self._token = token
         self._task = task
-        self._code: int | None = None
 
-    @property
-    def returncode(self) -> int | None:
-        return self._code
+    async def _exit_code(self) -> int:
+        ran = await asyncio.shield(self._task)
+        code, _ = await self._box._exit_status(ran, self._token)
+        return code if code is not None else _KILLED_BY_CLOSE
 
-    async def wait(self) -> int:
-        if self._code is None:
-            ran = await asyncio.shield(self._task)
-            code, _ = await self._box._exit_status(ran, self._token)
-            self._code = code if code is not None else _KILLED_BY_CLOSE
-        return self._code
-
-    async def kill(self) -> None:
-        if self._code is None:
-            await asyncio.shield(self._box._kill_run(self._token))
-            await asyncio.shield(self._box._settle(self._task))
-            await asyncio.shield(self.wait())
+    async def _kill(self) -> None:
+        await self._box._kill_run(self._token)
+        await asyncio.shield(self._box._settle(self._task))

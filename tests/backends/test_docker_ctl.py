@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -289,80 +290,75 @@ def _fill_queue(sock: socket.socket, fd: int) -> int:
         n += 1
 
 
-async def test_concurrent_sends_on_a_full_queue_all_complete() -> None:
-    """The reviewer's `sendfds_hang.py`: two senders wait for room; both must be sent once PID 1 drains."""
+@dataclass
+class _CtlPair:
+    """A control connection with nobody draining PID 1's end: the host's sender, PID 1's socket, and a pipe
+    read end to pass as the command's descriptor."""
+
+    sender: _CtlSender
+    host: socket.socket
+    init: socket.socket
+    fd: int
+
+
+@pytest.fixture
+def ctl() -> Iterator[_CtlPair]:
     host, init = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     host.setblocking(False)
     init.setblocking(False)
     r, w = os.pipe()
-    sender = _CtlSender(host)
-    try:
-        queued = _fill_queue(host, r)
-        senders = [asyncio.ensure_future(sender.send(b"r", [r])) for _ in range(3)]
-        await asyncio.wait(senders, timeout=0.1)
-        assert not any(s.done() for s in senders)
-        got = 0
-        end = time.monotonic() + 10
-        while got < queued + len(senders):
-            assert time.monotonic() < end, f"PID 1 got {got} of {queued + len(senders)}"
-            try:
-                _, fds, _, _ = socket.recv_fds(init, 16, 4)
-            except BlockingIOError:
-                await asyncio.sleep(0.01)
-                continue
-            for fd in fds:
-                os.close(fd)
-            got += 1
-        done, pending = await asyncio.wait(senders, timeout=10)
-        assert not pending
-        for s in done:
-            s.result()
-    finally:
-        sender.close()
-        init.close()
-        os.close(r)
-        os.close(w)
+    pair = _CtlPair(_CtlSender(host), host, init, r)
+    yield pair
+    pair.sender.close()
+    init.close()
+    os.close(r)
+    os.close(w)
 
 
-async def test_a_send_on_a_full_queue_is_bounded_and_survives_close() -> None:
-    host, init = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    host.setblocking(False)
-    r, w = os.pipe()
-    sender = _CtlSender(host)
-    try:
-        _fill_queue(host, r)
-        with pytest.raises(SandboxError):
-            await sender.send(b"r", [r], timeout=0.2)
-        # Closed while a send waits: that send ends with OSError ("PID 1 is gone"), not a hang.
-        waiting = asyncio.ensure_future(sender.send(b"r", [r]))
-        await asyncio.wait([waiting], timeout=0.1)
-        sender.close()
-        done, _ = await asyncio.wait([waiting], timeout=5)
-        assert done and isinstance(waiting.exception(), OSError)
-    finally:
-        sender.close()
-        init.close()
-        os.close(r)
-        os.close(w)
+async def test_concurrent_sends_on_a_full_queue_all_complete(ctl: _CtlPair) -> None:
+    """The reviewer's `sendfds_hang.py`: two senders wait for room; both must be sent once PID 1 drains."""
+    queued = _fill_queue(ctl.host, ctl.fd)
+    senders = [asyncio.ensure_future(ctl.sender.send(b"r", [ctl.fd])) for _ in range(3)]
+    await asyncio.wait(senders, timeout=0.1)
+    assert not any(s.done() for s in senders)
+    got = 0
+    end = time.monotonic() + 10
+    while got < queued + len(senders):
+        assert time.monotonic() < end, f"PID 1 got {got} of {queued + len(senders)}"
+        try:
+            _, fds, _, _ = socket.recv_fds(ctl.init, 16, 4)
+        except BlockingIOError:
+            await asyncio.sleep(0.01)
+            continue
+        for fd in fds:
+            os.close(fd)
+        got += 1
+    done, pending = await asyncio.wait(senders, timeout=10)
+    assert not pending
+    for s in done:
+        s.result()
 
 
-async def test_cancelling_a_send_after_close_raises_nothing_else() -> None:
-    host, init = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    host.setblocking(False)
-    r, w = os.pipe()
-    sender = _CtlSender(host)
-    try:
-        _fill_queue(host, r)
-        waiting = asyncio.ensure_future(sender.send(b"r", [r]))
-        await asyncio.wait([waiting], timeout=0.1)
-        sender.close()
-        waiting.cancel()
-        await asyncio.wait([waiting], timeout=5)
-        assert waiting.cancelled() or isinstance(waiting.exception(), OSError)
-    finally:
-        init.close()
-        os.close(r)
-        os.close(w)
+async def test_a_send_on_a_full_queue_is_bounded_and_survives_close(ctl: _CtlPair) -> None:
+    _fill_queue(ctl.host, ctl.fd)
+    with pytest.raises(SandboxError):
+        await ctl.sender.send(b"r", [ctl.fd], timeout=0.2)
+    # Closed while a send waits: that send ends with OSError ("PID 1 is gone"), not a hang.
+    waiting = asyncio.ensure_future(ctl.sender.send(b"r", [ctl.fd]))
+    await asyncio.wait([waiting], timeout=0.1)
+    ctl.sender.close()
+    done, _ = await asyncio.wait([waiting], timeout=5)
+    assert done and isinstance(waiting.exception(), OSError)
+
+
+async def test_cancelling_a_send_after_close_raises_nothing_else(ctl: _CtlPair) -> None:
+    _fill_queue(ctl.host, ctl.fd)
+    waiting = asyncio.ensure_future(ctl.sender.send(b"r", [ctl.fd]))
+    await asyncio.wait([waiting], timeout=0.1)
+    ctl.sender.close()
+    waiting.cancel()
+    await asyncio.wait([waiting], timeout=5)
+    assert waiting.cancelled() or isinstance(waiting.exception(), OSError)
 
 
 # -- 5. commands start with SIGPIPE and SIGXFSZ at their defaults ------------------------------------------

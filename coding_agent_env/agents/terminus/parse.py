@@ -59,6 +59,9 @@ class ParseFailure(namedtuple("ParseFailure", ("reason",))):
 
 
 def _depth_ok(text: str) -> bool:
+    """Whether brackets (outside strings, parentheses included) nest at most MAX_DEPTH deep. The host's
+    `agents.events.max_depth_exceeded` does the same for JSON, but this module runs inside the sandbox on the
+    standard library alone and cannot import the package."""
     depth = 0
     in_string = escaped = False
     for char in text:
