@@ -3,8 +3,10 @@ running the same agent directly (same launcher, config and scripted session; no 
 the agent talks to the fake LLM itself) in the same run. Target: rollout within 1.3x of the direct run (the
 agent's own start-up is the floor).
 
-Also printed: each agent's rollout phases (p50), and the fixed cost of a rollout without an agent process
-(the `nop` agent, same verify: provision + verify + collect + teardown), which no agent can go below.
+Also printed: the direct run followed by the task's verify commands run directly too (plain subprocesses in
+the same workdir), so both sides do the same work; each agent's rollout phases (p50); and the fixed cost of a
+rollout without an agent process (the `nop` agent, same verify: provision + verify + collect + teardown),
+which no agent can go below.
 
     .venv/bin/python bench/agents.py [RUNS_PER_AGENT [AGENT ...]]
 """
@@ -37,8 +39,9 @@ KEY = "sk-bench"
 MODEL = "fake/coder-1"
 
 
-def direct_run(spec: CliAgentSpec, settings: Settings, base_url: str) -> float:
-    """The agent's own launcher run as a plain subprocess in a fresh HOME and workdir."""
+def direct_run(spec: CliAgentSpec, settings: Settings, base_url: str) -> tuple[float, float]:
+    """The agent's own launcher run as a plain subprocess in a fresh HOME and workdir: (agent seconds, seconds
+    of the task's verify commands then run the same way)."""
     root = tempfile.mkdtemp(prefix="cae-bench-direct-")
     try:
         home, work, agent_dir = (os.path.join(root, d) for d in ("home", "work", "agent"))
@@ -62,7 +65,12 @@ def direct_run(spec: CliAgentSpec, settings: Settings, base_url: str) -> float:
         done = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, timeout=300, check=False)
         elapsed = time.perf_counter() - started
         assert done.returncode == 0 and os.path.exists(os.path.join(work, "binary_search.py")), done.stderr[-2000:]
-        return elapsed
+        started = time.perf_counter()
+        for command in VERIFY:
+            checked = subprocess.run(["bash", "-c", command], cwd=work, env=env, capture_output=True, timeout=60,
+                                     check=False)
+            assert checked.returncode == 0, checked.stderr[-2000:]
+        return elapsed, time.perf_counter() - started
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -91,10 +99,12 @@ async def main(runs: int, only: set[str]) -> None:
                 continue
             check_installed(spec, settings.agents_dir)
             script = session(spec.name, write_file_command("binary_search.py", CORRECT))
-            ours, direct, timings = [], [], []
+            ours, direct, checked, timings = [], [], [], []
             for _ in range(runs):  # interleaved, so both see the same machine load
                 fake.app.reset(list(script))
-                direct.append(await asyncio.to_thread(direct_run, spec, settings, fake.base_url))
+                agent_s, verify_s = await asyncio.to_thread(direct_run, spec, settings, fake.base_url)
+                direct.append(agent_s)
+                checked.append(agent_s + verify_s)
                 fake.app.reset(list(script))
                 elapsed, timing = await rollout(spec.name, settings, fake.base_url)
                 ours.append(elapsed)
@@ -102,6 +112,9 @@ async def main(runs: int, only: set[str]) -> None:
             ratio = statistics.median(ours) / statistics.median(direct)
             print(f"{spec.name:9} rollout p50 {statistics.median(ours):6.2f} s   direct p50 "
                   f"{statistics.median(direct):6.2f} s   ratio {ratio:4.2f}x   (target <= 1.30x, {runs} runs)")
+            both = statistics.median(ours) / statistics.median(checked)
+            print(f"{'':9} direct + verify p50 {statistics.median(checked):6.2f} s   ratio {both:4.2f}x   "
+                  "(same work on both sides)")
             print(f"{'':9} phases p50 (ms): {phases(timings)}")
         fixed = [await rollout("nop", settings, fake.base_url, reward=0.0) for _ in range(runs)]
         print(f"{'nop':9} rollout p50 {statistics.median(e for e, _ in fixed):6.2f} s   (fixed cost without an agent "

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -58,6 +59,7 @@ class Lease:
         socket_path: Path,
         expires_at: float | None,
         revoke: Callable[[str], None],
+        serve: Callable[[socket.socket], Awaitable[Callable[[], Awaitable[None]]]] | None = None,
     ) -> None:
         self.rollout_id = rollout_id
         self.upstream = upstream
@@ -65,6 +67,8 @@ class Lease:
         """Loopback URL ending in `/v1`, for agents that share the server's network."""
         self.socket_path = socket_path
         """Unix socket serving the same API, for sandboxes without network (bind-mount it)."""
+        self.serve = serve
+        """The relay's `serve_listener`: serve the same API on a listening socket the caller made."""
         self._token = token
         self._expires_at = expires_at
         self._revoke = revoke

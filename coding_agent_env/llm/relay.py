@@ -7,6 +7,10 @@ never on the public port. Routes, each requiring a lease's bearer token (401 oth
     POST /v1/chat/completions   forwarded to the lease's upstream with the server-held key; turn recorded
     GET  /v1/models             the lease's model, answered locally
 
+`serve_listener(sock)` serves the same routes on a listening socket made elsewhere: the local backend makes
+one inside an agent's own network namespace, so the agent reaches the relay over that namespace's loopback
+with no forwarder process and no extra hop.
+
 Lifecycle: `start()` once, `open_lease()` per rollout, `lease.close()` at the rollout's teardown, `stop()` at
 shutdown (closes every lease). All methods must be called on the loop that ran `start()`.
 """
@@ -21,6 +25,7 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -147,9 +152,34 @@ class Relay:
             socket_path=self._socket_path,
             expires_at=None if ttl_s is None else time.monotonic() + ttl_s,
             revoke=self._revoke,
+            serve=self.serve_listener,
         )
         self._leases[token] = lease
         return lease
+
+    async def serve_listener(self, sock: socket.socket) -> Callable[[], Awaitable[None]]:
+        """Serve every route (same tokens, same caps) on `sock` too, a bound and listening TCP socket the
+        caller made, possibly in another network namespace (a socket stays in the namespace it was made in).
+        The relay owns `sock` from the call on, whatever happens. Returns `stop`: stop listening on it and
+        close it; idempotent, and harmless after the relay itself stopped (which stops it too).
+        `RelayError` unless the relay is running."""
+        try:
+            self._check_running()
+            assert self._runner is not None
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted sockets inherit it
+            site = web.SockSite(self._runner, sock)
+            await site.start()
+        except BaseException:
+            sock.close()
+            raise
+        runner = self._runner
+
+        async def stop() -> None:
+            if site in runner.sites:  # else already stopped, by an earlier stop() or the relay's own
+                await site.stop()
+            sock.close()
+
+        return stop
 
     def _revoke(self, token: str) -> None:
         self._leases.pop(token, None)

@@ -1,4 +1,5 @@
-"""What a sandbox needs to reach the relay: its socket, its loopback URL, and a forwarder file it can read.
+"""What a sandbox needs to reach the relay: its socket, its loopback URL, a forwarder file it can read, and
+the relay's `serve_listener` (for a backend that makes the agent's listening socket itself).
 
 The forwarder is copied next to the relay's socket (under the state dir, traversable by sandbox uids), since
 the installed package itself may live somewhere sandbox uids cannot read (e.g. under /root).
@@ -24,6 +25,7 @@ def relay_endpoint(lease: Lease) -> RelayEndpoint:
         socket_path=str(lease.socket_path),
         tcp_url=lease.base_url,
         forwarder_path=str(_readable_forwarder(lease.socket_path.parent)),
+        serve=lease.serve,
     )
 
 

@@ -5,7 +5,11 @@ and, above all, destroying a network namespace is the most expensive part of a b
 tears namespaces down in one serialised worker), so one per sandbox instead of one per command is what lets
 concurrent rollouts scale. The namespace holds only a loopback interface (up, like bubblewrap's own); it is
 owned by the host's initial user namespace, so sandboxed processes (no capabilities there) cannot change it.
-It lives while its file descriptor is open or a process is inside it.
+It lives while its file descriptor is open, a process is inside it, or a socket made in it is open.
+
+`new_netns_listening(PORT)` also makes a TCP socket listening on the new namespace's 127.0.0.1:PORT: the
+server holds it (and serves the LLM relay on it), so an agent started in that namespace reaches the relay at
+`http://127.0.0.1:PORT` with no forwarder process inside. Nothing else is listening there.
 """
 
 from __future__ import annotations
@@ -17,46 +21,67 @@ import socket
 import struct
 import threading
 
-__all__ = ["join_path", "new_netns"]
+__all__ = ["join_path", "new_netns", "new_netns_listening"]
 
 _CLONE_NEWNET = 0x40000000
 _SIOCSIFFLAGS = 0x8914
 _IFF_UP = 0x1
 _IFF_LOOPBACK = 0x8
 _IFREQ_SIZE = 40
+_BACKLOG = 64
 
 
 def new_netns() -> int:
     """A new network namespace with loopback up, as an O_CLOEXEC file descriptor the caller owns.
     Raises OSError when this process may not create one (no CAP_SYS_ADMIN)."""
-    result: dict[str, int | OSError] = {}
+    return _in_new_netns(None)[0]
+
+
+def new_netns_listening(port: int) -> tuple[int, socket.socket]:
+    """A new namespace as `new_netns()` makes, and a socket listening on its 127.0.0.1:`port`, both owned by
+    the caller (close both; the namespace goes when the last of them and its processes are gone)."""
+    fd, listener = _in_new_netns(port)
+    assert listener is not None
+    return fd, listener
+
+
+def _in_new_netns(port: int | None) -> tuple[int, socket.socket | None]:
+    result: list[tuple[int, socket.socket | None] | OSError] = []
     # unshare() moves only the calling thread: a throwaway thread does it, so no thread of ours (and no
     # pooled executor thread) ever runs in the new namespace.
-    worker = threading.Thread(target=_make, args=(result,), name="cae-netns")
+    worker = threading.Thread(target=_make, args=(port, result), name="cae-netns")
     worker.start()
     worker.join()
-    outcome = result.get("fd")
-    if isinstance(outcome, int):
-        return outcome
-    raise outcome if isinstance(outcome, OSError) else OSError("network namespace not created")
+    outcome = result[0] if result else OSError("network namespace not created")
+    if isinstance(outcome, OSError):
+        raise outcome
+    return outcome
 
 
-def _make(result: dict[str, int | OSError]) -> None:
+def _make(port: int | None, result: list[tuple[int, socket.socket | None] | OSError]) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(_CLONE_NEWNET) != 0:
         err = ctypes.get_errno()
-        result["fd"] = OSError(err, f"unshare(CLONE_NEWNET): {os.strerror(err)}")
+        result.append(OSError(err, f"unshare(CLONE_NEWNET): {os.strerror(err)}"))
         return
     fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    listener = None
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
             request = struct.pack("16sH", b"lo", _IFF_UP | _IFF_LOOPBACK).ljust(_IFREQ_SIZE, b"\0")
             fcntl.ioctl(sock.fileno(), _SIOCSIFFLAGS, request)
+        if port is not None:
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # made here, so it is in the new namespace
+            listener.bind(("127.0.0.1", port))
+            listener.listen(_BACKLOG)
+            listener.setblocking(False)
     except OSError as exc:
+        if listener is not None:
+            listener.close()
         os.close(fd)
-        result["fd"] = exc
+        result.append(exc)
         return
-    result["fd"] = fd
+    result.append((fd, listener))
 
 
 def join_path(fd: int) -> str:

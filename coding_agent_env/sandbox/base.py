@@ -17,7 +17,8 @@ from __future__ import annotations
 import abc
 import enum
 import math
-from collections.abc import Mapping, Sequence
+import socket
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
@@ -49,6 +50,10 @@ class RelayEndpoint:
     forwarder_path: str
     """A stdlib-only Python file, `forwarder.py SOCKET PORT`, that maps a loopback TCP port inside a
     network-less sandbox onto the bind-mounted socket."""
+    serve: Callable[[socket.socket], Awaitable[Callable[[], Awaitable[None]]]] | None = None
+    """Optional: serve the relay on a bound, listening TCP socket the backend made (in a sandbox's own network
+    namespace, say), taking ownership of it; returns the coroutine function that stops serving and closes it.
+    A backend that can make such a socket uses this instead of the forwarder: no process to start, no hop."""
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,12 @@ joins a network namespace made once per sandbox (empty but for loopback; see `_n
 no namespace of its own to create and destroy. Commands of one sandbox can thus reach one another over
 loopback while they run, as they can through its files; nothing in the namespace outlives its processes.
 
-With network policy `llm`, every `spawn` also gets the relay's unix socket at /run/llm.sock and a small
-forwarder inside its own network namespace, so the spawned agent reaches the relay at `relay_url`
-(`http://127.0.0.1:SANDBOX_RELAY_PORT/v1`) and nothing else. `exec` (setup, verify) never does.
+With network policy `llm`, every `spawn` runs in a network namespace of its own where the spawned agent
+reaches the relay at `relay_url` (`http://127.0.0.1:SANDBOX_RELAY_PORT/v1`) and nothing else; `exec` (setup,
+verify) never does. As root the server makes that namespace itself, with a listening socket on its loopback
+that the relay serves directly (`RelayEndpoint.serve`): no process inside, no extra hop. Otherwise bwrap
+makes the namespace, and a small forwarder started inside pipes the port to the relay's unix socket,
+bind-mounted at /run/llm.sock.
 
 Where bubblewrap cannot create namespaces (e.g. in an unprivileged container), commands run as plain
 subprocesses in the host directory and `isolation` says `none`.
@@ -30,9 +33,10 @@ import logging
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -266,6 +270,13 @@ class LocalBackend(SandboxBackend):
         return await asyncio.to_thread(_reap, self._settings.state_dir)
 
 
+def _discard_namespace(made: asyncio.Future[tuple[int, socket.socket]]) -> None:
+    if not made.cancelled() and made.exception() is None:
+        fd, listener = made.result()
+        listener.close()
+        os.close(fd)
+
+
 def _try_run(argv: list[str], creds: dict[str, object]) -> str | None:
     """Run a probe command; None when it succeeded, else why it failed."""
     try:
@@ -337,6 +348,8 @@ class LocalSandbox(Sandbox):
         self._closing: asyncio.Future[None] | None = None
         self._children: dict[int, _proc.Child] = {}
         """Running children by process group: what close() kills and reaps."""
+        self._relay_namespaces: list[tuple[int, asyncio.Future[Callable[[], Awaitable[None]]]]] = []
+        """Each spawn's own network namespace and the relay serving on its loopback (-> stop): for close()."""
         self._relay = relay
         self.agents_source: str | None = None
         self.id = root.name
@@ -362,15 +375,17 @@ class LocalSandbox(Sandbox):
         self.network = ("llm" if relay is not None else "none") if isolation.bwrap else "host"
 
     def _command(
-        self, argv: Sequence[str], cwd: str, fresh: bool, relay: bool = False
+        self, argv: Sequence[str], cwd: str, fresh: bool, netns: int | None, forwarder: bool = False
     ) -> tuple[list[str], str | None]:
-        """Full host argv and host cwd for a command; with `relay`, the relay forwarder runs beside it."""
+        """Full host argv and host cwd for a command run in network namespace `netns` (None: bwrap makes an
+        empty one); with `forwarder`, the relay forwarder runs beside it in that new namespace."""
         if not self._iso.bwrap:
             return [*self._prlimit, *argv], str(self._mounts.host_path(cwd))
         binds: list[str] = ["--bind", str(self._root / "work"), self.paths.workdir]
         if self.agents_source is not None:
             binds += ["--ro-bind", self.agents_source, _AGENTS_MOUNT]
-        if relay and self._relay is not None:
+        if forwarder:
+            assert self._relay is not None and netns is None
             binds += ["--bind", self._relay.socket_path, _RELAY_SOCKET]
             binds += ["--ro-bind", self._relay.forwarder_path, _RELAY_FORWARDER]
             port = str(self._settings.sandbox_relay_port)
@@ -381,9 +396,6 @@ class LocalSandbox(Sandbox):
         else:
             binds += ["--bind", str(self._root / "home"), self.paths.home]
             binds += ["--bind", str(self._root / "tmp"), self.paths.tmp]
-        # A command that serves the relay needs its own network namespace (its forwarder's port); every
-        # other one joins the sandbox's, when there is one.
-        netns = None if relay and self._relay is not None else self._netns
         head = [*self._launcher(netns), self._iso.bwrap, *_namespace_args(share_net=netns is not None)]
         head += [*self._iso.system_args, *binds, "--chdir", cwd]
         return [*head, "--", *self._prlimit, *argv], None
@@ -432,7 +444,7 @@ class LocalSandbox(Sandbox):
         self._check_open()
         fresh_dir = self._fresh_dir() if fresh and not self._iso.bwrap else None
         try:
-            full, host_cwd = self._command(argv, cwd or self.paths.workdir, fresh)
+            full, host_cwd = self._command(argv, cwd or self.paths.workdir, fresh, self._netns)
             return await _proc.run_capped(
                 full,
                 env=self._env(env, fresh_dir),
@@ -457,7 +469,12 @@ class LocalSandbox(Sandbox):
         log_path: str | None = None,
     ) -> Process:
         self._check_open()
-        full, host_cwd = self._command(argv, cwd or self.paths.workdir, fresh=False, relay=True)
+        netns, forwarder = self._netns, False
+        if self._relay is not None and self._iso.bwrap:
+            netns = await self._relay_namespace()
+            forwarder = netns is None
+            self._check_open()  # closed while the namespace was made: close() has handled it
+        full, host_cwd = self._command(argv, cwd or self.paths.workdir, False, netns, forwarder)
         out = self._open_log(log_path) if log_path else os.open(os.devnull, os.O_WRONLY)
         try:
             proc = _proc.start(
@@ -469,6 +486,35 @@ class LocalSandbox(Sandbox):
             os.close(out)
         self._children[proc.pid] = proc
         return _proc.HostProcess(proc, self._children)
+
+    async def _relay_namespace(self) -> int | None:
+        """A network namespace of the spawned command's own with the relay served on its loopback at the
+        sandbox relay port, or None when the command must bring the forwarder (no root helper, a relay
+        that cannot serve a socket, or no namespace to be had). Its own, not the sandbox's: setup and
+        verify commands, in the sandbox's namespace, never reach the relay. Released at close()."""
+        relay = self._relay
+        assert relay is not None
+        if relay.serve is None or self._iso.nsenter is None or self._uid is None:
+            return None
+        made = asyncio.ensure_future(
+            asyncio.to_thread(_netns.new_netns_listening, self._settings.sandbox_relay_port)
+        )
+        try:
+            fd, listener = await asyncio.shield(made)
+        except asyncio.CancelledError:
+            made.add_done_callback(_discard_namespace)  # the thread still finishes: close what it made
+            raise
+        except OSError as exc:
+            log.warning("no network namespace for an agent, it brings the relay forwarder: %s", exc)
+            return None
+        serving = asyncio.ensure_future(relay.serve(listener))  # owns the listener from here on
+        # Registered before any await, so close() releases it however this call ends.
+        self._relay_namespaces.append((fd, serving))
+        try:
+            await asyncio.shield(serving)
+        except Exception as exc:
+            raise SandboxError(f"the relay cannot serve the agent's network namespace: {exc}") from exc
+        return fd
 
     def _open_log(self, log_path: str) -> int:
         self._mounts.write(log_path, b"", 0o644)
@@ -502,13 +548,26 @@ class LocalSandbox(Sandbox):
         if self._netns is not None:
             os.close(self._netns)  # the namespace goes with its last process
             self._netns = None
+        serving = []
+        for fd, stop in self._relay_namespaces:
+            os.close(fd)
+            serving.append(stop)
+        self._relay_namespaces.clear()
         # Shielded (and referenced, so it runs to the end): a cancelled close still reaps, removes
         # everything and returns the uid to the pool.
-        self._closing = asyncio.ensure_future(self._finish_close(children))
+        self._closing = asyncio.ensure_future(self._finish_close(children, serving))
         await asyncio.shield(self._closing)
 
-    async def _finish_close(self, children: list[_proc.Child]) -> None:
+    async def _finish_close(
+        self, children: list[_proc.Child], serving: list[asyncio.Future[Callable[[], Awaitable[None]]]]
+    ) -> None:
         await _proc.kill_and_reap(children, _REAP_S)
+        for started in serving:
+            try:
+                stop = await started
+            except Exception:  # it never served: the relay closed the listener already
+                continue
+            await stop()
         if self._uid is not None and not self._iso.bwrap:
             # Unisolated processes may have left their group (setsid): end everything of this uid.
             await _proc.kill_all_of_uid(self._creds)

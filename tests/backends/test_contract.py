@@ -13,7 +13,7 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -226,8 +226,13 @@ async def test_file_size_limit_holds(kind: str, make_backend: Callable[[str], An
         await box.close()
 
 
-async def test_llm_policy_reaches_only_the_relay(kind: str, make_backend: Callable[[str], Any], assert_no_leftovers: None) -> None:
-    """Under `llm` a spawned process reaches the relay's unix socket at `relay_url`, and nothing else."""
+@pytest.mark.parametrize("served", [False, True], ids=["socket", "served"])
+async def test_llm_policy_reaches_only_the_relay(
+    kind: str, served: bool, make_backend: Callable[[str], Any], assert_no_leftovers: None
+) -> None:
+    """Under `llm` a spawned process reaches the relay at `relay_url`, and nothing else; `exec` (setup,
+    verify) does not reach it. `served`: the relay also offers `serve` (serving on a listening socket the
+    backend makes, as the real relay does); a backend that uses it stops serving by close()."""
     sock_dir = Path(tempfile.mkdtemp(prefix="cae-relay-"))  # not pytest's 0700 tmp: sandbox uids must reach it
     os.chmod(sock_dir, 0o755)
     relay = await asyncio.start_unix_server(_answer_pong, path=str(sock_dir / "relay.sock"))
@@ -235,7 +240,21 @@ async def test_llm_policy_reaches_only_the_relay(kind: str, make_backend: Callab
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
-    spec = SandboxSpec(rollout_id="llm", network="llm", relay=RelayEndpoint(str(sock_dir / "relay.sock"), "http://127.0.0.1:1/v1", forwarder_source_path()))
+    servers: list[asyncio.Server] = []
+
+    async def serve(sock: socket.socket) -> Callable[[], Awaitable[None]]:
+        server = await asyncio.start_server(_answer_pong, sock=sock)
+        servers.append(server)
+
+        async def stop() -> None:
+            server.close()
+            await server.wait_closed()
+
+        return stop
+
+    endpoint = RelayEndpoint(str(sock_dir / "relay.sock"), "http://127.0.0.1:1/v1", forwarder_source_path(),
+                             serve=serve if served else None)
+    spec = SandboxSpec(rollout_id="llm", network="llm", relay=endpoint)
     try:
         try:
             box = await make_backend(kind)().create(spec)
@@ -251,8 +270,15 @@ async def test_llm_policy_reaches_only_the_relay(kind: str, make_backend: Callab
             code = await asyncio.wait_for(proc.wait(), 30)
             log = await box.read_text(f"{box.paths.logs}/probe.log")
             assert "pong" in log and code != 0, log
+            port = box.relay_url.split(":")[2].split("/")[0]
+            reach = f"import socket; socket.create_connection(('127.0.0.1', {port}), 2)"
+            done = await box.exec(["python3", "-c", reach], timeout=30, max_output_bytes=OUT)
+            assert done.exit_code != 0, "an exec'd command reached the relay port"
         finally:
             await box.close()
+        if kind == "local" and served and os.geteuid() == 0:
+            assert servers, "as root the local backend serves the relay in the agent's own namespace"
+        assert all(not server.is_serving() for server in servers), "close() left the relay serving a sandbox"
     finally:
         listener.close()
         relay.close()

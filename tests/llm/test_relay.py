@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import socket
 
 import aiohttp
 import openai
 import pytest
 
+from coding_agent_env.errors import RelayError
 from coding_agent_env.llm import Relay
 from coding_agent_env.models import Mode, Turn
 from tests.fakes.llm import FakeLLMServer, Reply
@@ -249,3 +251,43 @@ async def test_close_cancels_calls_in_flight_and_records_them(relay: Relay, fake
             await call
     [turn] = lease.turns()
     assert turn.error == "lease closed"
+
+
+async def test_serves_a_listening_socket_made_elsewhere_until_stopped(relay: Relay, fake: FakeLLMServer) -> None:
+    """`serve_listener` (what the local backend uses in an agent's own network namespace): the same routes
+    and token check on the given socket; `stop` closes it and is idempotent, also after the relay stopped."""
+    fake.app.script = [Reply(content="served")]
+    lease = await relay.open_lease("r1", upstream_for(fake))
+    assert lease.serve is not None
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    stop = await lease.serve(sock)
+    async with client(url, lease.token) as llm:
+        answer = await llm.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    assert answer.choices[0].message.content == "served" and len(lease.turns()) == 1
+    async with aiohttp.ClientSession() as http, http.get(url + "/models") as r:
+        assert r.status == 401
+    await stop()
+    assert sock.fileno() == -1
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", int(url.split(":")[2].split("/")[0])), 2).close()
+    await stop()
+    other = socket.socket()
+    other.bind(("127.0.0.1", 0))
+    other.listen()
+    stop_other = await relay.serve_listener(other)
+    await relay.stop()
+    await stop_other()
+    assert other.fileno() == -1
+
+
+async def test_serving_on_a_stopped_relay_is_refused_and_closes_the_socket(relay: Relay) -> None:
+    await relay.stop()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    with pytest.raises(RelayError, match="not running"):
+        await relay.serve_listener(sock)
+    assert sock.fileno() == -1
