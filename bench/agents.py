@@ -29,6 +29,7 @@ from coding_agent_env.agents.driver import SESSION_TITLE, launcher_script  # noq
 from coding_agent_env.agents.install import check_installed  # noqa: E402
 from coding_agent_env.agents.registry import cli_specs  # noqa: E402
 from coding_agent_env.agents.spec import CliAgentSpec, LaunchContext  # noqa: E402
+from coding_agent_env.llm import Relay  # noqa: E402
 from coding_agent_env.models import RolloutRequest, RolloutStatus, Timings  # noqa: E402
 from coding_agent_env.rollout import run_rollout  # noqa: E402
 from coding_agent_env.settings import Settings  # noqa: E402
@@ -78,11 +79,13 @@ def direct_run(spec: CliAgentSpec, settings: Settings, base_url: str) -> tuple[f
 PHASES = ("provision", "setup", "agent", "verify", "collect", "teardown")
 
 
-async def rollout(agent: str, settings: Settings, base_url: str, reward: float = 1.0) -> tuple[float, Timings]:
+async def rollout(
+    agent: str, settings: Settings, base_url: str, relay: Relay, reward: float = 1.0
+) -> tuple[float, Timings]:
     request = RolloutRequest(instruction=TASK, agent=agent, base_url=base_url, api_key=KEY, model=MODEL,
                              verify=VERIFY, agent_timeout_s=300)
     started = time.perf_counter()
-    result = await run_rollout(request, settings=settings)
+    result = await run_rollout(request, settings=settings, relay=relay)
     elapsed = time.perf_counter() - started
     assert result.status is RolloutStatus.COMPLETED and result.reward == reward, (result.error, result.agent_log_tail)
     return elapsed, result.timings
@@ -93,32 +96,37 @@ def phases(timings: list[Timings]) -> str:
 
 
 async def main(runs: int, only: set[str]) -> None:
+    # One relay for every rollout, as in the server (a rollout without one starts a private relay).
     with bench_settings() as settings, FakeLLMServer(FakeLLM(api_key=KEY)) as fake:
-        for spec in cli_specs():
-            if only and spec.name not in only:
-                continue
-            check_installed(spec, settings.agents_dir)
-            script = session(spec.name, write_file_command("binary_search.py", CORRECT))
-            ours, direct, checked, timings = [], [], [], []
-            for _ in range(runs):  # interleaved, so both see the same machine load
-                fake.app.reset(list(script))
-                agent_s, verify_s = await asyncio.to_thread(direct_run, spec, settings, fake.base_url)
-                direct.append(agent_s)
-                checked.append(agent_s + verify_s)
-                fake.app.reset(list(script))
-                elapsed, timing = await rollout(spec.name, settings, fake.base_url)
-                ours.append(elapsed)
-                timings.append(timing)
-            ratio = statistics.median(ours) / statistics.median(direct)
-            print(f"{spec.name:9} rollout p50 {statistics.median(ours):6.2f} s   direct p50 "
-                  f"{statistics.median(direct):6.2f} s   ratio {ratio:4.2f}x   (target <= 1.30x, {runs} runs)")
-            both = statistics.median(ours) / statistics.median(checked)
-            print(f"{'':9} direct + verify p50 {statistics.median(checked):6.2f} s   ratio {both:4.2f}x   "
-                  "(same work on both sides)")
-            print(f"{'':9} phases p50 (ms): {phases(timings)}")
-        fixed = [await rollout("nop", settings, fake.base_url, reward=0.0) for _ in range(runs)]
-        print(f"{'nop':9} rollout p50 {statistics.median(e for e, _ in fixed):6.2f} s   (fixed cost without an agent "
-              f"process)   phases p50 (ms): {phases([t for _, t in fixed])}")
+        async with Relay(settings) as relay:
+            for spec in cli_specs():
+                if not only or spec.name in only:
+                    await compare(spec, settings, fake, relay, runs)
+            fixed = [await rollout("nop", settings, fake.base_url, relay, reward=0.0) for _ in range(runs)]
+            print(f"{'nop':9} rollout p50 {statistics.median(e for e, _ in fixed):6.2f} s   (fixed cost without an "
+                  f"agent process)   phases p50 (ms): {phases([t for _, t in fixed])}")
+
+
+async def compare(spec: CliAgentSpec, settings: Settings, fake: FakeLLMServer, relay: Relay, runs: int) -> None:
+    check_installed(spec, settings.agents_dir)
+    script = session(spec.name, write_file_command("binary_search.py", CORRECT))
+    ours, direct, checked, timings = [], [], [], []
+    for _ in range(runs):  # interleaved, so both see the same machine load
+        fake.app.reset(list(script))
+        agent_s, verify_s = await asyncio.to_thread(direct_run, spec, settings, fake.base_url)
+        direct.append(agent_s)
+        checked.append(agent_s + verify_s)
+        fake.app.reset(list(script))
+        elapsed, timing = await rollout(spec.name, settings, fake.base_url, relay)
+        ours.append(elapsed)
+        timings.append(timing)
+    ratio = statistics.median(ours) / statistics.median(direct)
+    print(f"{spec.name:9} rollout p50 {statistics.median(ours):6.2f} s   direct p50 "
+          f"{statistics.median(direct):6.2f} s   ratio {ratio:4.2f}x   (target <= 1.30x, {runs} runs)")
+    both = statistics.median(ours) / statistics.median(checked)
+    print(f"{'':9} direct + verify p50 {statistics.median(checked):6.2f} s   ratio {both:4.2f}x   "
+          "(same work on both sides)")
+    print(f"{'':9} phases p50 (ms): {phases(timings)}")
 
 
 if __name__ == "__main__":

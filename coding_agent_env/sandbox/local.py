@@ -216,6 +216,7 @@ class LocalBackend(SandboxBackend):
             raise
         relay = spec.relay if spec.network == "llm" else None
         box = LocalSandbox(self._settings, iso, root, uid, relay=relay, release=self._release, netns=netns)
+        box.prepare_relay_namespace()
         if spec.agents_dir is not None:
             box.agents_dir = _AGENTS_MOUNT if iso.bwrap else spec.agents_dir
             box.agents_source = spec.agents_dir
@@ -350,6 +351,8 @@ class LocalSandbox(Sandbox):
         """Running children by process group: what close() kills and reaps."""
         self._relay_namespaces: list[tuple[int, asyncio.Future[Callable[[], Awaitable[None]]]]] = []
         """Each spawn's own network namespace and the relay serving on its loopback (-> stop): for close()."""
+        self._prepared: asyncio.Future[tuple[int, socket.socket]] | None = None
+        """The next spawn's namespace and listener, made in the background from create() on."""
         self._relay = relay
         self.agents_source: str | None = None
         self.id = root.name
@@ -487,18 +490,30 @@ class LocalSandbox(Sandbox):
         self._children[proc.pid] = proc
         return _proc.HostProcess(proc, self._children)
 
+    def _serves_relay(self) -> bool:
+        """Whether spawned commands get a namespace made here with the relay served in it (else: forwarder)."""
+        relay = self._relay
+        return relay is not None and relay.serve is not None and self._iso.nsenter is not None and self._uid is not None
+
+    def prepare_relay_namespace(self) -> None:
+        """Start making the first spawn's namespace and listener on a worker thread, so the agent finds it
+        ready instead of waiting for the kernel (about 2 ms) on its critical path."""
+        if self._serves_relay() and self._prepared is None:
+            self._prepared = asyncio.ensure_future(
+                asyncio.to_thread(_netns.new_netns_listening, self._settings.sandbox_relay_port)
+            )
+
     async def _relay_namespace(self) -> int | None:
         """A network namespace of the spawned command's own with the relay served on its loopback at the
         sandbox relay port, or None when the command must bring the forwarder (no root helper, a relay
         that cannot serve a socket, or no namespace to be had). Its own, not the sandbox's: setup and
         verify commands, in the sandbox's namespace, never reach the relay. Released at close()."""
         relay = self._relay
-        assert relay is not None
-        if relay.serve is None or self._iso.nsenter is None or self._uid is None:
+        if relay is None or relay.serve is None or not self._serves_relay():
             return None
-        made = asyncio.ensure_future(
-            asyncio.to_thread(_netns.new_netns_listening, self._settings.sandbox_relay_port)
-        )
+        self.prepare_relay_namespace()
+        made, self._prepared = self._prepared, None
+        assert made is not None
         try:
             fd, listener = await asyncio.shield(made)
         except asyncio.CancelledError:
@@ -548,6 +563,9 @@ class LocalSandbox(Sandbox):
         if self._netns is not None:
             os.close(self._netns)  # the namespace goes with its last process
             self._netns = None
+        if self._prepared is not None:
+            self._prepared.add_done_callback(_discard_namespace)  # made for a spawn that never came
+            self._prepared = None
         serving = []
         for fd, stop in self._relay_namespaces:
             os.close(fd)

@@ -3,18 +3,21 @@ and its cancellation-safe set-up and teardown.
 
 As root, every command of one sandbox runs in one network namespace made for that sandbox: not the host's,
 not another sandbox's, with a working loopback, and gone (no file descriptor of ours left) after close.
-A spawn under network `llm` keeps a namespace of its own, for the relay forwarder's port.
+A spawn under network `llm` gets a namespace of its own, with the relay served on its loopback by the server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
 from coding_agent_env.sandbox import Sandbox, SandboxSpec, get_backend
+from coding_agent_env.sandbox.base import RelayEndpoint
 from coding_agent_env.settings import Settings
 from tests.helpers import leftovers
 
@@ -108,3 +111,68 @@ async def test_cancelled_close_still_removes_everything(settings: Settings, asse
     except asyncio.CancelledError:
         pass
     await _poll(lambda: not leftovers(settings))
+
+
+def _sockets() -> set[str]:
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            found.add(f"{fd}->{target}")
+    return found
+
+
+@as_root
+async def test_relay_namespaces_are_released_used_or_not(
+    settings: Settings, tmp_path: Path, assert_no_leftovers: None
+) -> None:
+    """Under `llm`, with a relay that serves sockets: the namespace made ahead for the first spawn, and each
+    spawn's own (a second spawn gets a second one), are closed by close(), whether a spawn used them, was
+    cancelled while one was made, or never came; nothing serves the sandbox afterwards."""
+    backend = get_backend("local", settings)
+    if backend.check().isolation != "bwrap":
+        pytest.skip("bubblewrap unavailable here")
+    await (await backend.create(SandboxSpec(rollout_id="warm"))).close()  # probe and reaper out of the way
+    servers: list[asyncio.Server] = []
+
+    async def pong(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\nconnection: close\r\n\r\npong")
+        await writer.drain()
+        writer.close()
+
+    async def serve(sock: socket.socket) -> Callable[[], Awaitable[None]]:
+        server = await asyncio.start_server(pong, sock=sock)
+        servers.append(server)
+
+        async def stop() -> None:
+            server.close()
+
+        return stop
+
+    relay = RelayEndpoint(str(tmp_path / "unused.sock"), "http://127.0.0.1:1/v1", "/nonexistent", serve=serve)
+    spec = SandboxSpec(rollout_id="llm", network="llm", relay=relay)
+    before_net, before_sockets = _net_fds(), _sockets()
+    unused = await backend.create(spec)
+    await unused.close()
+    box = await backend.create(spec)
+    try:
+        ask = f"import urllib.request; print(urllib.request.urlopen('{box.relay_url}/x', timeout=5).read().decode())"
+        for name in ("one", "two"):
+            proc = await box.spawn(["python3", "-c", ask], log_path=f"{box.paths.logs}/{name}.log")
+            assert await asyncio.wait_for(proc.wait(), 30) == 0
+            assert await box.read_text(f"{box.paths.logs}/{name}.log") == "pong\n"
+        spawning = asyncio.ensure_future(box.spawn(["sleep", "300"]))
+        await asyncio.sleep(0)  # one turn: the spawn is waiting for its namespace when cancelled
+        spawning.cancel()
+        try:
+            await (await spawning).kill()
+        except asyncio.CancelledError:
+            pass
+    finally:
+        await box.close()
+    assert len(servers) == 2 and not any(server.is_serving() for server in servers)
+    await _poll(lambda: _net_fds() == before_net and _sockets() == before_sockets)
