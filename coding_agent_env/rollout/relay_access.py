@@ -7,6 +7,7 @@ the installed package itself may live somewhere sandbox uids cannot read (e.g. u
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -29,11 +30,19 @@ def relay_endpoint(lease: Lease) -> RelayEndpoint:
     )
 
 
-def _readable_forwarder(directory: Path) -> Path:
+@functools.cache
+def _forwarder_source() -> tuple[bytes, str]:
+    """The forwarder's source and its digest, read once per process (the installed package does not change
+    under a running server)."""
     spec = importlib.util.find_spec(_FORWARDER_MODULE)
     assert spec is not None and spec.origin is not None, "the forwarder ships with the package"
     source = Path(spec.origin).read_bytes()
-    target = directory / f"forwarder-{hashlib.sha256(source).hexdigest()[:16]}.py"
+    return source, hashlib.sha256(source).hexdigest()[:16]
+
+
+def _readable_forwarder(directory: Path) -> Path:
+    source, digest = _forwarder_source()
+    target = directory / f"forwarder-{digest}.py"
     if not target.exists():
         partial = directory / f".{target.name}.{os.getpid()}"
         partial.write_bytes(source)

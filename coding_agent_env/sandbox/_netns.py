@@ -20,8 +20,9 @@ import os
 import socket
 import struct
 import threading
+from collections.abc import Callable
 
-__all__ = ["join_path", "new_netns", "new_netns_listening"]
+__all__ = ["begin_netns", "join_path", "new_netns", "new_netns_listening"]
 
 _CLONE_NEWNET = 0x40000000
 _SIOCSIFFLAGS = 0x8914
@@ -34,7 +35,15 @@ _BACKLOG = 64
 def new_netns() -> int:
     """A new network namespace with loopback up, as an O_CLOEXEC file descriptor the caller owns.
     Raises OSError when this process may not create one (no CAP_SYS_ADMIN)."""
-    return _in_new_netns(None)[0]
+    return begin_netns()()
+
+
+def begin_netns() -> Callable[[], int]:
+    """`new_netns()` in two halves, so the caller can do other work while the kernel makes the namespace:
+    returns `finish`, which waits for it and returns its descriptor (or raises that OSError). Call `finish`
+    exactly once, also when the work in between fails, or the descriptor leaks."""
+    finish = _begin(None)
+    return lambda: finish()[0]
 
 
 def new_netns_listening(port: int) -> tuple[int, socket.socket]:
@@ -46,16 +55,24 @@ def new_netns_listening(port: int) -> tuple[int, socket.socket]:
 
 
 def _in_new_netns(port: int | None) -> tuple[int, socket.socket | None]:
+    return _begin(port)()
+
+
+def _begin(port: int | None) -> Callable[[], tuple[int, socket.socket | None]]:
     result: list[tuple[int, socket.socket | None] | OSError] = []
     # unshare() moves only the calling thread: a throwaway thread does it, so no thread of ours (and no
     # pooled executor thread) ever runs in the new namespace.
     worker = threading.Thread(target=_make, args=(port, result), name="cae-netns")
     worker.start()
-    worker.join()
-    outcome = result[0] if result else OSError("network namespace not created")
-    if isinstance(outcome, OSError):
-        raise outcome
-    return outcome
+
+    def finish() -> tuple[int, socket.socket | None]:
+        worker.join()
+        outcome = result[0] if result else OSError("network namespace not created")
+        if isinstance(outcome, OSError):
+            raise outcome
+        return outcome
+
+    return finish
 
 
 def _make(port: int | None, result: list[tuple[int, socket.socket | None] | OSError]) -> None:

@@ -227,12 +227,21 @@ class LocalBackend(SandboxBackend):
             self._uids.give(uid)
 
     def _provision(self, iso: _Isolation, rollout_id: str, uid: int | None) -> tuple[Path, int | None]:
-        """(sandbox root, its network namespace or None); runs in a worker thread."""
-        root = self._make_root(rollout_id, uid)
+        """(sandbox root, its network namespace or None); runs in a worker thread. The kernel makes the
+        namespace while this thread makes the directories."""
         if iso.nsenter is None:
-            return root, None
+            return self._make_root(rollout_id, uid), None
+        finish = _netns.begin_netns()
         try:
-            return root, _netns.new_netns()
+            root = self._make_root(rollout_id, uid)
+        except BaseException:
+            try:
+                os.close(finish())
+            except OSError:
+                pass
+            raise
+        try:
+            return root, finish()
         except OSError as exc:
             # Each command's bwrap then makes its own namespace: slower, just as isolated.
             log.warning("no network namespace for a sandbox, each command makes its own: %s", exc)
