@@ -25,17 +25,25 @@ OUT = 64 * 1024
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the shared network namespace is made only as root")
 
 
-def _net_fds() -> set[str]:
-    """Network namespace links among this process's file descriptors."""
+def _fds(kind: str) -> set[str]:
+    """This process's file descriptors whose link starts with `kind` (`net:[` namespaces, `socket:[`)."""
     found = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
-        if target.startswith("net:["):
+        if target.startswith(kind):
             found.add(f"{fd}->{target}")
     return found
+
+
+def _net_fds() -> set[str]:
+    return _fds("net:[")
+
+
+def _sockets() -> set[str]:
+    return _fds("socket:[")
 
 
 async def _netns_of(box: Sandbox) -> str:
@@ -111,18 +119,6 @@ async def test_cancelled_close_still_removes_everything(settings: Settings, asse
     except asyncio.CancelledError:
         pass
     await _poll(lambda: not leftovers(settings))
-
-
-def _sockets() -> set[str]:
-    found = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            found.add(f"{fd}->{target}")
-    return found
 
 
 @as_root
