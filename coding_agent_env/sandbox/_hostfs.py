@@ -13,19 +13,24 @@ import os
 import posixpath
 import shutil
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 from coding_agent_env.errors import SandboxFileError, SandboxFileNotFoundError
 from coding_agent_env.sandbox.base import FileEntry
 
-__all__ = ["HostMounts", "remove_tree"]
+__all__ = ["HostMounts", "remove_root", "remove_tree"]
 
 
 class HostMounts:
     """Sandbox path -> host path, for a fixed set of (sandbox dir, host dir) pairs."""
 
-    def __init__(self, mounts: dict[str, Path], workdir: str, owner: tuple[int, int] | None) -> None:
-        self._mounts = {posixpath.normpath(k): Path(os.path.realpath(v)) for k, v in mounts.items()}
+    def __init__(
+        self, mounts: dict[str, Path], workdir: str, owner: tuple[int, int] | None, *, canonical: bool = False
+    ) -> None:
+        """`canonical`: the caller vouches that the host directories are already absolute, without symlinks
+        (it just made them under a resolved root), so they are not resolved again here."""
+        self._mounts = {posixpath.normpath(k): v if canonical else Path(os.path.realpath(v)) for k, v in mounts.items()}
         self._workdir = workdir
         self._owner = owner
 
@@ -158,6 +163,19 @@ class HostMounts:
                     entries.append(FileEntry(rel, "other", 0))
             stack.extend(reversed(subdirs))
         return entries, False
+
+
+def remove_root(root: Path, subdirs: Iterable[str]) -> None:
+    """remove_tree(root) for a directory made with `subdirs`, cheaper when they are empty (often most of them):
+    rmdir each, then the root, and only at the first that fails (not empty, not a directory any more, gone)
+    the general walk over what is left. Subdirectories are tried in reverse, the first (a workdir) being the
+    one most likely to hold files."""
+    try:
+        for sub in reversed(list(subdirs)):
+            os.rmdir(root / sub)
+        os.rmdir(root)
+    except OSError:
+        remove_tree(root)
 
 
 def remove_tree(root: Path) -> None:

@@ -4,11 +4,13 @@ A sandbox is a host directory `STATE_DIR/<server pid>-<rollout>-<random>/` with 
 `logs`, bound inside bubblewrap at `/workspace`, `/home/sandbox`, `/tmp` and `/logs`. Every `exec`/`spawn`
 is a fresh `bwrap --unshare-all --die-with-parent --new-session` (no network, own PID namespace, all
 capabilities dropped, uid 1000 inside) over read-only system directories, with rlimits set inside by
-`prlimit`. Killing a command's bwrap kills its whole PID namespace, so no descendant survives.
+`prlimit` (as root: on bwrap itself, by the launcher below). Killing a command's bwrap kills its whole PID
+namespace, so no descendant survives.
 
 When the server runs as root, each sandbox also gets its own host uid from a pool: its processes are not
 root anywhere, the process limit is really enforced (root is exempt from RLIMIT_NPROC), and sandboxes
-cannot read one another's files. bwrap is then started through `nsenter`, which switches to that uid and
+cannot read one another's files. bwrap is then started through a tiny compiled helper (`_enter`; where no C
+compiler is there, `nsenter` and `prlimit` do the same in two execs), which switches to that uid and
 joins a network namespace made once per sandbox (empty but for loopback; see `_netns`), so a command costs
 no namespace of its own to create and destroy. Commands of one sandbox can thus reach one another over
 loopback while they run, as they can through its files; nothing in the namespace outlives its processes.
@@ -43,8 +45,8 @@ from types import MappingProxyType
 
 from coding_agent_env.errors import SandboxError, SandboxUnavailableError
 from coding_agent_env.pids import pid_alive
-from coding_agent_env.sandbox import _netns, _proc
-from coding_agent_env.sandbox._hostfs import HostMounts, remove_tree
+from coding_agent_env.sandbox import _enter, _netns, _proc
+from coding_agent_env.sandbox._hostfs import HostMounts, remove_root, remove_tree
 from coding_agent_env.sandbox.base import (
     BackendStatus,
     ExecResult,
@@ -82,13 +84,15 @@ interpolated."""
 
 @dataclass(frozen=True)
 class _Isolation:
-    """The probe's verdict: bwrap argv prefix when bubblewrap works here, else None; and, as root, the
-    nsenter that switches to the sandbox uid (and joins the sandbox's network namespace) when it works."""
+    """The probe's verdict: bwrap argv prefix when bubblewrap works here, else None; and, as root, what
+    switches to the sandbox uid (and joins the sandbox's network namespace) when it works: the compiled
+    `_enter` helper, which also sets the rlimits, else nsenter (with prlimit inside bwrap)."""
 
     bwrap: str | None
     system_args: tuple[str, ...]
     detail: str
     nsenter: str | None = None
+    enter: str | None = None
 
 
 def _system_args() -> tuple[str, ...]:
@@ -159,22 +163,33 @@ class LocalBackend(SandboxBackend):
         if failure is not None:
             return _Isolation(None, system, f"bubblewrap unusable ({failure}): commands run unisolated")
         nsenter = shutil.which("nsenter") if self._as_root else None
-        if nsenter is None:
+        enter = _enter.build() if self._as_root else None
+        if nsenter is None and enter is None:
             return _Isolation(bwrap, system, f"bubblewrap at {bwrap}")
-        uid = str(self._settings.sandbox_uid_base)
+        uid = self._settings.sandbox_uid_base
         try:
             netns = _netns.new_netns()
         except OSError as exc:
             return _Isolation(bwrap, system, f"bubblewrap at {bwrap}; no shared network namespace ({exc})")
+        shared = [bwrap, *_namespace_args(share_net=True), *system, "--", "true"]
+        failure: str | None = "nsenter not found"
         try:
-            argv = [nsenter, f"--net={_netns.join_path(netns)}", "-S", uid, "-G", uid, "--", bwrap,
-                    *_namespace_args(share_net=True), *system, "--", "true"]
-            failure = _try_run(argv, {})
+            if enter is not None:
+                limits = _limits(self._settings, with_nproc=True)
+                failure = _try_run([*_enter.argv(enter, _netns.join_path(netns), uid, limits), *shared], {})
+                if failure is not None:
+                    log.warning("compiled sandbox launcher unusable, using nsenter: %s", failure)
+                    enter = None
+            if enter is None and nsenter is not None:
+                joined = [nsenter, f"--net={_netns.join_path(netns)}", "-S", str(uid), "-G", str(uid), "--"]
+                failure = _try_run([*joined, *shared], {})
         finally:
             os.close(netns)
         if failure is not None:
             return _Isolation(bwrap, system, f"bubblewrap at {bwrap}; no shared network namespace ({failure})")
-        return _Isolation(bwrap, system, f"bubblewrap at {bwrap}, one network namespace per sandbox", nsenter)
+        how = " (compiled launcher)" if enter is not None else ""
+        detail = f"bubblewrap at {bwrap}{how}, one network namespace per sandbox"
+        return _Isolation(bwrap, system, detail, None if enter is not None else nsenter, enter=enter)
 
     def _probe_creds(self) -> dict[str, object]:
         if not self._as_root:
@@ -229,7 +244,7 @@ class LocalBackend(SandboxBackend):
     def _provision(self, iso: _Isolation, rollout_id: str, uid: int | None) -> tuple[Path, int | None]:
         """(sandbox root, its network namespace or None); runs in a worker thread. The kernel makes the
         namespace while this thread makes the directories."""
-        if iso.nsenter is None:
+        if iso.nsenter is None and iso.enter is None:
             return self._make_root(rollout_id, uid), None
         finish = _netns.begin_netns()
         try:
@@ -261,7 +276,8 @@ class LocalBackend(SandboxBackend):
         state.mkdir(parents=True, exist_ok=True)
         os.chmod(state, 0o711)  # sandbox uids must traverse to their own (0700) root
         safe = "".join(c for c in rollout_id if c.isalnum())[:12] or "rollout"
-        root = state / f"{os.getpid()}-{safe}-{secrets.token_hex(4)}"
+        # Resolved here, in the provisioning thread, so the sandbox's file operations need not resolve it again.
+        root = Path(os.path.realpath(state)) / f"{os.getpid()}-{safe}-{secrets.token_hex(4)}"
         try:
             root.mkdir(mode=0o700)
             for sub in _SUBDIRS.values():
@@ -313,7 +329,7 @@ def _reap(state: Path) -> int:
 
 def _namespace_args(*, share_net: bool) -> list[str]:
     """bwrap's namespaces; with `share_net` the command stays in the network namespace it was started in
-    (the sandbox's own, joined by nsenter) instead of making one."""
+    (the sandbox's own, joined by the launcher) instead of making one."""
     args = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     args += ["--unshare-user", "--uid", str(_INNER_UID), "--gid", str(_INNER_UID)]
     if share_net:
@@ -375,13 +391,17 @@ class LocalSandbox(Sandbox):
             {getattr(self.paths, key): hosts[key] for key in _SUBDIRS},
             self.paths.workdir,
             (uid, uid) if uid is not None else None,
+            canonical=True,  # `root` comes from _make_root, resolved
         )
         if relay is not None:
             isolated = isolation.bwrap is not None
             self.relay_url = f"http://127.0.0.1:{settings.sandbox_relay_port}/v1" if isolated else relay.tcp_url
         nproc = isolation.bwrap is not None or uid is not None
         limits = _limits(settings, with_nproc=nproc)
-        self._prlimit = ("prlimit", *(f"--{name}={value}" for name, value in limits.items()), "--")
+        # The compiled launcher sets the limits on bwrap itself (inherited by all inside); else prlimit inside.
+        by_launcher = isolation.enter is not None and uid is not None
+        prlimit = ("prlimit", *(f"--{name}={value}" for name, value in limits.items()), "--")
+        self._prlimit: tuple[str, ...] = () if by_launcher else prlimit
         self.limits = MappingProxyType(limits)
         # Without bwrap there is no network namespace: whatever the policy asked, the host's network is there.
         self.network = ("llm" if relay is not None else "none") if isolation.bwrap else "host"
@@ -413,10 +433,15 @@ class LocalSandbox(Sandbox):
         return [*head, "--", *self._prlimit, *argv], None
 
     def _launcher(self, netns: int | None) -> list[str]:
-        """What starts bwrap: as root, nsenter switches to the sandbox's uid (and joins `netns`), so the
-        server itself spawns without changing credentials (which lets Python use vfork, not a full fork
-        of the server on the event loop)."""
-        if self._iso.nsenter is None or self._uid is None:
+        """What starts bwrap: as root, the compiled helper or nsenter switches to the sandbox's uid (and joins
+        `netns`), so the server itself spawns without changing credentials (which lets Python use vfork, not a
+        full fork of the server on the event loop)."""
+        if self._uid is None:
+            return []
+        if self._iso.enter is not None:
+            path = _netns.join_path(netns) if netns is not None else None
+            return _enter.argv(self._iso.enter, path, self._uid, self.limits)
+        if self._iso.nsenter is None:
             return []
         uid = str(self._uid)
         net = [f"--net={_netns.join_path(netns)}"] if netns is not None else []
@@ -424,7 +449,7 @@ class LocalSandbox(Sandbox):
 
     @property
     def _spawn_creds(self) -> _proc.HostCredentials:
-        """Credentials the server spawns with: none to change when nsenter does it."""
+        """Credentials the server spawns with: none to change when the launcher does it."""
         return _proc.HostCredentials() if self._launcher(None) else self._creds
 
     def _env(self, env: Mapping[str, str] | None, fresh_dir: Path | None) -> dict[str, str]:
@@ -502,7 +527,8 @@ class LocalSandbox(Sandbox):
     def _serves_relay(self) -> bool:
         """Whether spawned commands get a namespace made here with the relay served in it (else: forwarder)."""
         relay = self._relay
-        return relay is not None and relay.serve is not None and self._iso.nsenter is not None and self._uid is not None
+        launcher = self._iso.nsenter is not None or self._iso.enter is not None
+        return relay is not None and relay.serve is not None and launcher and self._uid is not None
 
     def prepare_relay_namespace(self) -> None:
         """Start making the first spawn's namespace and listener on a worker thread, so the agent finds it
@@ -602,5 +628,5 @@ class LocalSandbox(Sandbox):
         await asyncio.to_thread(self._remove_root)
 
     def _remove_root(self) -> None:
-        remove_tree(self._root)
+        remove_root(self._root, _SUBDIRS.values())
         self._release(self._uid)

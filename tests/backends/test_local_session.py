@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from coding_agent_env.sandbox import Sandbox, SandboxSpec, get_backend
+from coding_agent_env.sandbox import Sandbox, SandboxSpec, _enter, get_backend
 from coding_agent_env.sandbox.base import RelayEndpoint
+from coding_agent_env.sandbox.local import LocalBackend
 from coding_agent_env.settings import Settings
 from tests.helpers import leftovers
 
@@ -172,3 +173,34 @@ async def test_relay_namespaces_are_released_used_or_not(
         await box.close()
     assert len(servers) == 2 and not any(server.is_serving() for server in servers)
     await _poll(lambda: _net_fds() == before_net and _sockets() == before_sockets)
+
+
+@as_root
+@pytest.mark.parametrize("compiler", [True, False], ids=["compiled-launcher", "nsenter-prlimit"])
+async def test_launcher_sets_limits_and_uid(
+    settings: Settings, compiler: bool, monkeypatch: pytest.MonkeyPatch, assert_no_leftovers: None
+) -> None:
+    """Both launchers (the compiled helper, and nsenter + prlimit where there is no C compiler) give a command
+    the sandbox's uid on the host, no supplementary group, and every limit, soft and hard."""
+    if not compiler:
+        monkeypatch.setattr(_enter, "build", lambda: None)
+    elif _enter.build() is None:
+        pytest.skip("no C compiler here")
+    backend = LocalBackend(settings)
+    if backend.check().isolation != "bwrap":
+        pytest.skip("bubblewrap unavailable here")
+    assert ("compiled launcher" in backend.check().detail) == compiler
+    box = await backend.create(SandboxSpec(rollout_id="limits"))
+    try:
+        done = await box.exec(["sh", "-c", "cat /proc/self/limits; grep Groups /proc/self/status; touch mine"], timeout=20, max_output_bytes=OUT)
+        assert done.exit_code == 0, done.stderr
+        text = done.stdout.decode()
+        rows = {"Max data size": "data", "Max file size": "fsize", "Max cpu time": "cpu", "Max processes": "nproc"}
+        for row, name in rows.items():
+            line = next(line for line in text.splitlines() if line.startswith(row))
+            assert line[len(row) :].split()[:2] == [str(box.limits[name])] * 2, line
+        assert text.split("Groups:")[1].split("\n")[0].strip() == "", "no supplementary group"
+        owner = os.stat(box._mounts.host_path("/workspace/mine")).st_uid  # type: ignore[attr-defined]
+        assert owner == box._uid != 0  # type: ignore[attr-defined]
+    finally:
+        await box.close()
