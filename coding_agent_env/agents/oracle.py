@@ -26,8 +26,11 @@ class OracleAgent(Agent):
     name = "oracle"
 
     async def run(self, ctx: AgentContext) -> int:
-        script = f"{ctx.agent_dir}/solution.sh"
         shell = ctx.sandbox.shell
+        if len(ctx.request.solution) == 1:
+            # One command: its own `shell -c` directly, as the script would `exec` it (one shell start fewer).
+            return await run_in_sandbox(ctx, [shell, "-c", ctx.request.solution[0]])
+        script = f"{ctx.agent_dir}/solution.sh"
         await ctx.sandbox.write_text(script, solution_script(shell, ctx.request.solution), mode=0o700)
         return await run_in_sandbox(ctx, [shell, script])
 
