@@ -91,6 +91,10 @@ async def rollout(
     return elapsed, result.timings
 
 
+def ms(samples: list[float]) -> str:
+    return f"{statistics.median(samples) * 1000:8.1f} ms"
+
+
 def phases(timings: list[Timings]) -> str:
     return "  ".join(f"{p} {statistics.median(getattr(t, f'{p}_s') for t in timings) * 1000:.0f}" for p in PHASES)
 
@@ -103,7 +107,7 @@ async def main(runs: int, only: set[str]) -> None:
                 if not only or spec.name in only:
                     await compare(spec, settings, fake, relay, runs)
             fixed = [await rollout("nop", settings, fake.base_url, relay, reward=0.0) for _ in range(runs)]
-            print(f"{'nop':9} rollout p50 {statistics.median(e for e, _ in fixed):6.2f} s   (fixed cost without an "
+            print(f"{'nop':9} rollout p50 {ms([e for e, _ in fixed])}   (fixed cost without an "
                   f"agent process)   phases p50 (ms): {phases([t for _, t in fixed])}")
 
 
@@ -121,11 +125,10 @@ async def compare(spec: CliAgentSpec, settings: Settings, fake: FakeLLMServer, r
         ours.append(elapsed)
         timings.append(timing)
     ratio = statistics.median(ours) / statistics.median(direct)
-    print(f"{spec.name:9} rollout p50 {statistics.median(ours):6.2f} s   direct p50 "
-          f"{statistics.median(direct):6.2f} s   ratio {ratio:4.2f}x   (target <= 1.30x, {runs} runs)")
+    print(f"{spec.name:9} rollout p50 {ms(ours)}   direct p50 {ms(direct)}   ratio {ratio:4.2f}x   "
+          f"(target <= 1.30x, {runs} runs)")
     both = statistics.median(ours) / statistics.median(checked)
-    print(f"{'':9} direct + verify p50 {statistics.median(checked):6.2f} s   ratio {both:4.2f}x   "
-          "(same work on both sides)")
+    print(f"{'':9} direct + verify p50 {ms(checked)}   ratio {both:4.2f}x   (same work on both sides)")
     print(f"{'':9} phases p50 (ms): {phases(timings)}")
 
 

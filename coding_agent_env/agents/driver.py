@@ -98,6 +98,7 @@ class CliAgent(Agent):
             prefix=prefix,
             title=SESSION_TITLE,
             settings=ctx.settings,
+            agents_root=sandbox.agents_dir,
         )
 
     async def run(self, ctx: AgentContext) -> int:

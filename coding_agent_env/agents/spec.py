@@ -89,6 +89,9 @@ class LaunchContext:
     """A short, fixed, non-secret session title."""
     settings: Settings = field(default_factory=Settings)
     """The server's settings (for limits a spec renders into its config)."""
+    agents_root: str | None = None
+    """Where the host's agents dir (`settings.agents_dir`) is visible inside the sandbox (read-only), or None
+    when this sandbox does not see it."""
 
 
 @dataclass(frozen=True)

@@ -158,8 +158,9 @@ class Relay:
         return lease
 
     async def serve_listener(self, sock: socket.socket) -> Callable[[], Awaitable[None]]:
-        """Serve every route (same tokens, same caps) on `sock` too, a bound and listening TCP socket the
-        caller made, possibly in another network namespace (a socket stays in the namespace it was made in).
+        """Serve every route (same tokens, same caps) on `sock` too, a TCP socket the caller made and bound
+        (serving listens on it), possibly in another network namespace (a socket stays in the namespace it was
+        made in).
         The relay owns `sock` from the call on, whatever happens. Returns `stop`: stop listening on it and
         close it; idempotent, and harmless after the relay itself stopped (which stops it too).
         `RelayError` unless the relay is running."""

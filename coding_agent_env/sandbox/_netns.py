@@ -7,9 +7,11 @@ concurrent rollouts scale. The namespace holds only a loopback interface (up, li
 owned by the host's initial user namespace, so sandboxed processes (no capabilities there) cannot change it.
 It lives while its file descriptor is open, a process is inside it, or a socket made in it is open.
 
-`new_netns_listening(PORT)` also makes a TCP socket listening on the new namespace's 127.0.0.1:PORT: the
-server holds it (and serves the LLM relay on it), so an agent started in that namespace reaches the relay at
-`http://127.0.0.1:PORT` with no forwarder process inside. Nothing else is listening there.
+A socket made in a namespace stays in it: `begin_netns(reserve_port=PORT)` also binds a TCP socket to the new
+namespace's 127.0.0.1:PORT (bound, not listening: connections are refused, and nothing else can take the
+port), which the server later serves the LLM relay on while an agent runs, so the agent reaches the relay at
+`http://127.0.0.1:PORT` with no forwarder process inside. `new_netns_listening(PORT)` makes a namespace with
+such a socket already listening.
 """
 
 from __future__ import annotations
@@ -30,20 +32,21 @@ _IFF_UP = 0x1
 _IFF_LOOPBACK = 0x8
 _IFREQ_SIZE = 40
 _BACKLOG = 64
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def new_netns() -> int:
     """A new network namespace with loopback up, as an O_CLOEXEC file descriptor the caller owns.
     Raises OSError when this process may not create one (no CAP_SYS_ADMIN)."""
-    return begin_netns()()
+    return begin_netns()()[0]
 
 
-def begin_netns() -> Callable[[], int]:
+def begin_netns(reserve_port: int | None = None) -> Callable[[], tuple[int, socket.socket | None]]:
     """`new_netns()` in two halves, so the caller can do other work while the kernel makes the namespace:
-    returns `finish`, which waits for it and returns its descriptor (or raises that OSError). Call `finish`
-    exactly once, also when the work in between fails, or the descriptor leaks."""
-    finish = _begin(None)
-    return lambda: finish()[0]
+    returns `finish`, which waits for it and returns its descriptor and, with `reserve_port`, a socket bound
+    to its 127.0.0.1:`reserve_port` (or raises that OSError). Call `finish` exactly once, also when the work in
+    between fails, or the descriptors leak."""
+    return _begin(reserve_port, listen=False)
 
 
 def new_netns_listening(port: int) -> tuple[int, socket.socket]:
@@ -55,14 +58,14 @@ def new_netns_listening(port: int) -> tuple[int, socket.socket]:
 
 
 def _in_new_netns(port: int | None) -> tuple[int, socket.socket | None]:
-    return _begin(port)()
+    return _begin(port, listen=True)()
 
 
-def _begin(port: int | None) -> Callable[[], tuple[int, socket.socket | None]]:
+def _begin(port: int | None, *, listen: bool) -> Callable[[], tuple[int, socket.socket | None]]:
     result: list[tuple[int, socket.socket | None] | OSError] = []
     # unshare() moves only the calling thread: a throwaway thread does it, so no thread of ours (and no
     # pooled executor thread) ever runs in the new namespace.
-    worker = threading.Thread(target=_make, args=(port, result), name="cae-netns")
+    worker = threading.Thread(target=_make, args=(port, listen, result), name="cae-netns")
     worker.start()
 
     def finish() -> tuple[int, socket.socket | None]:
@@ -75,9 +78,8 @@ def _begin(port: int | None) -> Callable[[], tuple[int, socket.socket | None]]:
     return finish
 
 
-def _make(port: int | None, result: list[tuple[int, socket.socket | None] | OSError]) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(_CLONE_NEWNET) != 0:
+def _make(port: int | None, listen: bool, result: list[tuple[int, socket.socket | None] | OSError]) -> None:
+    if _LIBC.unshare(_CLONE_NEWNET) != 0:
         err = ctypes.get_errno()
         result.append(OSError(err, f"unshare(CLONE_NEWNET): {os.strerror(err)}"))
         return
@@ -90,7 +92,8 @@ def _make(port: int | None, result: list[tuple[int, socket.socket | None] | OSEr
         if port is not None:
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # made here, so it is in the new namespace
             listener.bind(("127.0.0.1", port))
-            listener.listen(_BACKLOG)
+            if listen:
+                listener.listen(_BACKLOG)
             listener.setblocking(False)
     except OSError as exc:
         if listener is not None:

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from coding_agent_env.sandbox.base import ExecResult, Process
@@ -256,11 +256,15 @@ def _retrieve(future: asyncio.Future[object]) -> None:
 
 
 class HostProcess(Process):
-    """A background host process; `kill()` SIGKILLs its whole group and reaps it."""
+    """A background host process; `kill()` SIGKILLs its whole group and reaps it. `on_exit`, if given, runs
+    once the process is reaped, before `wait()` or `kill()` returns (whichever sees the exit first)."""
 
-    def __init__(self, proc: Child, track: dict[int, Child]) -> None:
+    def __init__(
+        self, proc: Child, track: dict[int, Child], on_exit: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
         self._proc = proc
         self._track = track
+        self._on_exit = on_exit
 
     @property
     def pid(self) -> int:
@@ -273,12 +277,19 @@ class HostProcess(Process):
     async def wait(self) -> int:
         code = await self._proc.wait()  # whatever the leader left in its group went with it
         self._track.pop(self._proc.pid, None)
+        await self._exited()
         return code
 
     async def kill(self) -> None:
         self._proc.kill_group()
         await asyncio.shield(self._proc.wait())
         self._track.pop(self._proc.pid, None)
+        await self._exited()
+
+    async def _exited(self) -> None:
+        on_exit, self._on_exit = self._on_exit, None
+        if on_exit is not None:
+            await asyncio.shield(on_exit())
 
 
 async def kill_and_reap(children: list[Child], within_s: float) -> None:

@@ -51,8 +51,9 @@ class RelayEndpoint:
     """A stdlib-only Python file, `forwarder.py SOCKET PORT`, that maps a loopback TCP port inside a
     network-less sandbox onto the bind-mounted socket."""
     serve: Callable[[socket.socket], Awaitable[Callable[[], Awaitable[None]]]] | None = None
-    """Optional: serve the relay on a bound, listening TCP socket the backend made (in a sandbox's own network
-    namespace, say), taking ownership of it; returns the coroutine function that stops serving and closes it.
+    """Optional: serve the relay on a bound TCP socket the backend made (in a sandbox's network namespace, say),
+    listening on it and taking ownership of it; returns the coroutine function that stops serving and closes
+    it (idempotent).
     A backend that can make such a socket uses this instead of the forwarder: no process to start, no hop."""
 
 

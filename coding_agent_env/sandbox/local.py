@@ -15,12 +15,13 @@ joins a network namespace made once per sandbox (empty but for loopback; see `_n
 no namespace of its own to create and destroy. Commands of one sandbox can thus reach one another over
 loopback while they run, as they can through its files; nothing in the namespace outlives its processes.
 
-With network policy `llm`, every `spawn` runs in a network namespace of its own where the spawned agent
-reaches the relay at `relay_url` (`http://127.0.0.1:SANDBOX_RELAY_PORT/v1`) and nothing else; `exec` (setup,
-verify) never does. As root the server makes that namespace itself, with a listening socket on its loopback
-that the relay serves directly (`RelayEndpoint.serve`): no process inside, no extra hop. Otherwise bwrap
-makes the namespace, and a small forwarder started inside pipes the port to the relay's unix socket,
-bind-mounted at /run/llm.sock.
+With network policy `llm`, a spawned agent reaches the relay at `relay_url`
+(`http://127.0.0.1:SANDBOX_RELAY_PORT/v1`) and nothing else; setup and verify never do. As root the relay
+serves that port itself (`RelayEndpoint.serve`: no process inside, no extra hop) on a socket in the sandbox's
+namespace, bound at create() and listening only from the spawn until the agent exits, when it is closed; a
+spawn while another runs gets a namespace of its own for it. Without root, each spawn gets its namespace from
+bwrap, and a small forwarder started inside pipes the port to the relay's unix socket, bind-mounted at
+/run/llm.sock.
 
 Where bubblewrap cannot create namespaces (e.g. in an unprivileged container), commands run as plain
 subprocesses in the host directory and `isolation` says `none`.
@@ -218,20 +219,23 @@ class LocalBackend(SandboxBackend):
             raise SandboxUnavailableError("network policy 'host' is not available on the local backend")
         if spec.network == "llm" and spec.relay is None:
             raise SandboxError("network policy 'llm' needs the relay's endpoint")
+        relay = spec.relay if spec.network == "llm" else None
+        # The relay port in the sandbox's namespace is reserved now, for the agent (see LocalSandbox.spawn).
+        reserve = self._settings.sandbox_relay_port if relay is not None and relay.serve is not None else None
         uid = self._uids.take() if self._uids is not None else None
         try:
             # Directory work waits on the filesystem's journal when the disk is busy: off the event loop.
-            made = asyncio.ensure_future(asyncio.to_thread(self._provision, iso, spec.rollout_id, uid))
-            root, netns = await asyncio.shield(made)
+            made = asyncio.ensure_future(asyncio.to_thread(self._provision, iso, spec.rollout_id, uid, reserve))
+            root, netns, reserved = await asyncio.shield(made)
         except asyncio.CancelledError:
             made.add_done_callback(functools.partial(self._undo_provision, uid))  # the thread still finishes
             raise
         except BaseException:
             self._release(uid)
             raise
-        relay = spec.relay if spec.network == "llm" else None
-        box = LocalSandbox(self._settings, iso, root, uid, relay=relay, release=self._release, netns=netns)
-        box.prepare_relay_namespace()
+        box = LocalSandbox(
+            self._settings, iso, root, uid, relay=relay, release=self._release, netns=netns, reserved=reserved
+        )
         if spec.agents_dir is not None:
             box.agents_dir = _AGENTS_MOUNT if iso.bwrap else spec.agents_dir
             box.agents_source = spec.agents_dir
@@ -241,33 +245,37 @@ class LocalBackend(SandboxBackend):
         if uid is not None and self._uids is not None:
             self._uids.give(uid)
 
-    def _provision(self, iso: _Isolation, rollout_id: str, uid: int | None) -> tuple[Path, int | None]:
-        """(sandbox root, its network namespace or None); runs in a worker thread. The kernel makes the
-        namespace while this thread makes the directories."""
+    def _provision(
+        self, iso: _Isolation, rollout_id: str, uid: int | None, reserve_port: int | None
+    ) -> tuple[Path, int | None, socket.socket | None]:
+        """(sandbox root, its network namespace or None, the socket reserving `reserve_port` in it or None);
+        runs in a worker thread. The kernel makes the namespace while this thread makes the directories."""
         if iso.nsenter is None and iso.enter is None:
-            return self._make_root(rollout_id, uid), None
-        finish = _netns.begin_netns()
+            return self._make_root(rollout_id, uid), None, None
+        finish = _netns.begin_netns(reserve_port)
         try:
             root = self._make_root(rollout_id, uid)
         except BaseException:
             try:
-                os.close(finish())
+                _close_namespace(*finish())
             except OSError:
                 pass
             raise
         try:
-            return root, finish()
+            return (root, *finish())
         except OSError as exc:
             # Each command's bwrap then makes its own namespace: slower, just as isolated.
             log.warning("no network namespace for a sandbox, each command makes its own: %s", exc)
-            return root, None
+            return root, None, None
 
-    def _undo_provision(self, uid: int | None, made: asyncio.Future[tuple[Path, int | None]]) -> None:
+    def _undo_provision(
+        self, uid: int | None, made: asyncio.Future[tuple[Path, int | None, socket.socket | None]]
+    ) -> None:
         """A create() cancelled while its thread ran: remove what the thread made, once it is done."""
         if not made.cancelled() and made.exception() is None:
-            root, netns = made.result()
+            root, netns, reserved = made.result()
             if netns is not None:
-                os.close(netns)
+                _close_namespace(netns, reserved)
             remove_tree(root)
         self._release(uid)
 
@@ -296,11 +304,24 @@ class LocalBackend(SandboxBackend):
         return await asyncio.to_thread(_reap, self._settings.state_dir)
 
 
+@dataclass(frozen=True)
+class _Served:
+    """The relay served for one spawn: how to stop it (idempotent), and the network namespace made for that
+    spawn alone (our descriptor), or None when it serves in the sandbox's own."""
+
+    stop: Callable[[], Awaitable[None]]
+    netns: int | None = None
+
+
+def _close_namespace(fd: int, sock: socket.socket | None) -> None:
+    if sock is not None:
+        sock.close()
+    os.close(fd)
+
+
 def _discard_namespace(made: asyncio.Future[tuple[int, socket.socket]]) -> None:
     if not made.cancelled() and made.exception() is None:
-        fd, listener = made.result()
-        listener.close()
-        os.close(fd)
+        _close_namespace(*made.result())
 
 
 def _try_run(argv: list[str], creds: dict[str, object]) -> str | None:
@@ -362,6 +383,7 @@ class LocalSandbox(Sandbox):
         relay: RelayEndpoint | None,
         release: Callable[[int | None], None],
         netns: int | None = None,
+        reserved: socket.socket | None = None,
     ) -> None:
         super().__init__()
         self._settings = settings
@@ -374,10 +396,10 @@ class LocalSandbox(Sandbox):
         self._closing: asyncio.Future[None] | None = None
         self._children: dict[int, _proc.Child] = {}
         """Running children by process group: what close() kills and reaps."""
-        self._relay_namespaces: list[tuple[int, asyncio.Future[Callable[[], Awaitable[None]]]]] = []
-        """Each spawn's own network namespace and the relay serving on its loopback (-> stop): for close()."""
-        self._prepared: asyncio.Future[tuple[int, socket.socket]] | None = None
-        """The next spawn's namespace and listener, made in the background from create() on."""
+        self._reserved = reserved
+        """Bound to the relay port in `netns` (not listening) until a spawn serves the relay on it."""
+        self._served: list[asyncio.Future[_Served]] = []
+        """Every relay serving started for a spawn: what close() stops."""
         self._relay = relay
         self.agents_source: str | None = None
         self.id = root.name
@@ -506,65 +528,79 @@ class LocalSandbox(Sandbox):
         log_path: str | None = None,
     ) -> Process:
         self._check_open()
-        netns, forwarder = self._netns, False
+        served = None
         if self._relay is not None and self._iso.bwrap:
-            netns = await self._relay_namespace()
-            forwarder = netns is None
-            self._check_open()  # closed while the namespace was made: close() has handled it
-        full, host_cwd = self._command(argv, cwd or self.paths.workdir, False, netns, forwarder)
-        out = self._open_log(log_path) if log_path else os.open(os.devnull, os.O_WRONLY)
+            served = await self._serve_relay()
+            self._check_open()  # closed meanwhile: close() has stopped it
+        # The forwarder's command gets a namespace of its own from bwrap, for the forwarder's port.
+        forwarder = self._relay is not None and self._iso.bwrap is not None and served is None
+        netns = None if forwarder else served.netns if served is not None and served.netns is not None else self._netns
         try:
-            proc = _proc.start(
-                full, env=self._env(env, None), cwd=host_cwd, creds=self._spawn_creds, stdout=out, stderr=out
-            )
-        except OSError as exc:
-            raise SandboxError(f"cannot start process: {exc.strerror}") from exc
-        finally:
-            os.close(out)
+            full, host_cwd = self._command(argv, cwd or self.paths.workdir, False, netns, forwarder)
+            out = self._open_log(log_path) if log_path else os.open(os.devnull, os.O_WRONLY)
+            try:
+                proc = _proc.start(
+                    full, env=self._env(env, None), cwd=host_cwd, creds=self._spawn_creds, stdout=out, stderr=out
+                )
+            finally:
+                os.close(out)
+        except BaseException as exc:
+            if served is not None:
+                await asyncio.shield(served.stop())  # no agent: nothing may reach the relay
+            if isinstance(exc, OSError):
+                raise SandboxError(f"cannot start process: {exc.strerror}") from exc
+            raise
         self._children[proc.pid] = proc
-        return _proc.HostProcess(proc, self._children)
+        return _proc.HostProcess(proc, self._children, on_exit=served.stop if served is not None else None)
 
     def _serves_relay(self) -> bool:
-        """Whether spawned commands get a namespace made here with the relay served in it (else: forwarder)."""
+        """Whether the relay is served to spawned commands by the server itself (else: the forwarder)."""
         relay = self._relay
         launcher = self._iso.nsenter is not None or self._iso.enter is not None
         return relay is not None and relay.serve is not None and launcher and self._uid is not None
 
-    def prepare_relay_namespace(self) -> None:
-        """Start making the first spawn's namespace and listener on a worker thread, so the agent finds it
-        ready instead of waiting for the kernel (about 2 ms) on its critical path."""
-        if self._serves_relay() and self._prepared is None:
-            self._prepared = asyncio.ensure_future(
-                asyncio.to_thread(_netns.new_netns_listening, self._settings.sandbox_relay_port)
-            )
+    async def _serve_relay(self) -> _Served | None:
+        """Serve the relay for one spawn on the sandbox relay port of a network namespace the spawned command
+        runs in, until it exits (`HostProcess` stops it then); None when the command must bring the
+        forwarder (no root launcher, a relay that cannot serve a socket, no namespace to be had).
 
-    async def _relay_namespace(self) -> int | None:
-        """A network namespace of the spawned command's own with the relay served on its loopback at the
-        sandbox relay port, or None when the command must bring the forwarder (no root helper, a relay
-        that cannot serve a socket, or no namespace to be had). Its own, not the sandbox's: setup and
-        verify commands, in the sandbox's namespace, never reach the relay. Released at close()."""
+        The first spawn's is the sandbox's own namespace, on the port reserved at create(): nothing is made
+        on the agent's critical path, and setup and verify commands, which run before and after it, find the
+        port closed. A further spawn while one runs gets a namespace of its own."""
         relay = self._relay
         if relay is None or relay.serve is None or not self._serves_relay():
             return None
-        self.prepare_relay_namespace()
-        made, self._prepared = self._prepared, None
-        assert made is not None
+        reserved, self._reserved = self._reserved, None
+        started = asyncio.ensure_future(self._serve_on(reserved) if reserved is not None else self._serve_apart())
+        self._served.append(started)  # registered before any await: close() stops it however this call ends
+        try:
+            return await asyncio.shield(started)
+        except OSError as exc:
+            log.warning("no network namespace for an agent, it brings the relay forwarder: %s", exc)
+            return None
+        except Exception as exc:
+            raise SandboxError(f"the relay cannot serve the agent's network namespace: {exc}") from exc
+
+    async def _serve_on(self, sock: socket.socket, netns: int | None = None) -> _Served:
+        assert self._relay is not None and self._relay.serve is not None
+        try:
+            stop = await self._relay.serve(sock)  # owns the socket from the call on
+        except BaseException:
+            if netns is not None:
+                os.close(netns)
+            raise
+        return _Served(stop, netns)
+
+    async def _serve_apart(self) -> _Served:
+        made = asyncio.ensure_future(
+            asyncio.to_thread(_netns.new_netns_listening, self._settings.sandbox_relay_port)
+        )
         try:
             fd, listener = await asyncio.shield(made)
         except asyncio.CancelledError:
             made.add_done_callback(_discard_namespace)  # the thread still finishes: close what it made
             raise
-        except OSError as exc:
-            log.warning("no network namespace for an agent, it brings the relay forwarder: %s", exc)
-            return None
-        serving = asyncio.ensure_future(relay.serve(listener))  # owns the listener from here on
-        # Registered before any await, so close() releases it however this call ends.
-        self._relay_namespaces.append((fd, serving))
-        try:
-            await asyncio.shield(serving)
-        except Exception as exc:
-            raise SandboxError(f"the relay cannot serve the agent's network namespace: {exc}") from exc
-        return fd
+        return await self._serve_on(listener, fd)
 
     def _open_log(self, log_path: str) -> int:
         self._mounts.write(log_path, b"", 0o644)
@@ -598,29 +634,25 @@ class LocalSandbox(Sandbox):
         if self._netns is not None:
             os.close(self._netns)  # the namespace goes with its last process
             self._netns = None
-        if self._prepared is not None:
-            self._prepared.add_done_callback(_discard_namespace)  # made for a spawn that never came
-            self._prepared = None
-        serving = []
-        for fd, stop in self._relay_namespaces:
-            os.close(fd)
-            serving.append(stop)
-        self._relay_namespaces.clear()
+        serving, self._served = self._served, []
+        if self._reserved is not None:
+            self._reserved.close()
+            self._reserved = None
         # Shielded (and referenced, so it runs to the end): a cancelled close still reaps, removes
         # everything and returns the uid to the pool.
         self._closing = asyncio.ensure_future(self._finish_close(children, serving))
         await asyncio.shield(self._closing)
 
-    async def _finish_close(
-        self, children: list[_proc.Child], serving: list[asyncio.Future[Callable[[], Awaitable[None]]]]
-    ) -> None:
+    async def _finish_close(self, children: list[_proc.Child], serving: list[asyncio.Future[_Served]]) -> None:
         await _proc.kill_and_reap(children, _REAP_S)
         for started in serving:
             try:
-                stop = await started
-            except Exception:  # it never served: the relay closed the listener already
+                served = await started
+            except BaseException:  # never served: what it made is closed already
                 continue
-            await stop()
+            await served.stop()
+            if served.netns is not None:
+                os.close(served.netns)  # the namespace goes with its listener and its last process
         if self._uid is not None and not self._iso.bwrap:
             # Unisolated processes may have left their group (setsid): end everything of this uid.
             await _proc.kill_all_of_uid(self._creds)

@@ -104,3 +104,28 @@ def test_terminus_limits_come_from_settings() -> None:
     [config] = [f for f in TERMINUS.render(ctx).files if f.path.endswith("terminus.json")]
     rendered = json.loads(config.content)
     assert (rendered["max_turns"], rendered["command_timeout_s"], rendered["loose_parsing"]) == (7, 3.5, True)
+
+
+def test_terminus_package_is_shared_through_the_agents_dir_when_the_sandbox_sees_it(tmp_path: Path) -> None:
+    """Written once under the agents dir (world-readable, named by a digest of its files); a launch whose
+    sandbox sees that dir writes only its config, one that does not gets the package files as before."""
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    settings = Settings(agents_dir=agents, state_dir=tmp_path / "state")
+    shared = TERMINUS.launch(dataclasses.replace(CTX, settings=settings, agents_root="/opt/agents"))
+    [made] = [p for p in agents.iterdir() if not p.name.startswith(".")]
+    assert made.name.startswith(f"terminus-{TERMINUS.version}-") and list(agents.iterdir()) == [made]
+    modules = sorted(p.name for p in (made / "terminus_agent").iterdir())
+    assert {"__init__.py", "loop.py", "parse.py", "shell.py", "__pycache__"} <= set(modules)
+    assert all(oct(p.stat().st_mode & 0o777) in ("0o755", "0o644") for p in made.rglob("*"))
+    assert shared.argv[-2] == f"/opt/agents/{made.name}" and [f.path for f in shared.files] == [
+        "/logs/agent dir/terminus.json"
+    ]
+    stamp = (made / "terminus_agent" / "loop.py").stat().st_mtime_ns
+    again = TERMINUS.launch(dataclasses.replace(CTX, settings=settings, agents_root="/opt/agents"))
+    assert again.argv == shared.argv and (made / "terminus_agent" / "loop.py").stat().st_mtime_ns == stamp
+    private = TERMINUS.launch(dataclasses.replace(CTX, settings=settings, agents_root=None))
+    assert private.argv[-2] == "/logs/agent dir/py" and len(private.files) > 4
+    missing = Settings(agents_dir=tmp_path / "absent", state_dir=tmp_path / "state")
+    fallback = TERMINUS.launch(dataclasses.replace(CTX, settings=missing, agents_root="/opt/agents"))
+    assert fallback.argv[-2] == "/logs/agent dir/py" and not (tmp_path / "absent").exists()

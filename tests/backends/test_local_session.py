@@ -123,12 +123,13 @@ async def test_cancelled_close_still_removes_everything(settings: Settings, asse
 
 
 @as_root
-async def test_relay_namespaces_are_released_used_or_not(
+async def test_relay_is_served_only_while_an_agent_runs(
     settings: Settings, tmp_path: Path, assert_no_leftovers: None
 ) -> None:
-    """Under `llm`, with a relay that serves sockets: the namespace made ahead for the first spawn, and each
-    spawn's own (a second spawn gets a second one), are closed by close(), whether a spawn used them, was
-    cancelled while one was made, or never came; nothing serves the sandbox afterwards."""
+    """Under `llm`, with a relay that serves sockets: the first spawn is served in the sandbox's own namespace,
+    on the port reserved at create, only until it exits (before and after, `exec`'d commands find the port
+    closed); a spawn while another runs, or after, gets a namespace of its own. close() releases everything:
+    used or not, also a spawn cancelled while its namespace was being made. Nothing serves afterwards."""
     backend = get_backend("local", settings)
     if backend.check().isolation != "bwrap":
         pytest.skip("bubblewrap unavailable here")
@@ -155,13 +156,25 @@ async def test_relay_namespaces_are_released_used_or_not(
     before_net, before_sockets = _net_fds(), _sockets()
     unused = await backend.create(spec)
     await unused.close()
+    assert servers == []
     box = await backend.create(spec)
     try:
-        ask = f"import urllib.request; print(urllib.request.urlopen('{box.relay_url}/x', timeout=5).read().decode())"
-        for name in ("one", "two"):
+        port = box.relay_url.split(":")[2].split("/")[0]
+        closed = f"import socket, sys; sys.exit(socket.socket().connect_ex(('127.0.0.1', {port})) == 0)"
+        assert (await box.exec(["python3", "-c", closed], timeout=30, max_output_bytes=OUT)).exit_code == 0
+        ask = (f"import os, urllib.request; url = '{box.relay_url}/x';"
+               " print(urllib.request.urlopen(url, timeout=5).read().decode(), os.readlink('/proc/self/ns/net'))")
+        sandbox_ns = await _netns_of(box)
+        seen = []
+        for name in ("first", "second"):
             proc = await box.spawn(["python3", "-c", ask], log_path=f"{box.paths.logs}/{name}.log")
             assert await asyncio.wait_for(proc.wait(), 30) == 0
-            assert await box.read_text(f"{box.paths.logs}/{name}.log") == "pong\n"
+            answer, netns = (await box.read_text(f"{box.paths.logs}/{name}.log")).split()
+            assert answer == "pong"
+            seen.append(netns)
+            assert not servers[-1].is_serving(), "still served after the agent exited"
+            assert (await box.exec(["python3", "-c", closed], timeout=30, max_output_bytes=OUT)).exit_code == 0
+        assert seen[0] == sandbox_ns and seen[1] != sandbox_ns
         spawning = asyncio.ensure_future(box.spawn(["sleep", "300"]))
         await asyncio.sleep(0)  # one turn: the spawn is waiting for its namespace when cancelled
         spawning.cancel()
@@ -171,7 +184,7 @@ async def test_relay_namespaces_are_released_used_or_not(
             pass
     finally:
         await box.close()
-    assert len(servers) == 2 and not any(server.is_serving() for server in servers)
+    assert len(servers) == 3 and not any(server.is_serving() for server in servers)
     await _poll(lambda: _net_fds() == before_net and _sockets() == before_sockets)
 
 

@@ -12,15 +12,26 @@ Start-up is on every rollout's critical path, so the modules also ship compiled,
 `.pyc` files under `__pycache__` tagged with this server's `sys.implementation.cache_tag`: a sandbox Python
 of the same version imports them without compiling (its import system checks the source hash, so a pyc can
 never run stale code); any other Python ignores them and compiles the sources as usual.
+
+Where the sandbox sees the host's agents dir (read-only; the local and Docker backends), the package is
+written there once per server version instead, as `terminus-<version>-<digest of the files>/` (made whole
+in a temporary sibling, then renamed into place), and each rollout writes only its config: fewer files to
+write at the start and to remove at the end. Elsewhere, or when the agents dir is not writable, the files
+go into the agent dir as above.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import json
+import logging
 import marshal
+import os
+import shutil
 import sys
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,7 +40,9 @@ from coding_agent_env.agents.events import AgentReport, json_lines
 from coding_agent_env.agents.spec import AgentFile, CliAgentSpec, Launch, LaunchContext
 from coding_agent_env.settings import Settings
 
-__all__ = ["TERMINUS", "TerminusAgent", "TerminusConfig", "parse_terminus_events"]
+__all__ = ["TERMINUS", "TerminusAgent", "TerminusConfig", "parse_terminus_events", "shared_package"]
+
+log = logging.getLogger(__name__)
 
 VERSION = "1.0.0"
 _SHIPPED = ("parse.py", "shell.py", "loop.py")
@@ -94,10 +107,66 @@ def _package_files(package_dir: str) -> list[AgentFile]:
     return files
 
 
+def _digest() -> str:
+    """Identifies the package's files (sources, and pycs for this interpreter)."""
+    hasher = hashlib.sha256(str(sys.implementation.cache_tag).encode())
+    for item in _package_files(_PACKAGE):
+        hasher.update(item.path.encode() + b"\0" + item.data() + b"\0")
+    return hasher.hexdigest()[:16]
+
+
+_shared: dict[Path, str | None] = {}
+"""Per agents dir: the package's directory name there, or None when it could not be made."""
+
+
+def shared_package(agents_dir: Path) -> str | None:
+    """The name of a directory under `agents_dir` holding this server's exact package (made on the first call
+    when missing), or None when there is none and it cannot be made (no such dir, not writable)."""
+    name = _shared.get(agents_dir)
+    if name is None or not (agents_dir / name).is_dir():  # checked each time: an operator may clear the dir
+        name = _shared[agents_dir] = _install_shared(agents_dir)
+    return name
+
+
+def _install_shared(agents_dir: Path) -> str | None:
+    name = f"terminus-{VERSION}-{_digest()}"
+    if (agents_dir / name).is_dir():
+        return name
+    if not agents_dir.is_dir() or not os.access(agents_dir, os.W_OK):
+        return None
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=agents_dir))
+    except OSError:
+        return None
+    try:
+        for item in _package_files(str(staging / _PACKAGE)):
+            os.makedirs(os.path.dirname(item.path), mode=0o755, exist_ok=True)
+            with open(item.path, "wb") as handle:
+                handle.write(item.data())
+            os.chmod(item.path, 0o644)
+        for directory, _, _ in os.walk(staging):
+            os.chmod(directory, 0o755)  # sandboxes run as other uids and must read it
+        try:
+            staging.rename(agents_dir / name)
+        except OSError:
+            if not (agents_dir / name).is_dir():  # else another server process made it first: same bytes
+                raise
+    except OSError as exc:
+        log.warning("cannot write the Terminus package under %s: %s", agents_dir, exc)
+        return None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return name
+
+
 def render(ctx: LaunchContext) -> Launch:
     config = TerminusConfig.from_settings(ctx.settings)
-    package_root = f"{ctx.agent_dir}/py"
-    files = _package_files(f"{package_root}/{_PACKAGE}")
+    shared = shared_package(ctx.settings.agents_dir) if ctx.agents_root is not None else None
+    if shared is not None:
+        package_root, files = f"{ctx.agents_root}/{shared}", list[AgentFile]()
+    else:
+        package_root = f"{ctx.agent_dir}/py"
+        files = _package_files(f"{package_root}/{_PACKAGE}")
     loop_config = {**asdict(config), "base_url": ctx.base_url, "model": ctx.model,
                    "state_dir": f"{ctx.agent_dir}/terminus"}
     config_path = f"{ctx.agent_dir}/terminus.json"
