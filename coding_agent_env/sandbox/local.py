@@ -39,10 +39,12 @@ import shutil
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
+from typing import TypeVar
 
 from coding_agent_env.errors import SandboxError, SandboxUnavailableError
 from coding_agent_env.pids import pid_alive
@@ -64,10 +66,15 @@ from coding_agent_env.settings import Settings
 __all__ = ["LocalBackend", "LocalSandbox"]
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 _INNER_UID = 1000
 _PROBE_TIMEOUT_S = 10.0
 _REAP_S = 5.0
+_INLINE_MAX_LIVE = 2
+"""Directory work runs on the event loop while at most this many sandboxes are alive (see `_DirWork`)."""
+_SLOW_FS_S = 0.005
+_SLOW_FS_BACKOFF_S = 30.0
 """How long close() waits for killed children to be reaped (SIGKILL is prompt; this bounds a stuck one)."""
 _BWRAP_PATHS = SandboxPaths(workdir="/workspace", home="/home/sandbox", tmp="/tmp", logs="/logs")
 _SUBDIRS = {"workdir": "work", "home": "home", "tmp": "tmp", "logs": "logs"}
@@ -135,6 +142,33 @@ class _UidPool:
             self._free.append(uid)
 
 
+class _DirWork:
+    """Where a sandbox's directory work runs (making and removing its root: about 1 ms on a healthy disk).
+
+    On the event loop while few sandboxes are alive: a worker thread's two hand-offs cost about as much again,
+    and that latency is what a lone rollout feels. With more alive, the loop's own time is what matters, so it
+    goes to worker threads; and one call slower than `_SLOW_FS_S` (a busy journal) sends all of it to threads
+    for `_SLOW_FS_BACKOFF_S`. `live` counts the sandboxes alive (the backend keeps it)."""
+
+    def __init__(self) -> None:
+        self.live = 0
+        self._slow_until = 0.0
+
+    def inline(self) -> bool:
+        return self.live <= _INLINE_MAX_LIVE and time.monotonic() >= self._slow_until
+
+    def timed(self, work: Callable[[], _T]) -> _T:
+        started = time.monotonic()
+        try:
+            return work()
+        finally:
+            if time.monotonic() - started > _SLOW_FS_S:
+                self._slow_until = time.monotonic() + _SLOW_FS_BACKOFF_S
+
+    async def run(self, work: Callable[[], _T]) -> _T:
+        return self.timed(work) if self.inline() else await asyncio.to_thread(work)
+
+
 class LocalBackend(SandboxBackend):
     """Makes `LocalSandbox`es. Probes bubblewrap once, on first use."""
 
@@ -147,6 +181,7 @@ class LocalBackend(SandboxBackend):
         self._as_root = os.geteuid() == 0
         self._reaped = False
         self._uids = _UidPool(settings.sandbox_uid_base, settings.sandbox_uid_count) if self._as_root else None
+        self._dirs = _DirWork()
 
     def _probe(self) -> _Isolation:
         with self._probe_lock:
@@ -223,25 +258,34 @@ class LocalBackend(SandboxBackend):
         # The relay port in the sandbox's namespace is reserved now, for the agent (see LocalSandbox.spawn).
         reserve = self._settings.sandbox_relay_port if relay is not None and relay.serve is not None else None
         uid = self._uids.take() if self._uids is not None else None
+        provision = functools.partial(self._provision, iso, spec.rollout_id, uid, reserve)
         try:
-            # Directory work waits on the filesystem's journal when the disk is busy: off the event loop.
-            made = asyncio.ensure_future(asyncio.to_thread(self._provision, iso, spec.rollout_id, uid, reserve))
-            root, netns, reserved = await asyncio.shield(made)
+            if self._dirs.inline():
+                root, netns, reserved = self._dirs.timed(provision)
+            else:
+                # A worker thread, which finishes even when this create is cancelled.
+                made = asyncio.ensure_future(asyncio.to_thread(provision))
+                root, netns, reserved = await asyncio.shield(made)
         except asyncio.CancelledError:
             made.add_done_callback(functools.partial(self._undo_provision, uid))  # the thread still finishes
             raise
         except BaseException:
             self._release(uid)
             raise
+        self._dirs.live += 1
         box = LocalSandbox(
-            self._settings, iso, root, uid, relay=relay, release=self._release, netns=netns, reserved=reserved
+            self._settings, iso, root, uid, relay=relay, release=self._release, netns=netns, reserved=reserved,
+            dirs=self._dirs,
         )
         if spec.agents_dir is not None:
             box.agents_dir = _AGENTS_MOUNT if iso.bwrap else spec.agents_dir
             box.agents_source = spec.agents_dir
         return box
 
-    def _release(self, uid: int | None) -> None:
+    def _release(self, uid: int | None, *, alive: bool = False) -> None:
+        """Give `uid` back to the pool; `alive`: it was a created sandbox's, now gone."""
+        if alive:
+            self._dirs.live -= 1
         if uid is not None and self._uids is not None:
             self._uids.give(uid)
 
@@ -249,7 +293,7 @@ class LocalBackend(SandboxBackend):
         self, iso: _Isolation, rollout_id: str, uid: int | None, reserve_port: int | None
     ) -> tuple[Path, int | None, socket.socket | None]:
         """(sandbox root, its network namespace or None, the socket reserving `reserve_port` in it or None);
-        runs in a worker thread. The kernel makes the namespace while this thread makes the directories."""
+        runs on the loop or a worker thread (`_DirWork`). The kernel makes the namespace while this thread makes the directories."""
         if iso.nsenter is None and iso.enter is None:
             return self._make_root(rollout_id, uid), None, None
         finish = _netns.begin_netns(reserve_port)
@@ -381,9 +425,10 @@ class LocalSandbox(Sandbox):
         root: Path,
         uid: int | None,
         relay: RelayEndpoint | None,
-        release: Callable[[int | None], None],
+        release: Callable[..., None],
         netns: int | None = None,
         reserved: socket.socket | None = None,
+        dirs: _DirWork | None = None,
     ) -> None:
         super().__init__()
         self._settings = settings
@@ -391,6 +436,7 @@ class LocalSandbox(Sandbox):
         self._root = root
         self._uid = uid
         self._release = release
+        self._dirs = dirs or _DirWork()
         self._creds = _proc.HostCredentials(uid, uid)
         self._netns = netns
         self._closing: asyncio.Future[None] | None = None
@@ -656,9 +702,8 @@ class LocalSandbox(Sandbox):
         if self._uid is not None and not self._iso.bwrap:
             # Unisolated processes may have left their group (setsid): end everything of this uid.
             await _proc.kill_all_of_uid(self._creds)
-        # Off the event loop: rmdir waits on the filesystem's journal when the disk is busy.
-        await asyncio.to_thread(self._remove_root)
+        await self._dirs.run(self._remove_root)
 
     def _remove_root(self) -> None:
         remove_root(self._root, _SUBDIRS.values())
-        self._release(self._uid)
+        self._release(self._uid, alive=True)

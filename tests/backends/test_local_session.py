@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -217,3 +219,24 @@ async def test_launcher_sets_limits_and_uid(
         assert owner == box._uid != 0  # type: ignore[attr-defined]
     finally:
         await box.close()
+
+
+async def test_directory_work_leaves_the_loop_when_busy_or_slow() -> None:
+    """`_DirWork`: on the loop's thread while few sandboxes are alive; on a worker thread with more alive, and
+    for a while after one call was slow (a busy disk)."""
+    from coding_agent_env.sandbox import local
+
+    dirs = local._DirWork()
+    here = threading.get_ident()
+    assert dirs.inline() and await dirs.run(threading.get_ident) == here
+    dirs.live = local._INLINE_MAX_LIVE + 1
+    assert not dirs.inline() and await dirs.run(threading.get_ident) != here
+    dirs.live = 0
+
+    def slow() -> None:
+        end = time.monotonic() + 2 * local._SLOW_FS_S
+        while time.monotonic() < end:
+            pass
+
+    dirs.timed(slow)
+    assert not dirs.inline() and await dirs.run(threading.get_ident) != here
