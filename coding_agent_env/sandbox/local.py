@@ -293,7 +293,8 @@ class LocalBackend(SandboxBackend):
         self, iso: _Isolation, rollout_id: str, uid: int | None, reserve_port: int | None
     ) -> tuple[Path, int | None, socket.socket | None]:
         """(sandbox root, its network namespace or None, the socket reserving `reserve_port` in it or None);
-        runs on the loop or a worker thread (`_DirWork`). The kernel makes the namespace while this thread makes the directories."""
+        runs on the loop or a worker thread (`_DirWork`). The kernel makes the namespace while this thread makes
+        the directories."""
         if iso.nsenter is None and iso.enter is None:
             return self._make_root(rollout_id, uid), None, None
         finish = _netns.begin_netns(reserve_port)
