@@ -187,8 +187,8 @@ class RolloutRequest(_Wire):
         for cmd in commands:
             if not cmd.strip():
                 raise ValueError("commands must not be empty")
-            if len(cmd) > WireLimits.MAX_COMMAND_CHARS:
-                raise ValueError(f"command longer than {WireLimits.MAX_COMMAND_CHARS} characters")
+            if len(cmd.encode("utf-8", "surrogateescape")) > WireLimits.MAX_COMMAND_BYTES:
+                raise ValueError(f"command longer than {WireLimits.MAX_COMMAND_BYTES} bytes (UTF-8)")
             if "\x00" in cmd:
                 raise ValueError("commands must not contain NUL bytes")
         return commands

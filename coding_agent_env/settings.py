@@ -29,7 +29,9 @@ class WireLimits:
 
     MAX_INSTRUCTION_CHARS: ClassVar[int] = 4 * _MIB
     MAX_COMMANDS: ClassVar[int] = 256
-    MAX_COMMAND_CHARS: ClassVar[int] = 256 * 1024
+    MAX_COMMAND_BYTES: ClassVar[int] = 128 * 1024 - 1
+    """A setup, solution or verify command, in UTF-8: it runs as one `bash -c` argument, and the kernel caps one
+    argument at 128 KiB with its NUL (a longer one could only fail at exec, as an infrastructure error)."""
     MAX_FILES: ClassVar[int] = 1000
     MAX_FILES_BYTES: ClassVar[int] = 16 * _MIB
     MAX_PATH_BYTES: ClassVar[int] = 1024

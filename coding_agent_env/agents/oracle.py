@@ -29,6 +29,7 @@ class OracleAgent(Agent):
         shell = ctx.sandbox.shell
         if len(ctx.request.solution) == 1:
             # One command: its own `shell -c` directly, as the script would `exec` it (one shell start fewer).
+            # It fits in one argument: `WireLimits.MAX_COMMAND_BYTES`.
             return await run_in_sandbox(ctx, [shell, "-c", ctx.request.solution[0]])
         script = f"{ctx.agent_dir}/solution.sh"
         await ctx.sandbox.write_text(script, solution_script(shell, ctx.request.solution), mode=0o700)

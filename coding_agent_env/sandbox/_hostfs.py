@@ -19,7 +19,7 @@ from pathlib import Path
 from coding_agent_env.errors import SandboxFileError, SandboxFileNotFoundError
 from coding_agent_env.sandbox.base import FileEntry
 
-__all__ = ["HostMounts", "remove_root", "remove_tree"]
+__all__ = ["HostMounts", "remove_if_empty", "remove_tree"]
 
 
 class HostMounts:
@@ -165,17 +165,18 @@ class HostMounts:
         return entries, False
 
 
-def remove_root(root: Path, subdirs: Iterable[str]) -> None:
-    """remove_tree(root) for a directory made with `subdirs`, cheaper when they are empty (often most of them):
-    rmdir each, then the root, and only at the first that fails (not empty, not a directory any more, gone)
-    the general walk over what is left. Subdirectories are tried in reverse, the first (a workdir) being the
-    one most likely to hold files."""
+def remove_if_empty(root: Path, subdirs: Iterable[str]) -> bool:
+    """Remove `root` made with `subdirs` if they are all empty: rmdir each, then the root, stopping at the first
+    that fails (not empty, not a directory any more, gone). True when `root` is gone. A handful of system
+    calls whatever the sandbox left: bounded work. Subdirectories are tried in reverse, the first (a workdir)
+    being the one most likely to hold files."""
     try:
         for sub in reversed(list(subdirs)):
             os.rmdir(root / sub)
         os.rmdir(root)
     except OSError:
-        remove_tree(root)
+        return False
+    return True
 
 
 def remove_tree(root: Path) -> None:

@@ -49,7 +49,7 @@ from typing import TypeVar
 from coding_agent_env.errors import SandboxError, SandboxUnavailableError
 from coding_agent_env.pids import pid_alive
 from coding_agent_env.sandbox import _enter, _netns, _proc
-from coding_agent_env.sandbox._hostfs import HostMounts, remove_root, remove_tree
+from coding_agent_env.sandbox._hostfs import HostMounts, remove_if_empty, remove_tree
 from coding_agent_env.sandbox.base import (
     BackendStatus,
     ExecResult,
@@ -71,11 +71,11 @@ _T = TypeVar("_T")
 _INNER_UID = 1000
 _PROBE_TIMEOUT_S = 10.0
 _REAP_S = 5.0
+"""How long close() waits for killed children to be reaped (SIGKILL is prompt; this bounds a stuck one)."""
 _INLINE_MAX_LIVE = 2
 """Directory work runs on the event loop while at most this many sandboxes are alive (see `_DirWork`)."""
 _SLOW_FS_S = 0.005
 _SLOW_FS_BACKOFF_S = 30.0
-"""How long close() waits for killed children to be reaped (SIGKILL is prompt; this bounds a stuck one)."""
 _BWRAP_PATHS = SandboxPaths(workdir="/workspace", home="/home/sandbox", tmp="/tmp", logs="/logs")
 _SUBDIRS = {"workdir": "work", "home": "home", "tmp": "tmp", "logs": "logs"}
 _AGENTS_MOUNT = "/opt/agents"
@@ -143,12 +143,14 @@ class _UidPool:
 
 
 class _DirWork:
-    """Where a sandbox's directory work runs (making and removing its root: about 1 ms on a healthy disk).
+    """Where a sandbox's bounded directory work runs (making its root, removing it while it is empty: a few
+    system calls, about 1 ms on a healthy disk). Removing whatever a sandbox left is unbounded and always goes
+    to a worker thread.
 
     On the event loop while few sandboxes are alive: a worker thread's two hand-offs cost about as much again,
     and that latency is what a lone rollout feels. With more alive, the loop's own time is what matters, so it
     goes to worker threads; and one call slower than `_SLOW_FS_S` (a busy journal) sends all of it to threads
-    for `_SLOW_FS_BACKOFF_S`. `live` counts the sandboxes alive (the backend keeps it)."""
+    for `_SLOW_FS_BACKOFF_S`. `live` counts the sandboxes alive; only the event loop changes it."""
 
     def __init__(self) -> None:
         self.live = 0
@@ -272,7 +274,7 @@ class LocalBackend(SandboxBackend):
         except BaseException:
             self._release(uid)
             raise
-        self._dirs.live += 1
+        self._dirs.live += 1  # on the loop, as is every change of it
         box = LocalSandbox(
             self._settings, iso, root, uid, relay=relay, release=self._release, netns=netns, reserved=reserved,
             dirs=self._dirs,
@@ -282,10 +284,7 @@ class LocalBackend(SandboxBackend):
             box.agents_source = spec.agents_dir
         return box
 
-    def _release(self, uid: int | None, *, alive: bool = False) -> None:
-        """Give `uid` back to the pool; `alive`: it was a created sandbox's, now gone."""
-        if alive:
-            self._dirs.live -= 1
+    def _release(self, uid: int | None) -> None:
         if uid is not None and self._uids is not None:
             self._uids.give(uid)
 
@@ -351,8 +350,9 @@ class LocalBackend(SandboxBackend):
 
 @dataclass(frozen=True)
 class _Served:
-    """The relay served for one spawn: how to stop it (idempotent), and the network namespace made for that
-    spawn alone (our descriptor), or None when it serves in the sandbox's own."""
+    """The relay served for one spawn: how to stop it (idempotent; it also closes a namespace made for the
+    spawn), and the network namespace made for that spawn alone (our descriptor), or None when it serves in
+    the sandbox's own."""
 
     stop: Callable[[], Awaitable[None]]
     netns: int | None = None
@@ -426,7 +426,7 @@ class LocalSandbox(Sandbox):
         root: Path,
         uid: int | None,
         relay: RelayEndpoint | None,
-        release: Callable[..., None],
+        release: Callable[[int | None], None],
         netns: int | None = None,
         reserved: socket.socket | None = None,
         dirs: _DirWork | None = None,
@@ -447,6 +447,7 @@ class LocalSandbox(Sandbox):
         """Bound to the relay port in `netns` (not listening) until a spawn serves the relay on it."""
         self._served: list[asyncio.Future[_Served]] = []
         """Every relay serving started for a spawn: what close() stops."""
+        self._stopping: set[asyncio.Future[None]] = set()
         self._relay = relay
         self.agents_source: str | None = None
         self.id = root.name
@@ -622,20 +623,42 @@ class LocalSandbox(Sandbox):
         self._served.append(started)  # registered before any await: close() stops it however this call ends
         try:
             return await asyncio.shield(started)
+        except asyncio.CancelledError:
+            # No process will stop it: stop it as soon as it serves, so verify (which still runs after a
+            # cancelled agent stage) finds the port closed.
+            started.add_done_callback(self._stop_unclaimed)
+            raise
         except OSError as exc:
             log.warning("no network namespace for an agent, it brings the relay forwarder: %s", exc)
             return None
         except Exception as exc:
             raise SandboxError(f"the relay cannot serve the agent's network namespace: {exc}") from exc
 
+    def _stop_unclaimed(self, started: asyncio.Future[_Served]) -> None:
+        if started.cancelled() or started.exception() is not None:
+            return
+        stopping = asyncio.ensure_future(started.result().stop())
+        self._stopping.add(stopping)  # referenced until done (close() stops it too: stop is idempotent)
+        stopping.add_done_callback(self._stopping.discard)
+
     async def _serve_on(self, sock: socket.socket, netns: int | None = None) -> _Served:
+        """Serve the relay on `sock`; `netns`, the namespace made for it alone, is closed by the returned stop."""
         assert self._relay is not None and self._relay.serve is not None
         try:
-            stop = await self._relay.serve(sock)  # owns the socket from the call on
+            stop_serving = await self._relay.serve(sock)  # owns the socket from the call on
         except BaseException:
             if netns is not None:
                 os.close(netns)
             raise
+        released = False
+
+        async def stop() -> None:
+            nonlocal released
+            await stop_serving()
+            if netns is not None and not released:
+                released = True
+                os.close(netns)  # the namespace goes with its listener and its last process
+
         return _Served(stop, netns)
 
     async def _serve_apart(self) -> _Served:
@@ -698,13 +721,13 @@ class LocalSandbox(Sandbox):
             except BaseException:  # never served: what it made is closed already
                 continue
             await served.stop()
-            if served.netns is not None:
-                os.close(served.netns)  # the namespace goes with its listener and its last process
         if self._uid is not None and not self._iso.bwrap:
             # Unisolated processes may have left their group (setsid): end everything of this uid.
             await _proc.kill_all_of_uid(self._creds)
-        await self._dirs.run(self._remove_root)
+        try:
+            if not await self._dirs.run(functools.partial(remove_if_empty, self._root, _SUBDIRS.values())):
+                await asyncio.to_thread(remove_tree, self._root)  # what the sandbox left: unbounded
+        finally:
+            self._dirs.live -= 1
+            self._release(self._uid)
 
-    def _remove_root(self) -> None:
-        remove_root(self._root, _SUBDIRS.values())
-        self._release(self._uid, alive=True)

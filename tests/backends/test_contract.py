@@ -270,10 +270,14 @@ async def test_llm_policy_reaches_only_the_relay(
             code = await asyncio.wait_for(proc.wait(), 30)
             log = await box.read_text(f"{box.paths.logs}/probe.log")
             assert "pong" in log and code != 0, log
-            port = box.relay_url.split(":")[2].split("/")[0]
-            reach = f"import socket; socket.create_connection(('127.0.0.1', {port}), 2)"
-            done = await box.exec(["python3", "-c", reach], timeout=30, max_output_bytes=OUT)
-            assert done.exit_code != 0, "an exec'd command reached the relay port"
+            if kind.startswith("local"):
+                # The local backend serves the relay only to spawned commands (Docker's forwarder serves the
+                # whole container, and the token is what keeps setup and verify out there).
+                port = box.relay_url.split(":")[2].split("/")[0]
+                refused = (f"import errno, socket, sys; code = socket.socket().connect_ex(('127.0.0.1', {port}));"
+                           " sys.exit(0 if code == errno.ECONNREFUSED else 1)")
+                done = await box.exec(["python3", "-c", refused], timeout=30, max_output_bytes=OUT)
+                assert done.exit_code == 0, "an exec'd command reached the relay port, or could not try"
         finally:
             await box.close()
         if kind == "local" and served and os.geteuid() == 0:

@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -124,19 +125,16 @@ async def test_cancelled_close_still_removes_everything(settings: Settings, asse
     await _poll(lambda: not leftovers(settings))
 
 
-@as_root
-async def test_relay_is_served_only_while_an_agent_runs(
-    settings: Settings, tmp_path: Path, assert_no_leftovers: None
-) -> None:
-    """Under `llm`, with a relay that serves sockets: the first spawn is served in the sandbox's own namespace,
-    on the port reserved at create, only until it exits (before and after, `exec`'d commands find the port
-    closed); a spawn while another runs, or after, gets a namespace of its own. close() releases everything:
-    used or not, also a spawn cancelled while its namespace was being made. Nothing serves afterwards."""
+async def _bwrap_backend(settings: Settings) -> Any:
     backend = get_backend("local", settings)
     if backend.check().isolation != "bwrap":
         pytest.skip("bubblewrap unavailable here")
     await (await backend.create(SandboxSpec(rollout_id="warm"))).close()  # probe and reaper out of the way
-    servers: list[asyncio.Server] = []
+    return backend
+
+
+def _llm_spec(tmp_path: Path, servers: list[asyncio.Server]) -> SandboxSpec:
+    """An `llm` sandbox spec whose relay serves sockets (answering `pong`), each server kept in `servers`."""
 
     async def pong(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
@@ -154,16 +152,59 @@ async def test_relay_is_served_only_while_an_agent_runs(
         return stop
 
     relay = RelayEndpoint(str(tmp_path / "unused.sock"), "http://127.0.0.1:1/v1", "/nonexistent", serve=serve)
-    spec = SandboxSpec(rollout_id="llm", network="llm", relay=relay)
+    return SandboxSpec(rollout_id="llm", network="llm", relay=relay)
+
+
+async def _port_refused(box: Sandbox) -> bool:
+    """Whether an exec'd command's connection to the relay port is refused (any other outcome: False)."""
+    assert box.relay_url is not None
+    port = box.relay_url.split(":")[2].split("/")[0]
+    probe = (f"import errno, socket, sys; code = socket.socket().connect_ex(('127.0.0.1', {port}));"
+             " sys.exit(0 if code == errno.ECONNREFUSED else 1)")
+    return (await box.exec(["python3", "-c", probe], timeout=30, max_output_bytes=OUT)).exit_code == 0
+
+
+@as_root
+async def test_a_cancelled_spawn_stops_serving_before_close(
+    settings: Settings, tmp_path: Path, assert_no_leftovers: None
+) -> None:
+    """A spawn cancelled while the relay is being set up for it (an agent deadline, say) has no process to
+    stop the serving at its exit: it stops by itself, so verify, which still runs, finds the port closed."""
+    backend = await _bwrap_backend(settings)
+    servers: list[asyncio.Server] = []
+    box = await backend.create(_llm_spec(tmp_path, servers))
+    try:
+        spawning = asyncio.ensure_future(box.spawn(["sleep", "300"]))
+        await asyncio.sleep(0)  # one turn: the spawn is waiting for the relay to serve when cancelled
+        spawning.cancel()
+        try:
+            await (await spawning).kill()
+        except asyncio.CancelledError:
+            pass
+        await _poll(lambda: bool(servers) and not servers[0].is_serving())
+        assert await _port_refused(box)
+    finally:
+        await box.close()
+
+
+@as_root
+async def test_relay_is_served_only_while_an_agent_runs(
+    settings: Settings, tmp_path: Path, assert_no_leftovers: None
+) -> None:
+    """Under `llm`, with a relay that serves sockets: the first spawn is served in the sandbox's own namespace,
+    on the port reserved at create, only until it exits (before and after, `exec`'d commands find the port
+    closed); a spawn while another runs, or after, gets a namespace of its own. close() releases everything:
+    used or not, also a spawn cancelled while its namespace was being made. Nothing serves afterwards."""
+    backend = await _bwrap_backend(settings)
+    servers: list[asyncio.Server] = []
+    spec = _llm_spec(tmp_path, servers)
     before_net, before_sockets = _net_fds(), _sockets()
     unused = await backend.create(spec)
     await unused.close()
     assert servers == []
     box = await backend.create(spec)
     try:
-        port = box.relay_url.split(":")[2].split("/")[0]
-        closed = f"import socket, sys; sys.exit(socket.socket().connect_ex(('127.0.0.1', {port})) == 0)"
-        assert (await box.exec(["python3", "-c", closed], timeout=30, max_output_bytes=OUT)).exit_code == 0
+        assert await _port_refused(box)
         ask = (f"import os, urllib.request; url = '{box.relay_url}/x';"
                " print(urllib.request.urlopen(url, timeout=5).read().decode(), os.readlink('/proc/self/ns/net'))")
         sandbox_ns = await _netns_of(box)
@@ -175,7 +216,7 @@ async def test_relay_is_served_only_while_an_agent_runs(
             assert answer == "pong"
             seen.append(netns)
             assert not servers[-1].is_serving(), "still served after the agent exited"
-            assert (await box.exec(["python3", "-c", closed], timeout=30, max_output_bytes=OUT)).exit_code == 0
+            assert await _port_refused(box)
         assert seen[0] == sandbox_ns and seen[1] != sandbox_ns
         spawning = asyncio.ensure_future(box.spawn(["sleep", "300"]))
         await asyncio.sleep(0)  # one turn: the spawn is waiting for its namespace when cancelled

@@ -54,6 +54,18 @@ async def test_nop_gets_zero(settings: Settings) -> None:
     assert result.status is RolloutStatus.COMPLETED and result.reward == 0.0
 
 
+@pytest.mark.parametrize("size", [10, 130_000], ids=["short", "near-the-limit"])
+async def test_oracle_runs_one_solution_command_of_any_allowed_size(settings: Settings, size: int) -> None:
+    """One solution command runs as its own `bash -c`, up to the longest command a request may hold (one argv
+    string, which the kernel caps at 128 KiB); a longer one is refused by the request itself."""
+    text = "x" * size
+    result = await run_rollout(req(solution=[f"cat > big <<'EOF'\n{text}\nEOF"], verify=[f"test $(wc -c < big) = {size + 1}"]),
+                               settings=settings)
+    assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, (result.error, result.agent_log_tail)
+    with pytest.raises(ValidationError, match="bytes"):
+        req(solution=["é" * 70_000])  # 140,000 bytes in UTF-8
+
+
 async def test_half_passing_verify_gives_half(settings: Settings) -> None:
     result = await run_rollout(req(solution=["echo a > a"], verify=["test -f a", "test -f b"]), settings=settings)
     assert result.reward == 0.5 and [r.ok for r in result.verify_results] == [True, False]
