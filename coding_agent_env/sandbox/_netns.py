@@ -41,12 +41,15 @@ def new_netns() -> int:
     return begin_netns()()[0]
 
 
-def begin_netns(reserve_port: int | None = None) -> Callable[[], tuple[int, socket.socket | None]]:
+def begin_netns(
+    reserve_port: int | None = None, on_done: Callable[[], None] | None = None
+) -> Callable[[], tuple[int, socket.socket | None]]:
     """`new_netns()` in two halves, so the caller can do other work while the kernel makes the namespace:
     returns `finish`, which waits for it and returns its descriptor and, with `reserve_port`, a socket bound
     to its 127.0.0.1:`reserve_port` (or raises that OSError). Call `finish` exactly once, also when the work in
-    between fails, or the descriptors leak."""
-    return _begin(reserve_port, listen=False)
+    between fails, or the descriptors leak. `on_done` is called from the maker's thread once `finish` would
+    no longer wait (so an event loop can await that instead of blocking in `finish`)."""
+    return _begin(reserve_port, listen=False, on_done=on_done)
 
 
 def new_netns_listening(port: int) -> tuple[int, socket.socket]:
@@ -61,11 +64,21 @@ def _in_new_netns(port: int | None) -> tuple[int, socket.socket | None]:
     return _begin(port, listen=True)()
 
 
-def _begin(port: int | None, *, listen: bool) -> Callable[[], tuple[int, socket.socket | None]]:
+def _begin(
+    port: int | None, *, listen: bool, on_done: Callable[[], None] | None = None
+) -> Callable[[], tuple[int, socket.socket | None]]:
     result: list[tuple[int, socket.socket | None] | OSError] = []
+
+    def make() -> None:
+        try:
+            _make(port, listen, result)
+        finally:
+            if on_done is not None:
+                on_done()
+
     # unshare() moves only the calling thread: a throwaway thread does it, so no thread of ours (and no
     # pooled executor thread) ever runs in the new namespace.
-    worker = threading.Thread(target=_make, args=(port, listen, result), name="cae-netns")
+    worker = threading.Thread(target=make, name="cae-netns")
     worker.start()
 
     def finish() -> tuple[int, socket.socket | None]:

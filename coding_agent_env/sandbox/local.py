@@ -260,14 +260,13 @@ class LocalBackend(SandboxBackend):
         # The relay port in the sandbox's namespace is reserved now, for the agent (see LocalSandbox.spawn).
         reserve = self._settings.sandbox_relay_port if relay is not None and relay.serve is not None else None
         uid = self._uids.take() if self._uids is not None else None
-        provision = functools.partial(self._provision, iso, spec.rollout_id, uid, reserve)
+        if self._dirs.inline():
+            made = asyncio.ensure_future(self._provision_on_loop(iso, spec.rollout_id, uid, reserve))
+        else:
+            made = asyncio.ensure_future(asyncio.to_thread(self._provision, iso, spec.rollout_id, uid, reserve))
         try:
-            if self._dirs.inline():
-                root, netns, reserved = self._dirs.timed(provision)
-            else:
-                # A worker thread, which finishes even when this create is cancelled.
-                made = asyncio.ensure_future(asyncio.to_thread(provision))
-                root, netns, reserved = await asyncio.shield(made)
+            # Shielded: it finishes even when this create is cancelled, and is then undone.
+            root, netns, reserved = await asyncio.shield(made)
         except asyncio.CancelledError:
             made.add_done_callback(functools.partial(self._undo_provision, uid))  # the thread still finishes
             raise
@@ -291,26 +290,37 @@ class LocalBackend(SandboxBackend):
     def _provision(
         self, iso: _Isolation, rollout_id: str, uid: int | None, reserve_port: int | None
     ) -> tuple[Path, int | None, socket.socket | None]:
-        """(sandbox root, its network namespace or None, the socket reserving `reserve_port` in it or None);
-        runs on the loop or a worker thread (`_DirWork`). The kernel makes the namespace while this thread makes
-        the directories."""
+        """(sandbox root, its network namespace or None, the socket reserving `reserve_port` in it or None), on
+        a worker thread. The kernel makes the namespace while this thread makes the directories."""
         if iso.nsenter is None and iso.enter is None:
             return self._make_root(rollout_id, uid), None, None
         finish = _netns.begin_netns(reserve_port)
         try:
             root = self._make_root(rollout_id, uid)
         except BaseException:
-            try:
-                _close_namespace(*finish())
-            except OSError:
-                pass
+            _finish_quietly(finish)
             raise
+        return (root, *_claim_netns(finish))
+
+    async def _provision_on_loop(
+        self, iso: _Isolation, rollout_id: str, uid: int | None, reserve_port: int | None
+    ) -> tuple[Path, int | None, socket.socket | None]:
+        """`_provision` with the directories made on the event loop (`_DirWork`); the loop awaits the
+        namespace's thread rather than blocking on it (making a namespace can wait on a kernel lock)."""
+        make_root = functools.partial(self._make_root, rollout_id, uid)
+        if iso.nsenter is None and iso.enter is None:
+            return self._dirs.timed(make_root), None, None
+        loop = asyncio.get_running_loop()
+        ready = loop.create_future()
+        finish = _netns.begin_netns(reserve_port, on_done=functools.partial(_wake, loop, ready))
         try:
-            return (root, *finish())
-        except OSError as exc:
-            # Each command's bwrap then makes its own namespace: slower, just as isolated.
-            log.warning("no network namespace for a sandbox, each command makes its own: %s", exc)
-            return root, None, None
+            root = self._dirs.timed(make_root)
+        except BaseException:
+            await ready
+            _finish_quietly(finish)
+            raise
+        await ready
+        return (root, *_claim_netns(finish))
 
     def _undo_provision(
         self, uid: int | None, made: asyncio.Future[tuple[Path, int | None, socket.socket | None]]
@@ -356,6 +366,31 @@ class _Served:
 
     stop: Callable[[], Awaitable[None]]
     netns: int | None = None
+
+
+def _claim_netns(finish: Callable[[], tuple[int, socket.socket | None]]) -> tuple[int | None, socket.socket | None]:
+    try:
+        return finish()
+    except OSError as exc:
+        # Each command's bwrap then makes its own namespace: slower, just as isolated.
+        log.warning("no network namespace for a sandbox, each command makes its own: %s", exc)
+        return None, None
+
+
+def _finish_quietly(finish: Callable[[], tuple[int, socket.socket | None]]) -> None:
+    """Wait for a namespace being made and close it (and its reserved port)."""
+    try:
+        _close_namespace(*finish())
+    except OSError:
+        pass
+
+
+def _wake(loop: asyncio.AbstractEventLoop, ready: asyncio.Future[None]) -> None:
+    """From another thread: resolve `ready` on its loop (a loop already closed has nobody waiting)."""
+    try:
+        loop.call_soon_threadsafe(lambda: None if ready.done() else ready.set_result(None))
+    except RuntimeError:
+        pass
 
 
 def _close_namespace(fd: int, sock: socket.socket | None) -> None:
