@@ -1,10 +1,13 @@
-"""Test helpers that look at the host the way an operator would: /proc and the state dir."""
+"""Test helpers that look at the host the way an operator would (/proc and the state dir), and wait for it."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
 
+from coding_agent_env.sandbox import Sandbox
 from coding_agent_env.settings import Settings
 
 
@@ -58,3 +61,22 @@ def leftovers(settings: Settings) -> dict[str, list[str]]:
         "dirs": sandbox_dirs(settings),
     }
     return {kind: items for kind, items in found.items() if items}
+
+
+async def poll(condition: Callable[[], bool], deadline_s: float = 10.0) -> None:
+    """Wait until `condition()` holds, failing the test at the deadline (never a fixed sleep)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    while not condition():
+        assert loop.time() < end, "condition not met before the deadline"
+        await asyncio.sleep(0.01)
+
+
+async def relay_port_refused(box: Sandbox) -> bool:
+    """Whether a command exec'd in `box` has its connection to the relay port refused (any other outcome,
+    a connection or a failure to try, is False)."""
+    assert box.relay_url is not None
+    port = box.relay_url.split(":")[2].split("/")[0]
+    probe = (f"import errno, socket, sys; code = socket.socket().connect_ex(('127.0.0.1', {port}));"
+             " sys.exit(0 if code == errno.ECONNREFUSED else 1)")
+    return (await box.exec(["python3", "-c", probe], timeout=30, max_output_bytes=64 * 1024)).exit_code == 0

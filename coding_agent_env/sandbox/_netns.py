@@ -10,8 +10,7 @@ It lives while its file descriptor is open, a process is inside it, or a socket 
 A socket made in a namespace stays in it: `begin_netns(reserve_port=PORT)` also binds a TCP socket to the new
 namespace's 127.0.0.1:PORT (bound, not listening: connections are refused, and nothing else can take the
 port), which the server later serves the LLM relay on while an agent runs, so the agent reaches the relay at
-`http://127.0.0.1:PORT` with no forwarder process inside. `new_netns_listening(PORT)` makes a namespace with
-such a socket already listening.
+`http://127.0.0.1:PORT` with no forwarder process inside (serving is what makes it listen).
 """
 
 from __future__ import annotations
@@ -24,14 +23,13 @@ import struct
 import threading
 from collections.abc import Callable
 
-__all__ = ["begin_netns", "join_path", "new_netns", "new_netns_listening"]
+__all__ = ["begin_netns", "join_path", "new_netns"]
 
 _CLONE_NEWNET = 0x40000000
 _SIOCSIFFLAGS = 0x8914
 _IFF_UP = 0x1
 _IFF_LOOPBACK = 0x8
 _IFREQ_SIZE = 40
-_BACKLOG = 64
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
 
@@ -49,29 +47,17 @@ def begin_netns(
     to its 127.0.0.1:`reserve_port` (or raises that OSError). Call `finish` exactly once, also when the work in
     between fails, or the descriptors leak. `on_done` is called from the maker's thread once `finish` would
     no longer wait (so an event loop can await that instead of blocking in `finish`)."""
-    return _begin(reserve_port, listen=False, on_done=on_done)
-
-
-def new_netns_listening(port: int) -> tuple[int, socket.socket]:
-    """A new namespace as `new_netns()` makes, and a socket listening on its 127.0.0.1:`port`, both owned by
-    the caller (close both; the namespace goes when the last of them and its processes are gone)."""
-    fd, listener = _in_new_netns(port)
-    assert listener is not None
-    return fd, listener
-
-
-def _in_new_netns(port: int | None) -> tuple[int, socket.socket | None]:
-    return _begin(port, listen=True)()
+    return _begin(reserve_port, on_done=on_done)
 
 
 def _begin(
-    port: int | None, *, listen: bool, on_done: Callable[[], None] | None = None
+    port: int | None, *, on_done: Callable[[], None] | None = None
 ) -> Callable[[], tuple[int, socket.socket | None]]:
     result: list[tuple[int, socket.socket | None] | OSError] = []
 
     def make() -> None:
         try:
-            _make(port, listen, result)
+            _make(port, result)
         finally:
             if on_done is not None:
                 on_done()
@@ -91,7 +77,7 @@ def _begin(
     return finish
 
 
-def _make(port: int | None, listen: bool, result: list[tuple[int, socket.socket | None] | OSError]) -> None:
+def _make(port: int | None, result: list[tuple[int, socket.socket | None] | OSError]) -> None:
     if _LIBC.unshare(_CLONE_NEWNET) != 0:
         err = ctypes.get_errno()
         result.append(OSError(err, f"unshare(CLONE_NEWNET): {os.strerror(err)}"))
@@ -103,10 +89,8 @@ def _make(port: int | None, listen: bool, result: list[tuple[int, socket.socket 
             request = struct.pack("16sH", b"lo", _IFF_UP | _IFF_LOOPBACK).ljust(_IFREQ_SIZE, b"\0")
             fcntl.ioctl(sock.fileno(), _SIOCSIFFLAGS, request)
         if port is not None:
-            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # made here, so it is in the new namespace
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # made here: in the new namespace
             listener.bind(("127.0.0.1", port))
-            if listen:
-                listener.listen(_BACKLOG)
             listener.setblocking(False)
     except OSError as exc:
         if listener is not None:

@@ -399,7 +399,7 @@ def _close_namespace(fd: int, sock: socket.socket | None) -> None:
     os.close(fd)
 
 
-def _discard_namespace(made: asyncio.Future[tuple[int, socket.socket]]) -> None:
+def _discard_namespace(made: asyncio.Future[tuple[int, socket.socket | None]]) -> None:
     if not made.cancelled() and made.exception() is None:
         _close_namespace(*made.result())
 
@@ -650,8 +650,7 @@ class LocalSandbox(Sandbox):
         The first spawn's is the sandbox's own namespace, on the port reserved at create(): nothing is made
         on the agent's critical path, and setup and verify commands, which run before and after it, find the
         port closed. A further spawn while one runs gets a namespace of its own."""
-        relay = self._relay
-        if relay is None or relay.serve is None or not self._serves_relay():
+        if not self._serves_relay():
             return None
         reserved, self._reserved = self._reserved, None
         started = asyncio.ensure_future(self._serve_on(reserved) if reserved is not None else self._serve_apart())
@@ -697,14 +696,13 @@ class LocalSandbox(Sandbox):
         return _Served(stop, netns)
 
     async def _serve_apart(self) -> _Served:
-        made = asyncio.ensure_future(
-            asyncio.to_thread(_netns.new_netns_listening, self._settings.sandbox_relay_port)
-        )
+        made = asyncio.ensure_future(asyncio.to_thread(_netns.begin_netns(self._settings.sandbox_relay_port)))
         try:
             fd, listener = await asyncio.shield(made)
         except asyncio.CancelledError:
             made.add_done_callback(_discard_namespace)  # the thread still finishes: close what it made
             raise
+        assert listener is not None
         return await self._serve_on(listener, fd)
 
     def _open_log(self, log_path: str) -> int:

@@ -24,6 +24,7 @@ from coding_agent_env.sandbox import Sandbox, SandboxSpec
 from coding_agent_env.sandbox.base import RelayEndpoint
 from coding_agent_env.settings import Settings
 from tests.backends.conftest import forwarder_source_path, processes
+from tests.helpers import poll, relay_port_refused
 
 OUT = 64 * 1024
 BACKENDS = ["local", "local-unisolated", "docker", "docker-exec", "hf", "e2b-fake"]
@@ -157,14 +158,6 @@ async def test_close_during_running_exec(sandbox: Sandbox, live: Callable[[Sandb
     assert code is not None and code != 0
 
 
-async def poll(condition: Callable[[], bool], deadline_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + deadline_s
-    while not condition():
-        assert loop.time() < end, "condition not met before the deadline"
-        await asyncio.sleep(0.01)
-
-
 async def test_concurrent_sandboxes_cannot_see_each_other(sandbox: Sandbox, kind: str, make_backend: Callable[[str], Any]) -> None:
     isolated(sandbox, kind)
     other = await make_backend(kind)().create(SandboxSpec(rollout_id="other"))
@@ -273,11 +266,7 @@ async def test_llm_policy_reaches_only_the_relay(
             if kind.startswith("local"):
                 # The local backend serves the relay only to spawned commands (Docker's forwarder serves the
                 # whole container, and the token is what keeps setup and verify out there).
-                port = box.relay_url.split(":")[2].split("/")[0]
-                refused = (f"import errno, socket, sys; code = socket.socket().connect_ex(('127.0.0.1', {port}));"
-                           " sys.exit(0 if code == errno.ECONNREFUSED else 1)")
-                done = await box.exec(["python3", "-c", refused], timeout=30, max_output_bytes=OUT)
-                assert done.exit_code == 0, "an exec'd command reached the relay port, or could not try"
+                assert await relay_port_refused(box), "an exec'd command reached the relay port, or could not try"
         finally:
             await box.close()
         if kind == "local" and served and os.geteuid() == 0:

@@ -23,7 +23,7 @@ from coding_agent_env.sandbox import Sandbox, SandboxSpec, _enter, get_backend
 from coding_agent_env.sandbox.base import RelayEndpoint
 from coding_agent_env.sandbox.local import LocalBackend
 from coding_agent_env.settings import Settings
-from tests.helpers import leftovers
+from tests.helpers import leftovers, poll, relay_port_refused
 
 OUT = 64 * 1024
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the shared network namespace is made only as root")
@@ -56,14 +56,6 @@ async def _netns_of(box: Sandbox) -> str:
     return done.stdout.decode().strip()
 
 
-async def _poll(condition: Callable[[], bool], deadline_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + deadline_s
-    while not condition():
-        assert loop.time() < end, "condition not met before the deadline"
-        await asyncio.sleep(0.01)
-
-
 @as_root
 async def test_one_namespace_per_sandbox_with_loopback(settings: Settings, assert_no_leftovers: None) -> None:
     backend = get_backend("local", settings)
@@ -93,7 +85,7 @@ async def test_cancelled_create_leaves_nothing(settings: Settings, assert_no_lef
     await (await backend.create(SandboxSpec(rollout_id="warm"))).close()  # probe and reaper out of the way
     before = _net_fds()
     creating = asyncio.ensure_future(backend.create(SandboxSpec(rollout_id="cancelled")))
-    await _poll(lambda: creating.done() or any(settings.state_dir.iterdir()))
+    await poll(lambda: creating.done() or any(settings.state_dir.iterdir()))
     creating.cancel()
     try:
         box = await creating
@@ -101,7 +93,7 @@ async def test_cancelled_create_leaves_nothing(settings: Settings, assert_no_lef
         pass
     else:
         await box.close()  # it finished before the cancel arrived: nothing to prove this time
-    await _poll(lambda: not leftovers(settings) and _net_fds() == before)
+    await poll(lambda: not leftovers(settings) and _net_fds() == before)
     # Every uid went back to the pool: as many sandboxes as it holds can still be made.
     boxes = [await backend.create(SandboxSpec(rollout_id=f"n{i}")) for i in range(settings.sandbox_uid_count)]
     for box in boxes:
@@ -122,7 +114,7 @@ async def test_cancelled_close_still_removes_everything(settings: Settings, asse
         await closing
     except asyncio.CancelledError:
         pass
-    await _poll(lambda: not leftovers(settings))
+    await poll(lambda: not leftovers(settings))
 
 
 async def _bwrap_backend(settings: Settings) -> Any:
@@ -155,15 +147,6 @@ def _llm_spec(tmp_path: Path, servers: list[asyncio.Server]) -> SandboxSpec:
     return SandboxSpec(rollout_id="llm", network="llm", relay=relay)
 
 
-async def _port_refused(box: Sandbox) -> bool:
-    """Whether an exec'd command's connection to the relay port is refused (any other outcome: False)."""
-    assert box.relay_url is not None
-    port = box.relay_url.split(":")[2].split("/")[0]
-    probe = (f"import errno, socket, sys; code = socket.socket().connect_ex(('127.0.0.1', {port}));"
-             " sys.exit(0 if code == errno.ECONNREFUSED else 1)")
-    return (await box.exec(["python3", "-c", probe], timeout=30, max_output_bytes=OUT)).exit_code == 0
-
-
 @as_root
 async def test_a_cancelled_spawn_stops_serving_before_close(
     settings: Settings, tmp_path: Path, assert_no_leftovers: None
@@ -181,8 +164,8 @@ async def test_a_cancelled_spawn_stops_serving_before_close(
             await (await spawning).kill()
         except asyncio.CancelledError:
             pass
-        await _poll(lambda: bool(servers) and not servers[0].is_serving())
-        assert await _port_refused(box)
+        await poll(lambda: bool(servers) and not servers[0].is_serving())
+        assert await relay_port_refused(box)
     finally:
         await box.close()
 
@@ -204,7 +187,7 @@ async def test_relay_is_served_only_while_an_agent_runs(
     assert servers == []
     box = await backend.create(spec)
     try:
-        assert await _port_refused(box)
+        assert await relay_port_refused(box)
         ask = (f"import os, urllib.request; url = '{box.relay_url}/x';"
                " print(urllib.request.urlopen(url, timeout=5).read().decode(), os.readlink('/proc/self/ns/net'))")
         sandbox_ns = await _netns_of(box)
@@ -216,7 +199,7 @@ async def test_relay_is_served_only_while_an_agent_runs(
             assert answer == "pong"
             seen.append(netns)
             assert not servers[-1].is_serving(), "still served after the agent exited"
-            assert await _port_refused(box)
+            assert await relay_port_refused(box)
         assert seen[0] == sandbox_ns and seen[1] != sandbox_ns
         spawning = asyncio.ensure_future(box.spawn(["sleep", "300"]))
         await asyncio.sleep(0)  # one turn: the spawn is waiting for its namespace when cancelled
@@ -228,7 +211,7 @@ async def test_relay_is_served_only_while_an_agent_runs(
     finally:
         await box.close()
     assert len(servers) == 3 and not any(server.is_serving() for server in servers)
-    await _poll(lambda: _net_fds() == before_net and _sockets() == before_sockets)
+    await poll(lambda: _net_fds() == before_net and _sockets() == before_sockets)
 
 
 @as_root

@@ -154,6 +154,12 @@ def _serves_again(port: int, deadline_s: float = 20.0) -> bool:
     return False
 
 
+def _close_all(conns: list[socket.socket]) -> None:
+    for conn in conns:
+        conn.close()
+    conns.clear()
+
+
 def test_forwarder_outlives_running_out_of_descriptors(echo_socket: str) -> None:
     """An agent holding more connections open than the forwarder has descriptors for must not cut itself off
     its LLM for the rest of the rollout: once they close, the forwarder serves again."""
@@ -163,13 +169,10 @@ def test_forwarder_outlives_running_out_of_descriptors(echo_socket: str) -> None
         for _ in range(forwarder.MAX_CONNECTIONS + 16):
             flood.append(socket.create_connection(("127.0.0.1", port), timeout=10))
         assert _descriptors_run_out(parent.pid, 40)
-        for conn in flood:
-            conn.close()
-        flood.clear()
+        _close_all(flood)
         assert _serves_again(port)
     finally:
-        for conn in flood:
-            conn.close()
+        _close_all(flood)
         os.killpg(parent.pid, signal.SIGKILL)
 
 
@@ -185,11 +188,8 @@ def test_connections_over_the_cap_are_closed_at_once(echo_socket: str) -> None:
         extra = socket.create_connection(("127.0.0.1", port), timeout=10)
         held.append(extra)
         assert extra.recv(1) == b""  # refused: closed without being forwarded
-        for conn in held:
-            conn.close()
-        held.clear()
+        _close_all(held)
         assert _serves_again(port)
     finally:
-        for conn in held:
-            conn.close()
+        _close_all(held)
         os.killpg(parent.pid, signal.SIGKILL)

@@ -107,6 +107,7 @@ def _package_files(package_dir: str) -> list[AgentFile]:
     return files
 
 
+@functools.cache
 def _digest() -> str:
     """Identifies the package's files (sources, and pycs for this interpreter)."""
     hasher = hashlib.sha256(str(sys.implementation.cache_tag).encode())
