@@ -1,7 +1,8 @@
 """End-to-end rollout time per agent (OpenCode, Pi, Terminus) with the instant scripted fake LLM, beside
-running the same agent directly (same launcher, config and scripted session; no server, no sandbox, no relay:
-the agent talks to the fake LLM itself) in the same run. Target: rollout within 1.3x of the direct run (the
-agent's own start-up is the floor).
+running the same agent directly in the same run: no server, no sandbox, no relay, the agent talks to the fake
+LLM itself. A CLI agent runs its own launcher with the same config; Terminus, whose loop runs in the server
+for a rollout, runs as its standalone program (`terminus.loop`: the same conversation, commands in a host
+shell). Target: rollout within 1.3x of the direct run (the agent's own start-up is the floor).
 
 Also printed: the direct run followed by the task's verify commands run directly too (plain subprocesses in
 the same workdir), so both sides do the same work; each agent's rollout phases (p50); and the fixed cost of a
@@ -26,9 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench._common import bench_settings  # noqa: E402
 from coding_agent_env.agents.driver import SESSION_TITLE, launcher_script  # noqa: E402
-from coding_agent_env.agents.install import check_installed  # noqa: E402
-from coding_agent_env.agents.registry import cli_specs  # noqa: E402
-from coding_agent_env.agents.spec import CliAgentSpec, LaunchContext  # noqa: E402
+from coding_agent_env.agents.registry import cli_specs, get_agent  # noqa: E402
+from coding_agent_env.agents.spec import LaunchContext  # noqa: E402
+from coding_agent_env.agents.terminus.agent import standalone_argv, standalone_config  # noqa: E402
 from coding_agent_env.llm import Relay  # noqa: E402
 from coding_agent_env.models import RolloutRequest, RolloutStatus, Timings  # noqa: E402
 from coding_agent_env.rollout import run_rollout  # noqa: E402
@@ -40,30 +41,26 @@ KEY = "sk-bench"
 MODEL = "fake/coder-1"
 
 
-def direct_run(spec: CliAgentSpec, settings: Settings, base_url: str) -> tuple[float, float]:
-    """The agent's own launcher run as a plain subprocess in a fresh HOME and workdir: (agent seconds, seconds
-    of the task's verify commands then run the same way)."""
+def direct_run(agent: str, settings: Settings, base_url: str) -> tuple[float, float]:
+    """The agent run as a plain subprocess in a fresh HOME and workdir: (agent seconds, seconds of the task's
+    verify commands then run the same way). A CLI agent runs its own launcher; Terminus runs as its
+    standalone program (`terminus.loop`: the same conversation, commands in a host shell)."""
     root = tempfile.mkdtemp(prefix="cae-bench-direct-")
     try:
         home, work, agent_dir = (os.path.join(root, d) for d in ("home", "work", "agent"))
         for path in (home, work, agent_dir):
             os.makedirs(path)
-        prefix = str(settings.agents_dir / spec.prefix_name)
-        ctx = LaunchContext(base_url=base_url, token=KEY, model=MODEL, home=home, workdir=work,
-                            agent_dir=agent_dir, prefix=prefix, title=SESSION_TITLE)
-        launch = spec.launch(ctx)
-        for item in launch.files:
-            os.makedirs(os.path.dirname(item.path), exist_ok=True)
-            with open(item.path, "wb") as handle:
-                handle.write(item.data())
-        instruction = os.path.join(agent_dir, "instruction.md")
-        with open(instruction, "w", encoding="utf-8") as handle:
-            handle.write(TASK)
-        script = launcher_script(launch, ctx, instruction, os.path.join(agent_dir, "events.jsonl"))
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": root, "LANG": "C.UTF-8",
-               **spec.extra_env, **launch.env}
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": root, "LANG": "C.UTF-8"}
+        if agent == "terminus":
+            config = os.path.join(agent_dir, "terminus.json")
+            with open(config, "w", encoding="utf-8") as handle:
+                handle.write(standalone_config(settings, base_url=base_url, model=MODEL, state_dir=agent_dir))
+            argv, stdin = standalone_argv(config), TASK.encode()
+            env["TERMINUS_API_KEY"] = KEY
+        else:
+            argv, stdin = cli_launch(agent, settings, base_url, home, work, agent_dir, env), None
         started = time.perf_counter()
-        done = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, timeout=300, check=False)
+        done = subprocess.run(argv, input=stdin, cwd=work, env=env, capture_output=True, timeout=300, check=False)
         elapsed = time.perf_counter() - started
         assert done.returncode == 0 and os.path.exists(os.path.join(work, "binary_search.py")), done.stderr[-2000:]
         started = time.perf_counter()
@@ -74,6 +71,26 @@ def direct_run(spec: CliAgentSpec, settings: Settings, base_url: str) -> tuple[f
         return elapsed, time.perf_counter() - started
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def cli_launch(
+    agent: str, settings: Settings, base_url: str, home: str, work: str, agent_dir: str, env: dict[str, str]
+) -> list[str]:
+    """Write a CLI agent's launch files and launcher as the driver would; its argv (and `env` completed)."""
+    [spec] = [spec for spec in cli_specs() if spec.name == agent]
+    prefix = str(settings.agents_dir / spec.prefix_name)
+    ctx = LaunchContext(base_url=base_url, token=KEY, model=MODEL, home=home, workdir=work,
+                        agent_dir=agent_dir, prefix=prefix, title=SESSION_TITLE)
+    launch = spec.launch(ctx)
+    for item in launch.files:
+        os.makedirs(os.path.dirname(item.path), exist_ok=True)
+        with open(item.path, "wb") as handle:
+            handle.write(item.data())
+    instruction = os.path.join(agent_dir, "instruction.md")
+    with open(instruction, "w", encoding="utf-8") as handle:
+        handle.write(TASK)
+    env.update({**spec.extra_env, **launch.env})
+    return ["bash", "-c", launcher_script(launch, ctx, instruction, os.path.join(agent_dir, "events.jsonl"))]
 
 
 PHASES = ("provision", "setup", "agent", "verify", "collect", "teardown")
@@ -103,29 +120,29 @@ async def main(runs: int, only: set[str]) -> None:
     # One relay for every rollout, as in the server (a rollout without one starts a private relay).
     with bench_settings() as settings, FakeLLMServer(FakeLLM(api_key=KEY)) as fake:
         async with Relay(settings) as relay:
-            for spec in cli_specs():
-                if not only or spec.name in only:
-                    await compare(spec, settings, fake, relay, runs)
+            for agent in [spec.name for spec in cli_specs()] + ["terminus"]:
+                if not only or agent in only:
+                    await compare(agent, settings, fake, relay, runs)
             fixed = [await rollout("nop", settings, fake.base_url, relay, reward=0.0) for _ in range(runs)]
             print(f"{'nop':9} rollout p50 {ms([e for e, _ in fixed])}   (fixed cost without an "
                   f"agent process)   phases p50 (ms): {phases([t for _, t in fixed])}")
 
 
-async def compare(spec: CliAgentSpec, settings: Settings, fake: FakeLLMServer, relay: Relay, runs: int) -> None:
-    check_installed(spec, settings.agents_dir)
-    script = session(spec.name, write_file_command("binary_search.py", CORRECT))
+async def compare(agent: str, settings: Settings, fake: FakeLLMServer, relay: Relay, runs: int) -> None:
+    get_agent(agent).check_available(settings)
+    script = session(agent, write_file_command("binary_search.py", CORRECT))
     ours, direct, checked, timings = [], [], [], []
     for _ in range(runs):  # interleaved, so both see the same machine load
         fake.app.reset(list(script))
-        agent_s, verify_s = await asyncio.to_thread(direct_run, spec, settings, fake.base_url)
+        agent_s, verify_s = await asyncio.to_thread(direct_run, agent, settings, fake.base_url)
         direct.append(agent_s)
         checked.append(agent_s + verify_s)
         fake.app.reset(list(script))
-        elapsed, timing = await rollout(spec.name, settings, fake.base_url, relay)
+        elapsed, timing = await rollout(agent, settings, fake.base_url, relay)
         ours.append(elapsed)
         timings.append(timing)
     ratio = statistics.median(ours) / statistics.median(direct)
-    print(f"{spec.name:9} rollout p50 {ms(ours)}   direct p50 {ms(direct)}   ratio {ratio:4.2f}x   "
+    print(f"{agent:9} rollout p50 {ms(ours)}   direct p50 {ms(direct)}   ratio {ratio:4.2f}x   "
           f"(target <= 1.30x, {runs} runs)")
     both = statistics.median(ours) / statistics.median(checked)
     print(f"{'':9} direct + verify p50 {ms(checked)}   ratio {both:4.2f}x   (same work on both sides)")

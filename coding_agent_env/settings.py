@@ -123,10 +123,10 @@ class Settings(BaseModel):
     """LLM calls the built-in Terminus agent makes before it gives up (exit code 3)."""
 
     terminus_command_timeout_s: float = Field(default=120.0, gt=0)
-    """Deadline of each Terminus command; its process group is killed at it."""
+    """Deadline of each Terminus command; its whole process tree is killed at it."""
 
     terminus_max_output_bytes: int = Field(default=16 * 1024, ge=256)
-    """Bytes of a command's output Terminus shows the model (head and tail halves)."""
+    """Bytes of a command's output Terminus shows the model (the first ones, and how many more there were)."""
 
     terminus_llm_timeout_s: float = Field(default=600.0, gt=0)
     """Deadline of one Terminus LLM call."""

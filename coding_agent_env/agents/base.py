@@ -3,7 +3,8 @@
 An agent gets an `AgentContext` (the request, the open sandbox, where the instruction file is and where its
 log goes) and returns its exit code. The pipeline owns the deadline: it cancels `run()` when the agent's time
 is up, and `run()` must leave no process behind when it returns or is cancelled. `run_in_sandbox` gives every
-agent that guarantee: spawn -> wait -> kill the whole tree in `finally`.
+agent that guarantee: spawn -> wait -> kill the whole tree in `finally`. An agent whose loop runs in the server
+(Terminus: `llm_from_sandbox` false) starts nothing but sandbox execs, which die with their tree when cancelled.
 
 `AgentError` means the agent could not be run at all (infrastructure); a non-zero exit code is the agent's
 own outcome.
@@ -26,8 +27,9 @@ __all__ = ["Agent", "AgentContext", "LlmAccess", "run_in_sandbox"]
 
 @dataclass(frozen=True)
 class LlmAccess:
-    """How an agent reaches its LLM: the relay as seen from inside the sandbox, and a per-rollout token
-    (use it as the OpenAI api_key; it is worthless outside this rollout). Never the upstream key."""
+    """How an agent reaches its LLM: the relay (as seen from inside the sandbox, or from the server for an
+    agent whose calls do not come from the sandbox: `Agent.llm_from_sandbox`), and a per-rollout token (use it
+    as the OpenAI api_key; it is worthless outside this rollout). Never the upstream key."""
 
     base_url: str
     token: str
@@ -52,6 +54,10 @@ class AgentContext:
 class Agent(abc.ABC):
     name: ClassVar[str]
     needs_llm: ClassVar[bool] = False
+    llm_from_sandbox: ClassVar[bool] = True
+    """Whether the agent's LLM calls come from inside the sandbox (a CLI agent: the sandbox then gets network
+    `llm` and `LlmAccess` the relay as the sandbox sees it) or from the server itself (Terminus's loop: the
+    sandbox gets no network, and `LlmAccess` the relay's loopback listener)."""
 
     def check_available(self, settings: Settings) -> None:
         """Raise `UnknownAgentError` if this agent cannot run on this server (e.g. not installed), so the
@@ -59,6 +65,11 @@ class Agent(abc.ABC):
 
     def events(self) -> AgentEvents | None:
         """After `run`: a summary of the agent's own event stream, if it has one."""
+        return None
+
+    def log_tail(self, max_bytes: int) -> str | None:
+        """After `run`: the last `max_bytes` of the agent's log when the agent keeps it itself (it runs in the
+        server); None when the log is the sandbox file at `AgentContext.log_path`."""
         return None
 
     @abc.abstractmethod

@@ -17,11 +17,11 @@ import shlex
 from typing import ClassVar
 
 from coding_agent_env.agents.base import Agent, AgentContext, run_in_sandbox
-from coding_agent_env.agents.events import AgentReport, render_transcript
+from coding_agent_env.agents.events import AgentReport, render_transcript, report_events
 from coding_agent_env.agents.install import AgentNotInstalledError, check_installed
 from coding_agent_env.agents.spec import CliAgentSpec, Launch, LaunchContext
 from coding_agent_env.errors import AgentError, SandboxError, UnknownAgentError
-from coding_agent_env.models import AgentEvents, AgentToolUse
+from coding_agent_env.models import AgentEvents
 from coding_agent_env.settings import Settings
 
 __all__ = ["CliAgent", "MAX_EVENTS_BYTES", "launcher_script"]
@@ -57,18 +57,7 @@ class CliAgent(Agent):
         self.last_report: AgentReport | None = None
 
     def events(self) -> AgentEvents | None:
-        report = self.last_report
-        if report is None:
-            return None
-        return AgentEvents(
-            events=report.events,
-            steps=report.steps,
-            tool_calls=[AgentToolUse(name=name, input=detail) for name, detail in report.tool_calls],
-            texts=report.texts,
-            errors=report.errors,
-            malformed=report.malformed,
-            tokens=report.tokens,
-        )
+        return None if self.last_report is None else report_events(self.last_report)
 
     def check_available(self, settings: Settings) -> None:
         try:
@@ -97,8 +86,6 @@ class CliAgent(Agent):
             agent_dir=ctx.agent_dir,
             prefix=prefix,
             title=SESSION_TITLE,
-            settings=ctx.settings,
-            agents_root=sandbox.agents_dir,
         )
 
     async def run(self, ctx: AgentContext) -> int:

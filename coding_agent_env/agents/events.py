@@ -11,7 +11,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AgentReport", "json_lines", "max_depth_exceeded", "render_transcript"]
+from coding_agent_env.models import AgentEvents, AgentToolUse
+
+__all__ = ["AgentReport", "json_lines", "max_depth_exceeded", "render_transcript", "report_events"]
 
 MAX_LINE_CHARS = 4 * 1024 * 1024
 """Longest event line parsed; longer ones are malformed."""
@@ -116,3 +118,16 @@ def render_transcript(report: AgentReport, agent: str) -> str:
     lines += [f"[text] {text[:500]}" for text in report.texts[-10:]]
     lines += [f"[error] {error[:500]}" for error in report.errors[-10:]]
     return "\n".join(lines) + "\n"
+
+
+def report_events(report: AgentReport) -> AgentEvents:
+    """The report as the result's `agent_events`."""
+    return AgentEvents(
+        events=report.events,
+        steps=report.steps,
+        tool_calls=[AgentToolUse(name=name, input=detail) for name, detail in report.tool_calls],
+        texts=report.texts,
+        errors=report.errors,
+        malformed=report.malformed,
+        tokens=report.tokens,
+    )

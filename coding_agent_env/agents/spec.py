@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from coding_agent_env.agents.events import AgentReport
-from coding_agent_env.settings import Settings
 
 __all__ = [
     "AgentFile",
@@ -87,27 +86,20 @@ class LaunchContext:
     """Where this agent's install prefix is visible inside the sandbox (read-only)."""
     title: str
     """A short, fixed, non-secret session title."""
-    settings: Settings = field(default_factory=Settings)
-    """The server's settings (for limits a spec renders into its config)."""
-    agents_root: str | None = None
-    """Where the host's agents dir (`settings.agents_dir`) is visible inside the sandbox (read-only), or None
-    when this sandbox does not see it."""
 
 
 @dataclass(frozen=True)
 class AgentFile:
-    """A file the driver writes before the launch, as `content.encode(encoding)`. Files holding the token must
-    be mode 0600. Binary content travels as `latin-1` text (one character per byte), so every file's content
-    is a `str` that can be searched for the token."""
+    """A file the driver writes before the launch, as UTF-8. Files holding the token must be mode 0600. The
+    content is a `str`, so every file can be searched for the token."""
 
     path: str
     content: str
     mode: int = _SECRET_MODE
-    encoding: str = "utf-8"
 
     def data(self) -> bytes:
-        """The bytes written (as `Sandbox.write_text` does for UTF-8: surrogate escapes become raw bytes)."""
-        return self.content.encode(self.encoding, "surrogateescape")
+        """The bytes written (as `Sandbox.write_text` does: surrogate escapes become raw bytes)."""
+        return self.content.encode("utf-8", "surrogateescape")
 
 
 @dataclass(frozen=True)

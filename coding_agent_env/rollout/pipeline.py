@@ -199,6 +199,7 @@ class _Rollout:
         spec = SandboxSpec(rollout_id=self.rollout_id, image=self.request.image, deadline_s=self.budget.total_s)
         if self.upstream is not None:
             self.lease = await self._open_lease(self.upstream)
+        if self.lease is not None and self.agent.llm_from_sandbox:
             agents = self.settings.agents_dir
             spec = SandboxSpec(
                 rollout_id=self.rollout_id,
@@ -270,10 +271,16 @@ class _Rollout:
     def _llm_access(self, sandbox: Sandbox) -> LlmAccess | None:
         if self.lease is None or self.upstream is None:
             return None
+        if not self.agent.llm_from_sandbox:
+            return LlmAccess(base_url=self.lease.base_url, token=self.lease.token, model=self.upstream.model or "")
         assert sandbox.relay_url is not None, "an llm sandbox always has a relay URL"
         return LlmAccess(base_url=sandbox.relay_url, token=self.lease.token, model=self.upstream.model or "")
 
     async def _read_agent_log(self, path: str) -> None:
+        own = self.agent.log_tail(self.settings.agent_log_tail_bytes)
+        if own is not None:
+            self.agent_log_tail = own
+            return
         sandbox = self._open_sandbox()
         try:
             self.agent_log_tail = await sandbox.read_text(path, max_bytes=self.settings.agent_log_tail_bytes, tail=True)

@@ -36,7 +36,8 @@ async def test_binary_search_on_docker_scores_one_and_the_key_stays_out(
     result = await run_rollout(request(fake, agent, sandbox=name, mode="transparent_proxy", top_logprobs=2),
                                settings=settings)
     assert result.status is RolloutStatus.COMPLETED, (result.error, result.agent_log_tail)
-    assert (result.sandbox, result.isolation, result.network) == ("docker", "docker", "llm")
+    network = "none" if agent == "terminus" else "llm"  # Terminus calls the relay from the server
+    assert (result.sandbox, result.isolation, result.network) == ("docker", "docker", network)
     assert result.reward == 1.0 and result.agent_exit_code == 0, (result.verify_results, result.agent_log_tail)
     assert result.files["binary_search.py"] == CORRECT
     # The scan ran as the agent's own tool call inside the container: no key in files, argv or environments.
@@ -61,7 +62,10 @@ async def test_terminus_on_docker_through_engine_execs(
     monkeypatch.setattr(DockerBackend, "_local_daemon", lambda self: False)
     require_agent("terminus")
     name, settings = settings_for("docker")
-    fake.app.script = session("terminus", write_file_command("binary_search.py", CORRECT))
+    fake.app.script = session("terminus", write_file_command("binary_search.py", CORRECT),
+                              "mkdir -p sub && cd sub && export KEPT=yes", 'echo "$KEPT $PWD" > /workspace/state.txt')
     result = await run_rollout(request(fake, "terminus", sandbox=name), settings=settings)
     assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, (result.error, result.agent_log_tail)
-    assert result.network == "llm" and len(result.turns) == len(fake.app.requests) >= 2
+    assert result.files["state.txt"] == "yes /workspace/sub\n"  # shell state kept between engine execs
+    # Its loop runs in the server: the container needs no route to the relay.
+    assert result.network == "none" and len(result.turns) == len(fake.app.requests) >= 2

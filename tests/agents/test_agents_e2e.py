@@ -62,6 +62,8 @@ async def test_correct_binary_search_scores_one_and_the_key_stays_out(
     check_ran(result)
     assert result.reward == 1.0 and result.agent_exit_code == 0
     assert result.files["binary_search.py"] == CORRECT
+    # A CLI agent calls the relay from the sandbox; Terminus's loop runs in the server, so its sandbox has none.
+    assert result.network == ("none" if agent == "terminus" else "llm")
     # The scan ran as the agent's own tool call: it saw the agent's environment and argv, and no key.
     assert result.files["found.txt"].split() == ["0"], result.files["found.txt"]
     assert int(result.files["seen_lines.txt"]) > 10

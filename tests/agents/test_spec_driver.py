@@ -16,7 +16,6 @@ from coding_agent_env.agents.opencode import OPENCODE
 from coding_agent_env.agents.pi import PI
 from coding_agent_env.agents.registry import cli_specs, get_agent
 from coding_agent_env.agents.spec import AgentFile, HomeLink, Launch, LaunchContext, NpmPackage, SpecError
-from coding_agent_env.agents.terminus.agent import TERMINUS
 from coding_agent_env.errors import UnknownAgentError
 from coding_agent_env.models import RolloutRequest, RolloutStatus
 from coding_agent_env.rollout import run_rollout
@@ -28,7 +27,7 @@ CTX = LaunchContext(base_url="http://127.0.0.1:8765/v1", token=TOKEN, model="m';
 
 
 def test_registry_knows_every_agent_and_specs_are_pinned() -> None:
-    assert {spec.name for spec in cli_specs()} == {"opencode", "pi", "terminus"}
+    assert {spec.name for spec in cli_specs()} == {"opencode", "pi"}  # Terminus runs in the server
     assert (OPENCODE.version, PI.version) == ("1.18.33", "0.73.1")
     assert get_agent("opencode").needs_llm and get_agent("terminus").needs_llm
     with pytest.raises(SpecError):
@@ -37,7 +36,7 @@ def test_registry_knows_every_agent_and_specs_are_pinned() -> None:
         dataclasses.replace(OPENCODE, version="1.18.34")  # the pinned package no longer matches
 
 
-@pytest.mark.parametrize("spec", [OPENCODE, PI, TERMINUS], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", [OPENCODE, PI], ids=lambda s: s.name)
 def test_token_only_in_env_or_private_files(spec) -> None:  # type: ignore[no-untyped-def]
     launch = spec.launch(CTX)
     assert not any(TOKEN in arg for arg in launch.argv)
@@ -83,7 +82,7 @@ def test_install_status_names_the_install_command(tmp_path: Path) -> None:
     prefix.mkdir()
     (prefix / MARKER).write_text(json.dumps({"agent": "opencode", "version": "0.0.1", "packages": []}))
     assert "stale" in status(OPENCODE, tmp_path).detail
-    assert status(TERMINUS, tmp_path).installed
+    get_agent("terminus").check_available(Settings(agents_dir=tmp_path))  # built in: nothing to install
 
 
 async def test_missing_agent_is_refused_before_anything_starts(settings: Settings, tmp_path: Path) -> None:
@@ -92,40 +91,3 @@ async def test_missing_agent_is_refused_before_anything_starts(settings: Setting
     with pytest.raises(UnknownAgentError, match="coding-agent-env agents install"):
         await run_rollout(request, settings=empty)
     assert not list(settings.state_dir.iterdir()), "no sandbox was made"
-
-
-def test_terminus_limits_come_from_settings() -> None:
-    from coding_agent_env.agents.spec import LaunchContext
-    from coding_agent_env.agents.terminus.agent import TERMINUS
-
-    limits = Settings(terminus_max_turns=7, terminus_command_timeout_s=3.5, terminus_loose_parsing=True)
-    ctx = LaunchContext(base_url="http://127.0.0.1:1/v1", token="t" * 20, model="m", home="/h", workdir="/w",
-                        agent_dir="/a", prefix="/p", title="t", settings=limits)
-    [config] = [f for f in TERMINUS.render(ctx).files if f.path.endswith("terminus.json")]
-    rendered = json.loads(config.content)
-    assert (rendered["max_turns"], rendered["command_timeout_s"], rendered["loose_parsing"]) == (7, 3.5, True)
-
-
-def test_terminus_package_is_shared_through_the_agents_dir_when_the_sandbox_sees_it(tmp_path: Path) -> None:
-    """Written once under the agents dir (world-readable, named by a digest of its files); a launch whose
-    sandbox sees that dir writes only its config, one that does not gets the package files as before."""
-    agents = tmp_path / "agents"
-    agents.mkdir()
-    settings = Settings(agents_dir=agents, state_dir=tmp_path / "state")
-    shared = TERMINUS.launch(dataclasses.replace(CTX, settings=settings, agents_root="/opt/agents"))
-    [made] = [p for p in agents.iterdir() if not p.name.startswith(".")]
-    assert made.name.startswith(f"terminus-{TERMINUS.version}-") and list(agents.iterdir()) == [made]
-    modules = sorted(p.name for p in (made / "terminus_agent").iterdir())
-    assert {"__init__.py", "loop.py", "parse.py", "shell.py", "__pycache__"} <= set(modules)
-    assert all(oct(p.stat().st_mode & 0o777) in ("0o755", "0o644") for p in made.rglob("*"))
-    assert shared.argv[-2] == f"/opt/agents/{made.name}" and [f.path for f in shared.files] == [
-        "/logs/agent dir/terminus.json"
-    ]
-    stamp = (made / "terminus_agent" / "loop.py").stat().st_mtime_ns
-    again = TERMINUS.launch(dataclasses.replace(CTX, settings=settings, agents_root="/opt/agents"))
-    assert again.argv == shared.argv and (made / "terminus_agent" / "loop.py").stat().st_mtime_ns == stamp
-    private = TERMINUS.launch(dataclasses.replace(CTX, settings=settings, agents_root=None))
-    assert private.argv[-2] == "/logs/agent dir/py" and len(private.files) > 4
-    missing = Settings(agents_dir=tmp_path / "absent", state_dir=tmp_path / "state")
-    fallback = TERMINUS.launch(dataclasses.replace(CTX, settings=missing, agents_root="/opt/agents"))
-    assert fallback.argv[-2] == "/logs/agent dir/py" and not (tmp_path / "absent").exists()

@@ -1,4 +1,5 @@
 """Terminus: the built-in agent (Python, no npm). See `terminus.agent` for the design.
 
-Only the standard library is imported by `parse`, `shell` and `loop`: they are shipped into the sandbox.
+`core`, `parse`, `shell` and `loop` import only the standard library (and this package's `__init__` nothing
+at all), so `loop` also runs as a standalone program with `python3 -I -S`.
 """

@@ -1,14 +1,15 @@
-"""Running Terminus's commands with persistent shell state. Standard library only (runs in the sandbox).
+"""Terminus's persistent shell: the runner both drivers use, and `PersistentShell` for the standalone program.
 
-Each command runs in a fresh `bash` in its own session (process group) that first sources the state file
-(exported variables and the working directory left by the previous command), then sources the command's
-own file, and on exit (even through `exit`) writes the state back. So `cd` and `export` survive between
-commands, a hung command is killed by process group at its timeout without losing the state of earlier
-ones, and nothing of ours is interpolated into a shell string: the runner script is a constant, the state
-and command paths are positional arguments.
+Each command runs in a fresh `bash` (`RUNNER`) that first sources the state file (exported variables and the
+working directory left by the previous command), then evaluates the command, and on exit (even through
+`exit`) writes the state back. So `cd` and `export` survive between commands, a hung command is killed at its
+timeout without losing the state of earlier ones, and nothing is interpolated into a shell string: the runner
+is a constant, and the state path and the command text are its positional arguments. A command too long for
+one argument (`MAX_INLINE_BYTES`) is written to a file, and the runner is given `. FILE` instead.
 
-Output (stdout and stderr, merged) is kept up to `max_output_bytes`: its head and tail halves, with a
-marker saying how much was dropped in between.
+Output (stdout and stderr, merged in order) is kept up to `max_output_bytes` (its head), with a note saying
+how many bytes were left out. In the server, `terminus.sandbox_shell` runs the same runner as a sandbox exec.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -21,53 +22,59 @@ import time
 from collections import namedtuple
 from collections.abc import Mapping
 
-__all__ = ["CommandOutcome", "PersistentShell"]
+__all__ = [
+    "MAX_INLINE_BYTES", "RUNNER", "CommandOutcome", "PersistentShell", "fits_inline", "outcome", "runner_argv",
+    "source_file",
+]
 
-_RUNNER = r"""
+RUNNER = r"""
 __state="$1"; __cmd="$2"; shift 2
+exec 2>&1
 if [ -f "$__state" ]; then . "$__state" >/dev/null 2>&1; fi
-trap '__rc=$?; { export -p; printf "cd -- %q\n" "$PWD"; } > "$__state.tmp" 2>/dev/null && mv -f "$__state.tmp" "$__state"; exit $__rc' EXIT
-. "$__cmd"
+trap '__rc=$?; { export -p; printf "cd -- %q\n" "$PWD"; } > "$__state.tmp" 2>/dev/null &&
+      mv -f "$__state.tmp" "$__state"; exit $__rc' EXIT
+eval "$__cmd"
 """
+MAX_INLINE_BYTES = 128 * 1024 - 1
+"""Longest command (UTF-8) passed inline: the kernel's cap on one argument, less its terminating NUL."""
 _READ_CHUNK = 65536
 _GRACE_S = 1.0
 """After the command exits, how long its output pipe may stay open (held by a background job)."""
 
 
-# A named tuple, not a dataclass: importing `dataclasses` would cost every rollout's start-up (see `parse`).
+# A named tuple, not a dataclass: importing `dataclasses` would cost the standalone program's start-up.
 class CommandOutcome(namedtuple("CommandOutcome", ("exit_code", "output", "timed_out", "dropped_bytes"))):
     """`exit_code: int | None` (None when timed out), `output: str` (merged, capped), `timed_out: bool`,
-    `dropped_bytes: int` (output bytes left out of the middle)."""
+    `dropped_bytes: int` (output bytes left out at the end)."""
 
     __slots__ = ()
 
 
-class _Capped:
-    """Head and tail of a byte stream within a budget."""
+def runner_argv(state_path: str, command: str) -> list[str]:
+    """The runner's argv for one command text (inline: see `fits_inline`)."""
+    return ["bash", "--noprofile", "--norc", "-c", RUNNER, "terminus-shell", state_path, command]
 
-    def __init__(self, limit: int) -> None:
-        self.half = max(limit // 2, 1)
-        self.head = b""
-        self.tail = b""
-        self.total = 0
 
-    def add(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        room = self.half - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        if chunk:
-            self.tail = (self.tail + chunk)[-self.half :]
+def fits_inline(command: str) -> bool:
+    """Whether `command` can be one argument: short enough, and no NUL (which no argument can hold)."""
+    return "\0" not in command and len(command.encode("utf-8", "surrogateescape")) <= MAX_INLINE_BYTES
 
-    def text(self) -> tuple[str, int]:
-        dropped = self.total - len(self.head) - len(self.tail)
-        middle = f"\n[... {dropped} bytes of output omitted ...]\n".encode() if dropped > 0 else b""
-        return (self.head + middle + self.tail).decode("utf-8", "replace"), max(dropped, 0)
+
+def source_file(path: str) -> str:
+    """The command text that runs the command written to `path` (a path of ours, quoted for the shell)."""
+    return ". '" + path.replace("'", "'\\''") + "'"
+
+
+def outcome(exit_code: int | None, head: bytes, dropped: int, timed_out: bool) -> CommandOutcome:
+    text = head.decode("utf-8", "replace")
+    if dropped > 0:
+        text += f"\n[... {dropped} more bytes of output left out ...]\n"
+    return CommandOutcome(None if timed_out else exit_code, text, timed_out, max(dropped, 0))
 
 
 class PersistentShell:
-    """See the module docstring. `state_dir` is private to the agent; `workdir` is where it starts."""
+    """The standalone program's shell: the runner as a host subprocess in its own session, killed by process
+    group when it ends or times out. `state_dir` is private to the agent; `workdir` is where it starts."""
 
     def __init__(self, state_dir: str, workdir: str, env: Mapping[str, str], *, max_output_bytes: int) -> None:
         self.state_path = os.path.join(state_dir, "shell-state.sh")
@@ -77,27 +84,29 @@ class PersistentShell:
         self.max_output_bytes = max_output_bytes
 
     def run(self, command: str, *, timeout_s: float) -> CommandOutcome:
-        with open(self.command_path, "w", encoding="utf-8", errors="surrogateescape") as handle:
-            handle.write(command + "\n")
-        argv = ["bash", "--noprofile", "--norc", "-c", _RUNNER, "terminus-shell", self.state_path, self.command_path]
+        if not fits_inline(command):
+            with open(self.command_path, "w", encoding="utf-8", errors="surrogateescape") as handle:
+                handle.write(command + "\n")
+            command = source_file(self.command_path)
         proc = subprocess.Popen(
-            argv, cwd=self.workdir, env=self.env, stdin=subprocess.DEVNULL,
+            runner_argv(self.state_path, command), cwd=self.workdir, env=self.env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         )
         try:
-            captured, timed_out = self._read(proc, time.monotonic() + timeout_s)
+            head, dropped, timed_out = self._read(proc, time.monotonic() + timeout_s)
         finally:
             _kill_group(proc.pid)
             proc.wait()
             if proc.stdout is not None:
                 proc.stdout.close()
-        output, dropped = captured.text()
-        return CommandOutcome(None if timed_out else proc.returncode, output, timed_out, dropped)
+        return outcome(proc.returncode, head, dropped, timed_out)
 
-    def _read(self, proc: subprocess.Popen[bytes], deadline: float) -> tuple[_Capped, bool]:
-        """Read output until EOF (or the deadline); also returns whether the command outlived the deadline."""
+    def _read(self, proc: subprocess.Popen[bytes], deadline: float) -> tuple[bytes, int, bool]:
+        """Read output until EOF (or the deadline): (the head kept, bytes dropped, whether the command
+        outlived the deadline)."""
         assert proc.stdout is not None
-        captured = _Capped(self.max_output_bytes)
+        head = bytearray()
+        dropped = 0
         fd = proc.stdout.fileno()
         with selectors.DefaultSelector() as selector:
             selector.register(fd, selectors.EVENT_READ)
@@ -106,13 +115,15 @@ class PersistentShell:
                     deadline = min(deadline, time.monotonic() + _GRACE_S)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    return captured, proc.poll() is None
+                    return bytes(head), dropped, proc.poll() is None
                 if not selector.select(min(remaining, 0.25)):
                     continue
                 chunk = os.read(fd, _READ_CHUNK)
                 if not chunk:
-                    return captured, not _exits_by(proc, deadline)
-                captured.add(chunk)
+                    return bytes(head), dropped, not _exits_by(proc, deadline)
+                room = self.max_output_bytes - len(head)
+                head += chunk[:room]
+                dropped += max(len(chunk) - room, 0)
 
 
 def _exits_by(proc: subprocess.Popen[bytes], deadline: float) -> bool:

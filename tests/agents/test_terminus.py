@@ -1,0 +1,235 @@
+"""Terminus: its conversation (pure), its shell as sandbox execs in the real local sandbox, and its standalone
+program against the scripted fake LLM."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from coding_agent_env.agents.terminus.agent import parse_terminus_events, standalone_argv, standalone_config
+from coding_agent_env.agents.terminus.core import (
+    EXIT_LLM_FAILED,
+    EXIT_OUT_OF_TURNS,
+    Chat,
+    ChatFailed,
+    Run,
+    conversation,
+    message_of,
+)
+from coding_agent_env.agents.terminus.sandbox_shell import SandboxShell
+from coding_agent_env.agents.terminus.shell import MAX_INLINE_BYTES, CommandOutcome
+from coding_agent_env.models import RolloutRequest, RolloutStatus
+from coding_agent_env.rollout import run_rollout
+from coding_agent_env.sandbox import Sandbox, SandboxSpec, get_backend
+from coding_agent_env.settings import Settings
+from tests.agents.sessions import CORRECT, TASK, session, write_file_command
+from tests.fakes.llm import FakeLLM, FakeLLMServer
+
+# -- the conversation -------------------------------------------------------------------------------------
+
+
+def tool(call_id: str, **arguments: str) -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": "terminal", "arguments": json.dumps(arguments)}}
+
+
+def drive(answers: list[Any], max_turns: int = 10) -> tuple[int, list[Any], list[tuple[str, dict]]]:
+    """Run a conversation, answering each Chat with the next of `answers` and each Run with an outcome that
+    echoes the command. Returns (exit code, what it asked for, events)."""
+    events: list[tuple[str, dict]] = []
+    steps = conversation("the task", model="m", max_turns=max_turns, loose=False,
+                         emit=lambda kind, **fields: events.append((kind, fields)))
+    asked: list[Any] = []
+    answer: Any = None
+    replies = iter(answers)
+    try:
+        while True:
+            need = steps.send(answer)
+            asked.append(need)
+            if isinstance(need, Chat):
+                answer = next(replies)
+            else:
+                answer = CommandOutcome(0, f"ran {need.command}", False, 0)
+    except StopIteration as done:
+        return done.value, asked, events
+
+
+def test_each_call_runs_in_order_and_its_output_goes_back_to_the_model() -> None:
+    first = {"content": "two steps", "tool_calls": [tool("a", command="echo 1"), tool("b", command="echo 2")]}
+    code, asked, events = drive([first, {"content": None, "tool_calls": [tool("c", final_answer="done")]}])
+    assert code == 0
+    assert [type(n).__name__ for n in asked] == ["Chat", "Run", "Run", "Chat"]
+    assert [n.command for n in asked if isinstance(n, Run)] == ["echo 1", "echo 2"]
+    last = asked[-1].body
+    assert last["tools"][0]["function"]["name"] == "terminal" and last["stream"] is False
+    assert [(m["role"], m.get("tool_call_id")) for m in last["messages"][2:]] == [
+        ("assistant", None), ("tool", "a"), ("tool", "b")
+    ]
+    assert last["messages"][3]["content"] == "[exit code 0]\nran echo 1"
+    assert [kind for kind, _ in events] == ["turn", "text", "command", "command", "turn", "final"]
+
+
+def test_prose_is_never_run_and_the_model_is_told() -> None:
+    code, asked, events = drive([{"content": "rm -rf / please"}, {"content": '{"final_answer": "ok"}'}])
+    assert code == 0 and not [n for n in asked if isinstance(n, Run)]
+    assert ("parse_failure" in [kind for kind, _ in events])
+    feedback = asked[-1].body["messages"][-1]
+    assert feedback["role"] == "user" and feedback["content"].startswith("Error:")
+
+
+def test_llm_failure_out_of_turns_and_malformed_answers() -> None:
+    code, _, events = drive([ChatFailed("HTTP 500: boom")])
+    assert code == EXIT_LLM_FAILED and events[-1] == ("error", {"error": "LLM call failed: HTTP 500: boom"})
+    code, asked, _ = drive([{"tool_calls": [tool("x", command="true")]}] * 3, max_turns=3)
+    assert code == EXIT_OUT_OF_TURNS and len([n for n in asked if isinstance(n, Run)]) == 3
+    for bad in ({}, {"choices": []}, {"choices": [{"message": "text"}]}, [], None):
+        with pytest.raises(ValueError, match="malformed"):
+            message_of(bad)
+
+
+def test_a_command_no_argument_can_hold_still_runs() -> None:
+    """Lone surrogates (valid in JSON) become `?`; NULs and long commands are the shell's business."""
+    _, asked, _ = drive([{"tool_calls": [tool("x", command="echo \ud800")]}, {"content": '{"final_answer": "k"}'}])
+    assert [n.command for n in asked if isinstance(n, Run)] == ["echo ?"]
+
+
+# -- the shell, as sandbox execs --------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def box(settings: Settings, assert_no_leftovers: None) -> AsyncIterator[Sandbox]:
+    backend = get_backend("local", settings)
+    if backend.check().isolation != "bwrap":
+        pytest.skip("bubblewrap unavailable here")
+    sandbox = await backend.create(SandboxSpec(rollout_id="terminus"))
+    try:
+        await sandbox.write_text(f"{sandbox.paths.logs}/agent/instruction.md", "x")  # as the pipeline makes it
+        yield sandbox
+    finally:
+        await sandbox.close()
+
+
+async def test_cwd_and_exports_persist_even_through_exit(box: Sandbox) -> None:
+    sh = SandboxShell(box, f"{box.paths.logs}/agent", max_output_bytes=4096)
+    made = await sh.run("mkdir -p 'a b' && cd 'a b' && export GREETING='hi there'; echo oops >&2; exit 3", timeout_s=20)
+    assert (made.exit_code, made.output) == (3, "oops\n")
+    after = await sh.run('pwd; echo "$GREETING"; id -u', timeout_s=20)
+    pwd, greeting, uid = after.output.splitlines()
+    assert (pwd, greeting) == (f"{box.paths.workdir}/a b", "hi there") and after.exit_code == 0
+    assert uid != "0"
+
+
+async def test_timeout_kills_the_command_tree_and_keeps_state(box: Sandbox) -> None:
+    sh = SandboxShell(box, f"{box.paths.logs}/agent", max_output_bytes=4096)
+    await sh.run("cd /tmp", timeout_s=20)
+    started = time.monotonic()
+    outcome = await sh.run("echo started; sleep 60 & sleep 60", timeout_s=1)
+    assert outcome.timed_out and outcome.exit_code is None and "started" in outcome.output
+    assert time.monotonic() - started < 10
+    left = await sh.run("pwd; pgrep -c sleep || true", timeout_s=20)
+    assert left.output.split() == ["/tmp", "0"]
+
+
+async def test_long_commands_go_through_a_file_and_output_is_capped(box: Sandbox) -> None:
+    sh = SandboxShell(box, f"{box.paths.logs}/agent", max_output_bytes=1000)
+    body = "x" * (MAX_INLINE_BYTES + 10)
+    long = await sh.run(f"cat > big.txt <<'EOF'\n{body}\nEOF\nwc -c < big.txt", timeout_s=20)
+    assert long.output.strip() == str(len(body) + 1) and long.exit_code == 0
+    assert (await sh.run("printf 'a\\0b' | od -c | head -1; echo 'with\0nul'", timeout_s=20)).exit_code == 0
+    capped = await sh.run("echo START; head -c 100000 /dev/zero | tr '\\0' x", timeout_s=20)
+    assert capped.output.startswith("START") and capped.dropped_bytes > 90_000
+    assert "more bytes of output left out" in capped.output and len(capped.output) < 1100
+
+
+# -- the standalone program -------------------------------------------------------------------------------
+
+
+def test_standalone_program_solves_the_task_on_this_host(tmp_path: Path) -> None:
+    """What `bench/agents.py` runs as Terminus's direct reference: same conversation, host shell, fake LLM."""
+    work, state = tmp_path / "work", tmp_path / "state"
+    work.mkdir()
+    settings = Settings(terminus_max_turns=5, terminus_command_timeout_s=20)
+    with FakeLLMServer(FakeLLM(api_key="sk-standalone")) as fake:
+        fake.app.script = session("terminus", write_file_command("binary_search.py", CORRECT), "env | sort")
+        config = tmp_path / "terminus.json"
+        config.write_text(standalone_config(settings, base_url=fake.base_url, model="fake/m", state_dir=str(state)))
+        assert json.loads(config.read_text())["max_turns"] == 5
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "TERMINUS_API_KEY": "sk-standalone"}
+        done = subprocess.run(standalone_argv(str(config)), input=TASK.encode(), cwd=work, env=env,
+                              capture_output=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        assert fake.app.requests[0].headers["authorization"] == "Bearer sk-standalone"
+    assert (work / "binary_search.py").read_text() == CORRECT
+    report = parse_terminus_events(done.stdout.decode())
+    assert report.steps == 3 and [name for name, _ in report.tool_calls] == ["terminal", "terminal"]
+    assert report.malformed == 0 and report.events == len(done.stdout.splitlines())
+    assert b"sk-standalone" not in done.stdout, "the key reached a command's environment"
+
+
+# -- the agent in a rollout -------------------------------------------------------------------------------
+
+
+async def test_agent_deadline_during_a_command_kills_it(settings: Settings, assert_no_leftovers: None) -> None:
+    """The pipeline cancels the loop while a command runs in the sandbox: the exec's whole tree dies with it."""
+    with FakeLLMServer(FakeLLM(api_key="sk-deadline")) as fake:
+        fake.app.script = session("terminus", "sleep 300 & sleep 300")
+        request = RolloutRequest(instruction=TASK, agent="terminus", base_url=fake.base_url, api_key="sk-deadline",
+                                 model="fake/m", verify=["true"], agent_timeout_s=3)
+        started = time.monotonic()
+        result = await run_rollout(request, settings=settings)
+    assert result.status is RolloutStatus.AGENT_TIMEOUT, (result.error, result.agent_log_tail)
+    assert result.agent_exit_code is None and time.monotonic() - started < 15
+    assert result.agent_events is not None and result.agent_events.steps == 1
+    assert "[coding-agent-env] terminus:" in result.agent_log_tail
+    # assert_no_leftovers: neither sleep survived.
+
+
+async def test_chat_through_the_relay_fails_cleanly_on_any_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever comes back (an error status, deep nesting, an oversized or cut body, no body), the loop gets a
+    `ChatFailed` saying why, never an exception."""
+    from aiohttp import web
+
+    from coding_agent_env.agents.terminus import agent as terminus_agent
+
+    monkeypatch.setattr(terminus_agent, "MAX_RESPONSE_BYTES", 100_000)
+    good = {"choices": [{"message": {"role": "assistant", "content": "hi"}}]}
+    answers = {
+        "/ok": web.json_response(good),
+        "/status": web.Response(status=502, text="upstream down"),
+        "/deep": web.Response(text="[" * 20_000 + "]" * 20_000),
+        "/big": web.Response(text=json.dumps({"x": "y" * 200_000})),
+        "/shape": web.json_response({"choices": []}),
+        "/empty": web.Response(text=""),
+    }
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        assert request.headers["authorization"] == "Bearer tok"
+        return answers[request.path]
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with aiohttp.ClientSession() as http:
+            timeout = aiohttp.ClientTimeout(total=10)
+            headers = {"Authorization": "Bearer tok"}
+            got = {path: await terminus_agent._chat(http, f"http://127.0.0.1:{port}{path}", headers, {}, timeout)
+                   for path in answers}
+            dead = await terminus_agent._chat(http, "http://127.0.0.1:9/v1", headers, {}, timeout)
+    finally:
+        await runner.cleanup()
+    assert got.pop("/ok") == good["choices"][0]["message"]
+    assert got["/status"] == ChatFailed("HTTP 502: upstream down")
+    assert "over 100000 bytes" in got["/big"].error and "malformed" in got["/shape"].error
+    assert all(isinstance(failed, ChatFailed) for failed in [*got.values(), dead]), got
