@@ -266,6 +266,10 @@ class _Rollout:
         finally:
             self.agent_events = self.agent.events()
             await self._read_agent_log(ctx.log_path)
+            if self.lease is not None:
+                # The agent's tree is dead: its token dies too, before verify runs anything the agent wrote
+                # (a token left in a config file must not buy LLM calls, or turns, after the agent's phase).
+                await self.lease.close()
         self.emit(ev.AgentFinished(rollout_id=self.rollout_id, exit_code=self.agent_exit_code, timed_out=timed_out))
 
     def _llm_access(self, sandbox: Sandbox) -> LlmAccess | None:

@@ -69,3 +69,30 @@ async def test_terminus_on_docker_through_engine_execs(
     assert result.files["state.txt"] == "yes /workspace/sub\n"  # shell state kept between engine execs
     # Its loop runs in the server: the container needs no route to the relay.
     assert result.network == "none" and len(result.turns) == len(fake.app.requests) >= 2
+
+
+LATE_CALL = r"""python3 - <<'EOF'
+import json, urllib.error, urllib.request
+provider = json.load(open("/logs/agent/pi/models.json"))["providers"]["relay"]
+call = urllib.request.Request(provider["baseUrl"] + "/chat/completions", data=b'{"messages": []}',
+                              headers={"Authorization": "Bearer " + provider["apiKey"]})
+try:
+    print("status", urllib.request.urlopen(call, timeout=10).status)
+except urllib.error.HTTPError as exc:
+    print("status", exc.code)
+EOF"""
+
+
+async def test_the_agents_token_is_worthless_once_its_phase_ends(
+    fake: FakeLLMServer, settings_for: Callable[[str], tuple[str, Settings]], require_agent: Callable[[str], None],
+) -> None:
+    """In a container the forwarder serves every process, and Pi's config file (holding the token) is still
+    there when verify runs code the agent wrote. Verify reads it and calls the relay: refused (401), and no
+    turn is added after the agent's."""
+    require_agent("pi")
+    name, settings = settings_for("docker")
+    fake.app.script = session("pi", write_file_command("binary_search.py", CORRECT))
+    result = await run_rollout(request(fake, "pi", sandbox=name, verify=[LATE_CALL]), settings=settings)
+    assert result.status is RolloutStatus.COMPLETED, (result.error, result.agent_log_tail)
+    assert result.verify_results[0].stdout.split() == ["status", "401"], result.verify_results[0]
+    assert len(result.turns) == len(fake.app.requests) == 2
