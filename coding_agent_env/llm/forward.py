@@ -19,7 +19,7 @@ from coding_agent_env.llm.capture import TurnAssembler
 from coding_agent_env.llm.lease import Lease, PromptDelta
 from coding_agent_env.llm.rewrite import rewrite_request
 from coding_agent_env.llm.sse import SseParser
-from coding_agent_env.llm.wire import error_response, parse_json_object
+from coding_agent_env.llm.wire import error_response, parse_json_object, read_at_most
 from coding_agent_env.models import Turn
 from coding_agent_env.settings import Settings
 
@@ -117,7 +117,7 @@ async def relay_call(
 
 async def _upstream_error(call: _Call, upstream: aiohttp.ClientResponse) -> web.Response:
     cap = call.settings.relay_max_error_chars
-    raw = await upstream.content.read(cap * 4)
+    raw = await read_at_most(upstream.content, cap * 4)
     text = call.redact(raw.decode("utf-8", "replace"))
     call.error = f"upstream returned {upstream.status}: {text[:cap]}"
     return web.Response(status=upstream.status, text=text, content_type=upstream.content_type or "application/json")
@@ -125,7 +125,7 @@ async def _upstream_error(call: _Call, upstream: aiohttp.ClientResponse) -> web.
 
 async def _whole(call: _Call, upstream: aiohttp.ClientResponse) -> web.Response:
     limit = call.settings.relay_max_response_bytes
-    raw = await upstream.content.read(limit + 1)
+    raw = await read_at_most(upstream.content, limit + 1)
     if len(raw) > limit:
         call.error = f"upstream response larger than {limit} bytes"
         return error_response(502, call.error, "upstream_response_too_large")

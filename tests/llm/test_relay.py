@@ -93,6 +93,18 @@ async def test_streamed_and_whole_calls_record_the_same_turn(relay: Relay, fake:
     assert turns[0].message.reasoning_content == "think" and len(turns[0].message.tool_calls) == 2
 
 
+async def test_a_whole_answer_longer_than_one_network_read_arrives_whole(relay: Relay, fake: FakeLLMServer) -> None:
+    """A non-streamed answer of a few hundred KB reaches the relay in many reads: all of them are kept."""
+    long = "word " * 60_000
+    fake.app.script = [Reply(content=long)]
+    lease = await relay.open_lease("long", upstream_for(fake))
+    async with client(lease.base_url, lease.token) as llm:
+        answer = await llm.chat.completions.create(model="m", messages=MESSAGES)
+    assert answer.choices[0].message.content == long
+    [turn] = lease.turns()
+    assert turn.error is None and turn.message.content == long
+
+
 async def test_transparent_proxy_asks_for_and_records_token_ids_and_logprobs(relay: Relay, fake: FakeLLMServer) -> None:
     fake.app.script = [Reply(content="one two three")]
     lease = await relay.open_lease("r", upstream_for(fake, mode=Mode.TRANSPARENT_PROXY, top_logprobs=3, token_ids=True))
