@@ -126,7 +126,8 @@ class Settings(BaseModel):
     """Deadline of each Terminus command; its whole process tree is killed at it."""
 
     terminus_max_output_bytes: int = Field(default=16 * 1024, ge=256)
-    """Bytes of a command's output Terminus shows the model (the first ones, and how many more there were)."""
+    """Bytes of a command's output Terminus shows the model: its first and last halves, and how much was left
+    out between."""
 
     terminus_llm_timeout_s: float = Field(default=600.0, gt=0)
     """Deadline of one Terminus LLM call."""

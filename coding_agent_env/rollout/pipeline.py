@@ -372,7 +372,7 @@ class _Rollout:
             error=self.error,
         )
         if not self.redact.secrets:
-            return raw
+            return raw  # no LLM in this rollout: every text in it was decoded from bytes, with replacement
         return RolloutResult.model_validate(self.redact.deep(raw.model_dump(mode="json")))
 
 

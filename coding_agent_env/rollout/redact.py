@@ -1,11 +1,11 @@
-"""Remove known secret values from every text that leaves the server."""
+"""Remove known secret values from every text that leaves the server, and make each one encodable."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["REDACTED", "Redactor"]
+__all__ = ["REDACTED", "Redactor", "encodable"]
 
 REDACTED = "[REDACTED]"
 _MIN_SECRET_CHARS = 4
@@ -24,12 +24,10 @@ class Redactor:
         for secret in self._secrets:
             if secret in value:
                 value = value.replace(secret, REDACTED)
-        return value
+        return encodable(value)
 
     def deep(self, value: Any) -> Any:
-        """Redact every string inside JSON-like data (dicts, lists, strings)."""
-        if not self._secrets:
-            return value
+        """Redact every string inside JSON-like data (dicts, lists, strings), and make it encodable."""
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, dict):
@@ -37,3 +35,15 @@ class Redactor:
         if isinstance(value, list):
             return [self.deep(v) for v in value]
         return value
+
+
+def encodable(value: str) -> str:
+    """`value` with each lone surrogate replaced by `?`. JSON may carry them (`"\\ud800"`), so a model's text
+    can hold them, and no UTF-8 encoder takes them: one in a result would make it impossible to send."""
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "replace").decode("utf-8")
+    return value

@@ -14,12 +14,13 @@ from coding_agent_env.agents.opencode import parse_opencode_events
 from coding_agent_env.agents.pi import parse_pi_events
 from coding_agent_env.agents.terminus.agent import parse_terminus_events
 from coding_agent_env.agents.terminus.shell import PersistentShell
+from tests.helpers import poll
 
 PARSERS = (parse_opencode_events, parse_pi_events, parse_terminus_events)
 
 
 def shell(tmp_path: Path, max_output_bytes: int = 4096) -> PersistentShell:
-    (tmp_path / "state").mkdir()
+    (tmp_path / "state").mkdir(parents=True)
     (tmp_path / "work").mkdir()
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
     return PersistentShell(str(tmp_path / "state"), str(tmp_path / "work"), env, max_output_bytes=max_output_bytes)
@@ -32,21 +33,33 @@ def test_cwd_and_exports_persist_even_through_exit(tmp_path: Path) -> None:
     assert outcome.output.splitlines() == [str(tmp_path / "work" / "a b"), "hi there"] and outcome.exit_code == 0
 
 
-def test_timeout_kills_the_command_group_and_keeps_state(tmp_path: Path) -> None:
+async def test_timeout_kills_the_command_group_and_keeps_state(tmp_path: Path) -> None:
     sh = shell(tmp_path)
     sh.run("cd /tmp", timeout_s=10)
     started = time.monotonic()
-    outcome = sh.run("echo started; sleep 60 & sleep 60", timeout_s=1)
-    assert outcome.timed_out and outcome.exit_code is None and "started" in outcome.output
+    pidfile = tmp_path / "background.pid"
+    outcome = sh.run(f"echo started; sleep 60 & echo $! > {pidfile}; sleep 60", timeout_s=1)
+    assert outcome.timed_out and outcome.exit_code is None and outcome.output == "started\n"
     assert time.monotonic() - started < 10
     assert sh.run("pwd", timeout_s=10).output.strip() == "/tmp"
+    await poll(lambda: not _running(int(pidfile.read_text())))  # the background job died with the command
 
 
-def test_output_is_capped_with_a_note_of_what_was_left_out(tmp_path: Path) -> None:
-    noisy = "echo START; head -c 100000 /dev/zero | tr '\\0' x; echo END"
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def test_output_keeps_its_head_and_tail_with_a_note_of_what_was_left_out(tmp_path: Path) -> None:
+    noisy = "echo START; head -c 100000 /dev/zero | tr '\\0' x; echo; echo END >&2"
     outcome = shell(tmp_path, max_output_bytes=1000).run(noisy, timeout_s=10)
-    assert outcome.output.startswith("START") and "more bytes of output left out" in outcome.output
-    assert outcome.dropped_bytes > 90_000 and len(outcome.output) < 1100
+    assert outcome.output.startswith("START\n") and outcome.output.endswith("x\nEND\n")
+    assert "[... 99011 bytes of output left out ...]" in outcome.output and len(outcome.output) < 1100
+    small = shell(tmp_path / "2", max_output_bytes=1000).run("printf 'a\\0b'; echo; exit 7", timeout_s=10)
+    assert (small.exit_code, small.output) == (7, "a\0b\n")
 
 
 def test_parsers_read_their_agents_events() -> None:

@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from coding_agent_env.agents.terminus.agent import parse_terminus_events, standalone_argv, standalone_config
@@ -28,10 +27,12 @@ from coding_agent_env.agents.terminus.sandbox_shell import SandboxShell
 from coding_agent_env.agents.terminus.shell import MAX_INLINE_BYTES, CommandOutcome
 from coding_agent_env.models import RolloutRequest, RolloutStatus
 from coding_agent_env.rollout import run_rollout
+from coding_agent_env.rollout.events import PhaseStarted
 from coding_agent_env.sandbox import Sandbox, SandboxSpec, get_backend
 from coding_agent_env.settings import Settings
 from tests.agents.sessions import CORRECT, TASK, session, write_file_command
-from tests.fakes.llm import FakeLLM, FakeLLMServer
+from tests.fakes.llm import FakeLLM, FakeLLMServer, Reply
+from tests.helpers import poll, sandbox_processes
 
 # -- the conversation -------------------------------------------------------------------------------------
 
@@ -56,7 +57,7 @@ def drive(answers: list[Any], max_turns: int = 10) -> tuple[int, list[Any], list
             if isinstance(need, Chat):
                 answer = next(replies)
             else:
-                answer = CommandOutcome(0, f"ran {need.command}", False, 0)
+                answer = CommandOutcome(0, f"ran {need.command}", False)
     except StopIteration as done:
         return done.value, asked, events
 
@@ -120,32 +121,47 @@ async def test_cwd_and_exports_persist_even_through_exit(box: Sandbox) -> None:
     sh = SandboxShell(box, f"{box.paths.logs}/agent", max_output_bytes=4096)
     made = await sh.run("mkdir -p 'a b' && cd 'a b' && export GREETING='hi there'; echo oops >&2; exit 3", timeout_s=20)
     assert (made.exit_code, made.output) == (3, "oops\n")
-    after = await sh.run('pwd; echo "$GREETING"; id -u', timeout_s=20)
-    pwd, greeting, uid = after.output.splitlines()
-    assert (pwd, greeting) == (f"{box.paths.workdir}/a b", "hi there") and after.exit_code == 0
-    assert uid != "0"
+    after = await sh.run('pwd; echo "$GREETING"; id -u; return 2>/dev/null; echo after', timeout_s=20)
+    assert after.output.splitlines() == [f"{box.paths.workdir}/a b", "hi there", "1000", "after"]
+    assert after.exit_code == 0
 
 
-async def test_timeout_kills_the_command_tree_and_keeps_state(box: Sandbox) -> None:
+async def test_timeout_kills_the_command_tree_and_keeps_state(box: Sandbox, settings: Settings) -> None:
     sh = SandboxShell(box, f"{box.paths.logs}/agent", max_output_bytes=4096)
     await sh.run("cd /tmp", timeout_s=20)
     started = time.monotonic()
     outcome = await sh.run("echo started; sleep 60 & sleep 60", timeout_s=1)
-    assert outcome.timed_out and outcome.exit_code is None and "started" in outcome.output
+    assert outcome.timed_out and outcome.exit_code is None and outcome.output == "started\n"
     assert time.monotonic() - started < 10
-    left = await sh.run("pwd; pgrep -c sleep || true", timeout_s=20)
-    assert left.output.split() == ["/tmp", "0"]
+    await poll(lambda: not sandbox_processes(settings))  # seen from the host: neither sleep is left
+    assert (await sh.run("pwd", timeout_s=20)).output == "/tmp\n"
 
 
-async def test_long_commands_go_through_a_file_and_output_is_capped(box: Sandbox) -> None:
+async def test_long_and_odd_commands_and_capped_output(box: Sandbox) -> None:
     sh = SandboxShell(box, f"{box.paths.logs}/agent", max_output_bytes=1000)
-    body = "x" * (MAX_INLINE_BYTES + 10)
-    long = await sh.run(f"cat > big.txt <<'EOF'\n{body}\nEOF\nwc -c < big.txt", timeout_s=20)
-    assert long.output.strip() == str(len(body) + 1) and long.exit_code == 0
-    assert (await sh.run("printf 'a\\0b' | od -c | head -1; echo 'with\0nul'", timeout_s=20)).exit_code == 0
-    capped = await sh.run("echo START; head -c 100000 /dev/zero | tr '\\0' x", timeout_s=20)
-    assert capped.output.startswith("START") and capped.dropped_bytes > 90_000
-    assert "more bytes of output left out" in capped.output and len(capped.output) < 1100
+    for size in (MAX_INLINE_BYTES, MAX_INLINE_BYTES + 1):  # the last inline command, the first through a file
+        padding = "x" * (size - len("echo ${#P}; P=''"))
+        command = f"P='{padding}'; echo ${{#P}}"
+        assert len(command.encode()) == size
+        assert (await sh.run(command, timeout_s=20)).output == f"{len(padding)}\n"
+    nul = await sh.run("echo 'with\0nul'", timeout_s=20)  # through a file: bash drops the NUL, and says so
+    assert nul.output.endswith("ignored null byte in input\nwithnul\n") and nul.exit_code == 0
+    capped = await sh.run("echo START; head -c 100000 /dev/zero | tr '\\0' x; echo; echo END", timeout_s=20)
+    assert capped.output.startswith("START\n") and capped.output.endswith("x\nEND\n")
+    assert "[... 99011 bytes of output left out ...]" in capped.output and len(capped.output) < 1100
+    flood = await sh.run("yes | head -c 50000000; sleep 60", timeout_s=2)  # timed out: still bounded
+    assert flood.timed_out and flood.output.startswith("y\ny\n") and len(flood.output) < 1100
+
+
+async def test_a_command_breaking_the_shells_files_fails_as_the_agents_own_outcome(box: Sandbox) -> None:
+    """What a model's commands do to the shell's own files can fail its later commands, never the rollout."""
+    agent_dir = f"{box.paths.logs}/agent"
+    sh = SandboxShell(box, agent_dir, max_output_bytes=1000)
+    await sh.run(f"mkdir -p {agent_dir}/terminus-command.sh/x {agent_dir}/terminus-output/x", timeout_s=20)
+    long = await sh.run("echo " + "y" * MAX_INLINE_BYTES, timeout_s=20)
+    assert long.exit_code == 126 and "could not be written" in long.output
+    unshown = await sh.run("echo still runs", timeout_s=20)  # no output file: output goes straight back
+    assert (unshown.exit_code, unshown.output) == (0, "still runs\n")
 
 
 # -- the standalone program -------------------------------------------------------------------------------
@@ -177,23 +193,50 @@ def test_standalone_program_solves_the_task_on_this_host(tmp_path: Path) -> None
 
 
 async def test_agent_deadline_during_a_command_kills_it(settings: Settings, assert_no_leftovers: None) -> None:
-    """The pipeline cancels the loop while a command runs in the sandbox: the exec's whole tree dies with it."""
+    """The pipeline cancels the loop while a command runs in the sandbox: the exec's whole tree is dead by the
+    time verify starts (seen from the host), not only once the sandbox closes."""
+    at_verify: list[list[str]] = []
+
+    def on_event(event: object) -> None:
+        if isinstance(event, PhaseStarted) and event.phase == "verify":
+            at_verify.append(sandbox_processes(settings))
+
     with FakeLLMServer(FakeLLM(api_key="sk-deadline")) as fake:
         fake.app.script = session("terminus", "sleep 300 & sleep 300")
         request = RolloutRequest(instruction=TASK, agent="terminus", base_url=fake.base_url, api_key="sk-deadline",
                                  model="fake/m", verify=["true"], agent_timeout_s=3)
         started = time.monotonic()
-        result = await run_rollout(request, settings=settings)
+        result = await run_rollout(request, settings=settings, emit=on_event)
     assert result.status is RolloutStatus.AGENT_TIMEOUT, (result.error, result.agent_log_tail)
     assert result.agent_exit_code is None and time.monotonic() - started < 15
+    assert at_verify == [[]]
     assert result.agent_events is not None and result.agent_events.steps == 1
     assert "[coding-agent-env] terminus:" in result.agent_log_tail
-    # assert_no_leftovers: neither sleep survived.
+
+
+async def test_odd_model_text_and_long_commands_come_through_a_rollout(settings: Settings) -> None:
+    """Lone surrogates (valid JSON escapes) in the model's text, and a command longer than one argument (a
+    reply of 200 KB, parsed off the event loop): the result is whole and can be sent as JSON."""
+    body = "z" * 200_000  # over one argument (128 KiB), under what the parser reads (256 KiB)
+    with FakeLLMServer(FakeLLM(api_key="sk-odd")) as fake:
+        fake.app.script = [
+            Reply(content="thinking \ud800 aloud",
+                  tool_calls=(("terminal", json.dumps({"command": f"echo {body} > z.txt"})),)),
+            Reply(content=None, tool_calls=(("terminal", json.dumps({"final_answer": "done \udfff"})),)),
+        ]
+        request = RolloutRequest(instruction=TASK, agent="terminus", base_url=fake.base_url, api_key="sk-odd",
+                                 model="fake/m", verify=["test -s z.txt"])
+        result = await run_rollout(request, settings=settings)
+    assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, (result.error, result.agent_log_tail)
+    assert result.files["z.txt"] == body + "\n"
+    sent = json.loads(result.model_dump_json())
+    assert sent["agent_events"]["texts"] == ["thinking ? aloud", "done ?"]
+    assert "thinking ? aloud" in sent["turns"][0]["message"]["content"]
 
 
 async def test_chat_through_the_relay_fails_cleanly_on_any_answer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Whatever comes back (an error status, deep nesting, an oversized or cut body, no body), the loop gets a
-    `ChatFailed` saying why, never an exception."""
+    """Whatever comes back (an error status, deep nesting, an oversized or cut body, no body, no server), the
+    loop gets a `ChatFailed` saying why, never an exception."""
     from aiohttp import web
 
     from coding_agent_env.agents.terminus import agent as terminus_agent
@@ -201,17 +244,17 @@ async def test_chat_through_the_relay_fails_cleanly_on_any_answer(monkeypatch: p
     monkeypatch.setattr(terminus_agent, "MAX_RESPONSE_BYTES", 100_000)
     good = {"choices": [{"message": {"role": "assistant", "content": "hi"}}]}
     answers = {
-        "/ok": web.json_response(good),
-        "/status": web.Response(status=502, text="upstream down"),
-        "/deep": web.Response(text="[" * 20_000 + "]" * 20_000),
-        "/big": web.Response(text=json.dumps({"x": "y" * 200_000})),
-        "/shape": web.json_response({"choices": []}),
-        "/empty": web.Response(text=""),
+        "ok": web.json_response(good),
+        "status": web.Response(status=502, text="upstream down"),
+        "deep": web.Response(text="[" * 20_000 + "]" * 20_000),
+        "big": web.Response(text=json.dumps({"x": "y" * 200_000})),
+        "shape": web.json_response({"choices": []}),
+        "empty": web.Response(text=""),
     }
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        assert request.headers["authorization"] == "Bearer tok"
-        return answers[request.path]
+        assert request.headers["authorization"] == "Bearer tok" and request.path.endswith("/chat/completions")
+        return answers[request.path.split("/")[1]]
 
     app = web.Application()
     app.router.add_post("/{tail:.*}", handle)
@@ -220,16 +263,15 @@ async def test_chat_through_the_relay_fails_cleanly_on_any_answer(monkeypatch: p
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    got = {}
     try:
-        async with aiohttp.ClientSession() as http:
-            timeout = aiohttp.ClientTimeout(total=10)
-            headers = {"Authorization": "Bearer tok"}
-            got = {path: await terminus_agent._chat(http, f"http://127.0.0.1:{port}{path}", headers, {}, timeout)
-                   for path in answers}
-            dead = await terminus_agent._chat(http, "http://127.0.0.1:9/v1", headers, {}, timeout)
+        for name in [*answers, "dead"]:
+            base = f"http://127.0.0.1:{9 if name == 'dead' else port}/{name}"
+            async with terminus_agent._RelayChat(base, "tok", timeout_s=10) as chat:
+                got[name], _ = await chat.complete({"messages": []})
     finally:
         await runner.cleanup()
-    assert got.pop("/ok") == good["choices"][0]["message"]
-    assert got["/status"] == ChatFailed("HTTP 502: upstream down")
-    assert "over 100000 bytes" in got["/big"].error and "malformed" in got["/shape"].error
-    assert all(isinstance(failed, ChatFailed) for failed in [*got.values(), dead]), got
+    assert got.pop("ok") == good["choices"][0]["message"]
+    assert got["status"] == ChatFailed("HTTP 502: upstream down")
+    assert "over 100000 bytes" in got["big"].error and "malformed" in got["shape"].error
+    assert all(isinstance(failed, ChatFailed) for failed in got.values()), got

@@ -18,6 +18,7 @@ from coding_agent_env.agents.terminus.parse import (
     MAX_TEXT_CHARS,
     ParseFailure,
     TerminalCall,
+    _depth_ok,
     arguments_to_call,
     build_terminal_tool_call,
 )
@@ -115,6 +116,29 @@ def _response(body: bytes, *, status: str = "200 OK", chunks: list[int] | None =
             out.append(b"%x\r\n%s\r\n" % (len(piece), piece))
     out.append(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body) - pos, body[pos:]) if pos < len(body) else b"0\r\n\r\n")
     return b"".join(out)
+
+
+def _depth_by_walking(text: str) -> bool:
+    """The plain character-by-character walk `parse._depth_ok` must agree with."""
+    depth, in_string, escaped = 0, False, False
+    for char in text:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (char == "\\", char != '"')
+        elif char == '"':
+            in_string = True
+        elif char in "[{(":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return False
+        elif char in "]})" and depth > 0:
+            depth -= 1
+    return True
+
+
+@given(st.text(alphabet='[]{}()"\\ax', max_size=400))
+def test_depth_check_visits_only_what_matters_and_agrees_with_a_plain_walk(text: str) -> None:
+    assert _depth_ok(text) == _depth_by_walking(text)
+    assert _depth_ok('"' + "[" * (MAX_DEPTH + 5) + '"') and not _depth_ok("[" * (MAX_DEPTH + 1))
 
 
 @given(st.binary(max_size=2000), st.lists(st.integers(min_value=1, max_value=300), max_size=20))

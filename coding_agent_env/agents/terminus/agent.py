@@ -6,10 +6,11 @@ Each rollout drives `terminus.core.conversation` on the server's event loop:
 - every command is one sandbox exec of the persistent-shell runner (`terminus.sandbox_shell`), under
   `terminus_command_timeout_s`, as the sandbox's own user.
 
-So nothing of the agent runs or waits inside the sandbox: no interpreter starts per rollout, the sandbox
-image needs only `bash`, and the relay token never enters the sandbox (whose network stays `none`: its
-commands cannot reach the LLM at all). The pipeline's agent deadline cancels `run()`; a command in flight is
-then killed with its whole tree by the sandbox's exec, and an LLM call in flight is dropped.
+So nothing of the agent runs or waits inside the sandbox: no interpreter starts per rollout, the agent adds
+nothing to the image but `bash`, and the relay token never enters the sandbox (whose network stays `none`:
+its commands cannot reach the LLM at all). A large reply is decoded and parsed on a worker thread. The
+pipeline's agent deadline cancels `run()`; a command in flight is then killed with its whole tree by the
+sandbox's exec, and an LLM call in flight is dropped.
 
 `terminus.loop` runs the same conversation as a standalone program (`standalone_argv`), for use outside
 the server and as the benchmark's reference.
@@ -17,8 +18,11 @@ the server and as the benchmark's reference.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import io
 import json
+from collections.abc import Generator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -27,7 +31,7 @@ import aiohttp
 
 from coding_agent_env.agents.base import Agent, AgentContext
 from coding_agent_env.agents.events import AgentReport, json_lines, render_transcript, report_events
-from coding_agent_env.agents.terminus.core import Chat, ChatFailed, conversation, message_of
+from coding_agent_env.agents.terminus.core import Chat, ChatFailed, Run, conversation, message_of
 from coding_agent_env.agents.terminus.loop import BOOT
 from coding_agent_env.agents.terminus.sandbox_shell import SandboxShell
 from coding_agent_env.errors import AgentError
@@ -38,6 +42,8 @@ __all__ = ["TerminusAgent", "TerminusConfig", "parse_terminus_events", "standalo
 
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 """Largest chat completion read from the relay."""
+OFF_LOOP_BYTES = 128 * 1024
+"""JSON bodies and replies over this size are encoded, decoded and parsed on a worker thread."""
 _READ_CHUNK = 256 * 1024
 
 
@@ -99,7 +105,9 @@ class TerminusAgent(Agent):
     def log_tail(self, max_bytes: int) -> str | None:
         if self.report is None:
             return None
-        return render_transcript(self.report, self.name).encode()[-max_bytes:].decode("utf-8", "ignore")
+        # "replace": a model's text may hold lone surrogates (the result's redaction pass makes them `?`).
+        text = render_transcript(self.report, self.name).encode("utf-8", "replace")
+        return text[-max_bytes:].decode("utf-8", "ignore")
 
     async def run(self, ctx: AgentContext) -> int:
         if ctx.llm is None:
@@ -111,43 +119,84 @@ class TerminusAgent(Agent):
             ctx.request.instruction, model=ctx.llm.model, max_turns=config.max_turns, loose=config.loose_parsing,
             emit=lambda kind, **fields: record(report, kind, fields),
         )
-        url = ctx.llm.base_url.rstrip("/") + "/chat/completions"
-        headers = {"Authorization": f"Bearer {ctx.llm.token}", "Content-Type": "application/json"}
-        timeout = aiohttp.ClientTimeout(total=config.llm_timeout_s)
         answer: object = None
-        # No cookie jar and no proxies from the environment: the relay is on this host's loopback.
-        async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar(), trust_env=False) as http:
-            try:
-                while True:
-                    need = steps.send(answer)
-                    if isinstance(need, Chat):
-                        answer = await _chat(http, url, headers, need.body, timeout)
-                    else:
-                        answer = await shell.run(need.command, timeout_s=config.command_timeout_s)
-            except StopIteration as done:
-                return int(done.value)
+        large = False
+        async with _RelayChat(ctx.llm.base_url, ctx.llm.token, config.llm_timeout_s) as chat:
+            while True:
+                # Parsing a reply is linear but pure Python: a large one is parsed off the event loop.
+                need = await asyncio.to_thread(_advance, steps, answer) if large else _advance(steps, answer)
+                if isinstance(need, int):
+                    return need
+                if isinstance(need, Chat):
+                    answer, large = await chat.complete(need.body)
+                else:
+                    answer, large = await shell.run(need.command, timeout_s=config.command_timeout_s), False
 
 
-async def _chat(
-    http: aiohttp.ClientSession, url: str, headers: dict[str, str], body: dict, timeout: aiohttp.ClientTimeout
-) -> dict | ChatFailed:
-    """The assistant message of one chat completion through the relay, or why there is none."""
+def _advance(steps: Generator[Chat | Run, object, int], answer: object) -> Chat | Run | int:
+    """The conversation's next need, or its exit code once it ended. (StopIteration cannot cross a thread's
+    future, so it is caught here.)"""
     try:
-        # A file-like body: aiohttp sends it in chunks (a long conversation can be megabytes).
-        payload = io.BytesIO(json.dumps(body).encode())
-        async with http.post(url, data=payload, headers=headers, timeout=timeout) as response:
-            chunks, size = [], 0
-            async for chunk in response.content.iter_chunked(_READ_CHUNK):
-                size += len(chunk)
-                if size > MAX_RESPONSE_BYTES:
-                    return ChatFailed(f"response over {MAX_RESPONSE_BYTES} bytes")
-                chunks.append(chunk)
-            data = b"".join(chunks)
-            if response.status != 200:
-                return ChatFailed(f"HTTP {response.status}: {data[:500].decode('utf-8', 'replace')}")
-            return message_of(json.loads(data))
-    except (aiohttp.ClientError, TimeoutError, ValueError, RecursionError) as exc:
+        return steps.send(answer)
+    except StopIteration as done:
+        return int(done.value)
+
+
+class _RelayChat:
+    """Chat completions through the relay's loopback listener. Encoding a long conversation and decoding a
+    large reply run on a worker thread (`OFF_LOOP_BYTES`), so no rollout holds the event loop for long."""
+
+    def __init__(self, base_url: str, token: str, timeout_s: float) -> None:
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        # No cookie jar and no proxies from the environment: the relay is on this host's loopback.
+        self.http = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar(), trust_env=False)
+        self.last_body_bytes = 0
+
+    async def __aenter__(self) -> _RelayChat:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.http.close()
+
+    async def complete(self, body: dict) -> tuple[dict | ChatFailed, bool]:
+        """(the assistant message of one chat completion, or why there is none; whether the reply was large)."""
+        encode = functools.partial(json.dumps, body)
+        text = await asyncio.to_thread(encode) if self.last_body_bytes > OFF_LOOP_BYTES else encode()
+        payload = text.encode()
+        self.last_body_bytes = len(payload)
+        try:
+            # A file-like body: aiohttp sends it in chunks.
+            async with self.http.post(self.url, data=io.BytesIO(payload), headers=self.headers,
+                                      timeout=self.timeout) as response:
+                data = await _read_capped(response.content)
+                if data is None:
+                    return ChatFailed(f"response over {MAX_RESPONSE_BYTES} bytes"), False
+                if response.status != 200:
+                    return ChatFailed(f"HTTP {response.status}: {data[:500].decode('utf-8', 'replace')}"), False
+            large = len(data) > OFF_LOOP_BYTES
+            return (await asyncio.to_thread(_message, data) if large else _message(data)), large
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return ChatFailed(f"{type(exc).__name__}: {str(exc)[:500]}"), False
+
+
+def _message(data: bytes) -> dict | ChatFailed:
+    try:
+        return message_of(json.loads(data))
+    except (ValueError, RecursionError) as exc:
         return ChatFailed(f"{type(exc).__name__}: {str(exc)[:500]}")
+
+
+async def _read_capped(content: aiohttp.StreamReader) -> bytes | None:
+    """The whole body, or None when it is over `MAX_RESPONSE_BYTES`."""
+    chunks, size = [], 0
+    async for chunk in content.iter_chunked(_READ_CHUNK):
+        size += len(chunk)
+        if size > MAX_RESPONSE_BYTES:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def standalone_argv(config_path: str, *, python: str = "python3") -> list[str]:

@@ -62,7 +62,9 @@ TERMINAL_TOOL: dict = {
 
 SYSTEM_PROMPT = (
     "You are Terminus, an autonomous coding agent working in a Linux sandbox. Solve the user's task by "
-    "calling the `terminal` tool: one bash command per call. You see each command's exit code and output. "
+    "calling the `terminal` tool: one bash command per call. You see each command's exit code and output "
+    "(a long output is cut in the middle). The working directory and exported variables carry over to the "
+    "next command; processes a command leaves in the background end with it. "
     "When the task is complete, call `terminal` with `final_answer` (a short summary) and no command. "
     "If you cannot call tools natively, answer with a JSON object "
     '{"name": "terminal", "arguments": {"command": "..."}} and nothing else.'
@@ -121,8 +123,10 @@ def conversation(
         if isinstance(content, str) and content.strip():
             emit("text", text=content[:4000])
         kept = {"role": "assistant", "content": content if isinstance(content, str) else None}
-        if answer.get("tool_calls"):
-            kept["tool_calls"] = answer["tool_calls"]
+        tool_calls = answer.get("tool_calls")
+        if isinstance(tool_calls, list) and tool_calls:
+            # Only the calls acted on: each call in the history must be followed by its tool reply.
+            kept["tool_calls"] = tool_calls[:MAX_TOOL_CALLS]
         messages.append(kept)
         for call_id, parsed in calls_of(answer, loose):
             if isinstance(parsed, ParseFailure):

@@ -1,6 +1,6 @@
 """Turning model output into one `terminal` tool call: total, bounded, and never prose by accident.
 
-Standard library only: this module also runs inside the sandbox (see `terminus.loop`).
+Standard library only: this module is also part of the standalone program (see `terminus.loop`).
 
 `arguments_to_call(arguments)` reads a native tool call's arguments (an object, or a JSON string of one,
 JSON-in-a-string nested at most `MAX_STRING_NESTING` times). `build_terminal_tool_call(text)` handles
@@ -41,11 +41,13 @@ MAX_STRING_NESTING = 3
 MAX_CANDIDATES = 64
 """Most tags, fences or `{` positions tried per text."""
 _SHELL_FENCES = {"bash", "sh", "shell", "console", "zsh"}
+_SPECIAL = re.compile(r'[\[\]{}()"\\]')
+"""The characters `_depth_ok` looks at."""
 _CALL = re.compile(r"\bterminal\s*\(\s*(command|final_answer)\s*=\s*")
 
 
 # Named tuples, not dataclasses: `dataclasses` (and the `inspect` it pulls in) would be most of this module's
-# import time in the sandbox, paid on every rollout.
+# import time, paid on every start of the standalone program.
 class TerminalCall(namedtuple("TerminalCall", ("command", "final_answer"), defaults=(None, None))):
     """Exactly one of `command: str` (run it) and `final_answer: str` (the agent is done) is set."""
 
@@ -60,16 +62,19 @@ class ParseFailure(namedtuple("ParseFailure", ("reason",))):
 
 def _depth_ok(text: str) -> bool:
     """Whether brackets (outside strings, parentheses included) nest at most MAX_DEPTH deep. The host's
-    `agents.events.max_depth_exceeded` does the same for JSON, but this module runs inside the sandbox on the
-    standard library alone and cannot import the package."""
+    `agents.events.max_depth_exceeded` does the same for JSON, but this module also runs as part of the
+    standalone program on the standard library alone, without the package. Only the characters that matter
+    are visited (found by the regex engine, in C): ordinary text costs next to nothing."""
     depth = 0
-    in_string = escaped = False
-    for char in text:
+    in_string = False
+    escaped_at = -1
+    for match in _SPECIAL.finditer(text):
+        at, char = match.start(), match.group()
         if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
+            if at == escaped_at:
+                continue
+            if char == "\\":
+                escaped_at = at + 1
             elif char == '"':
                 in_string = False
         elif char == '"':
@@ -177,7 +182,7 @@ def _python_call(text: str) -> TerminalCall | ParseFailure:
     if match is None:
         return ParseFailure("no terminal(...) call")
     # Imported here, not at the top: only text-only models reach this path, and these imports would
-    # otherwise cost every rollout's start-up.
+    # otherwise cost every start of the standalone program.
     import ast
     import io
     import tokenize

@@ -1,15 +1,20 @@
 """Terminus's persistent shell: the runner both drivers use, and `PersistentShell` for the standalone program.
 
-Each command runs in a fresh `bash` (`RUNNER`) that first sources the state file (exported variables and the
-working directory left by the previous command), then evaluates the command, and on exit (even through
-`exit`) writes the state back. So `cd` and `export` survive between commands, a hung command is killed at its
-timeout without losing the state of earlier ones, and nothing is interpolated into a shell string: the runner
-is a constant, and the state path and the command text are its positional arguments. A command too long for
-one argument (`MAX_INLINE_BYTES`) is written to a file, and the runner is given `. FILE` instead.
+Each command runs in a fresh `bash` (`RUNNER`) that
+- sources the state file: the exported variables and the working directory left by the previous command;
+- evaluates the command (`eval`, whether it came inline or, when too long for one argument or holding a NUL,
+  from a file: see `fits_inline`), its stdout and stderr going, merged in order, to the output file;
+- on exit (even through `exit`) writes the state back, then prints the output file: whole when it is at most
+  twice `keep` bytes, else its first and last `keep` bytes with a note of how many were left out between.
 
-Output (stdout and stderr, merged in order) is kept up to `max_output_bytes` (its head), with a note saying
-how many bytes were left out. In the server, `terminus.sandbox_shell` runs the same runner as a sandbox exec.
-Standard library only.
+So `cd` and `export` survive between commands, a hung command is killed at its timeout without losing the
+state of earlier ones, the output is bounded inside the sandbox (the server never receives more), and nothing
+is interpolated into a shell string: the runner is a constant, and the paths and the command are its
+positional arguments. A timed-out command's output is printed by `SHOW`, run on its own afterwards. Where the
+output file cannot be written (a command may have put something in its place), output goes straight to stdout.
+
+Processes a command leaves in the background end with it. In the server, `terminus.sandbox_shell` runs the
+runner as a sandbox exec. Standard library only.
 """
 
 from __future__ import annotations
@@ -23,36 +28,70 @@ from collections import namedtuple
 from collections.abc import Mapping
 
 __all__ = [
-    "MAX_INLINE_BYTES", "RUNNER", "CommandOutcome", "PersistentShell", "fits_inline", "outcome", "runner_argv",
-    "source_file",
+    "MAX_INLINE_BYTES", "RUNNER", "SHOW", "CommandOutcome", "PersistentShell", "ShellFiles", "fits_inline",
+    "outcome",
 ]
 
+SHOW = r"""
+__size=$(stat -c %s -- "$__out" 2>/dev/null) || __size=0
+if [ "$__size" -le $((2 * __keep)) ]; then cat -- "$__out" 2>/dev/null
+else head -c "$__keep" -- "$__out"; printf "\n[... %s bytes of output left out ...]\n" $((__size - 2 * __keep))
+     tail -c "$__keep" -- "$__out"; fi
+"""
+"""Prints the output file `$__out` within `2 * $__keep` bytes (and the note). No single quote: it goes into
+the runner's trap."""
+
 RUNNER = r"""
-__state="$1"; __cmd="$2"; shift 2
-exec 2>&1
+__state="$1"; __out="$2"; __keep="$3"; __cmd="$4"; __file="$5"; shift 5
+if [ -n "$__file" ]; then __cmd=$(< "$__file"); fi
 if [ -f "$__state" ]; then . "$__state" >/dev/null 2>&1; fi
-trap '__rc=$?; { export -p; printf "cd -- %q\n" "$PWD"; } > "$__state.tmp" 2>/dev/null &&
-      mv -f "$__state.tmp" "$__state"; exit $__rc' EXIT
+exec 3>&1
+if { : > "$__out"; } 2>/dev/null; then __captured=1; exec 1>"$__out" 2>&1; else exec 2>&1; fi
+trap '__rc=$?
+{ export -p; printf "cd -- %q\n" "$PWD"; } > "$__state.tmp" 2>/dev/null && mv -f -- "$__state.tmp" "$__state"
+if [ -n "$__captured" ]; then exec 1>&3 2>&3
+""" + SHOW + r"""
+fi
+exit $__rc' EXIT
 eval "$__cmd"
 """
 MAX_INLINE_BYTES = 128 * 1024 - 1
 """Longest command (UTF-8) passed inline: the kernel's cap on one argument, less its terminating NUL."""
+NOTE_BYTES = 128
+"""Room for the note beside the kept bytes."""
 _READ_CHUNK = 65536
+_SHOW_TIMEOUT_S = 10.0
+"""Deadline for printing a timed-out command's output."""
 _GRACE_S = 1.0
 """After the command exits, how long its output pipe may stay open (held by a background job)."""
 
 
-# A named tuple, not a dataclass: importing `dataclasses` would cost the standalone program's start-up.
-class CommandOutcome(namedtuple("CommandOutcome", ("exit_code", "output", "timed_out", "dropped_bytes"))):
-    """`exit_code: int | None` (None when timed out), `output: str` (merged, capped), `timed_out: bool`,
-    `dropped_bytes: int` (output bytes left out at the end)."""
+# Named tuples, not dataclasses: importing `dataclasses` would cost the standalone program's start-up.
+class CommandOutcome(namedtuple("CommandOutcome", ("exit_code", "output", "timed_out"))):
+    """`exit_code: int | None` (None when timed out), `output: str` (merged, bounded), `timed_out: bool`."""
 
     __slots__ = ()
 
 
-def runner_argv(state_path: str, command: str) -> list[str]:
-    """The runner's argv for one command text (inline: see `fits_inline`)."""
-    return ["bash", "--noprofile", "--norc", "-c", RUNNER, "terminus-shell", state_path, command]
+class ShellFiles(namedtuple("ShellFiles", ("state", "output", "command"))):
+    """The shell's files in a directory private to the agent (paths as the commands see them)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def under(cls, directory: str) -> ShellFiles:
+        return cls(*(f"{directory}/terminus-{name}" for name in ("state.sh", "output", "command.sh")))
+
+    def runner_argv(self, command: str, keep: int, *, from_file: bool = False) -> list[str]:
+        """The runner's argv: `command` inline, or (`from_file`) already written to `self.command`."""
+        inline, file = ("", self.command) if from_file else (command, "")
+        return ["bash", "--noprofile", "--norc", "-c", RUNNER, "terminus-shell", self.state, self.output,
+                str(keep), inline, file]
+
+    def show_argv(self, keep: int) -> list[str]:
+        """Prints what a command that timed out left in the output file (as the runner would have)."""
+        return ["bash", "--noprofile", "--norc", "-c", '__out="$1"; __keep="$2"' + SHOW, "terminus-show",
+                self.output, str(keep)]
 
 
 def fits_inline(command: str) -> bool:
@@ -60,16 +99,8 @@ def fits_inline(command: str) -> bool:
     return "\0" not in command and len(command.encode("utf-8", "surrogateescape")) <= MAX_INLINE_BYTES
 
 
-def source_file(path: str) -> str:
-    """The command text that runs the command written to `path` (a path of ours, quoted for the shell)."""
-    return ". '" + path.replace("'", "'\\''") + "'"
-
-
-def outcome(exit_code: int | None, head: bytes, dropped: int, timed_out: bool) -> CommandOutcome:
-    text = head.decode("utf-8", "replace")
-    if dropped > 0:
-        text += f"\n[... {dropped} more bytes of output left out ...]\n"
-    return CommandOutcome(None if timed_out else exit_code, text, timed_out, max(dropped, 0))
+def outcome(exit_code: int | None, shown: bytes, timed_out: bool) -> CommandOutcome:
+    return CommandOutcome(None if timed_out else exit_code, shown.decode("utf-8", "replace"), timed_out)
 
 
 class PersistentShell:
@@ -77,36 +108,42 @@ class PersistentShell:
     group when it ends or times out. `state_dir` is private to the agent; `workdir` is where it starts."""
 
     def __init__(self, state_dir: str, workdir: str, env: Mapping[str, str], *, max_output_bytes: int) -> None:
-        self.state_path = os.path.join(state_dir, "shell-state.sh")
-        self.command_path = os.path.join(state_dir, "command.sh")
+        self.files = ShellFiles.under(state_dir)
         self.workdir = workdir
         self.env = dict(env)
-        self.max_output_bytes = max_output_bytes
+        self.keep = max(max_output_bytes // 2, 1)
 
     def run(self, command: str, *, timeout_s: float) -> CommandOutcome:
-        if not fits_inline(command):
-            with open(self.command_path, "w", encoding="utf-8", errors="surrogateescape") as handle:
+        inline = fits_inline(command)
+        if not inline:
+            with open(self.files.command, "w", encoding="utf-8", errors="surrogateescape") as handle:
                 handle.write(command + "\n")
-            command = source_file(self.command_path)
+        shown, timed_out, code = self._run(self.files.runner_argv(command, self.keep, from_file=not inline), timeout_s)
+        if timed_out:
+            shown = self._run(self.files.show_argv(self.keep), _SHOW_TIMEOUT_S)[0]
+        return outcome(code, shown, timed_out)
+
+    def _run(self, argv: list[str], timeout_s: float) -> tuple[bytes, bool, int | None]:
+        """(output, at most `2 * keep + NOTE_BYTES`; whether it outlived `timeout_s`; exit code)."""
         proc = subprocess.Popen(
-            runner_argv(self.state_path, command), cwd=self.workdir, env=self.env, stdin=subprocess.DEVNULL,
+            argv, cwd=self.workdir, env=self.env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         )
         try:
-            head, dropped, timed_out = self._read(proc, time.monotonic() + timeout_s)
+            shown, timed_out = self._read(proc, time.monotonic() + timeout_s)
         finally:
             _kill_group(proc.pid)
             proc.wait()
             if proc.stdout is not None:
                 proc.stdout.close()
-        return outcome(proc.returncode, head, dropped, timed_out)
+        return shown, timed_out, proc.returncode
 
-    def _read(self, proc: subprocess.Popen[bytes], deadline: float) -> tuple[bytes, int, bool]:
-        """Read output until EOF (or the deadline): (the head kept, bytes dropped, whether the command
-        outlived the deadline)."""
+    def _read(self, proc: subprocess.Popen[bytes], deadline: float) -> tuple[bytes, bool]:
+        """Read output until EOF (or the deadline), keeping a bounded head: (it, whether the command outlived
+        the deadline)."""
         assert proc.stdout is not None
+        limit = 2 * self.keep + NOTE_BYTES
         head = bytearray()
-        dropped = 0
         fd = proc.stdout.fileno()
         with selectors.DefaultSelector() as selector:
             selector.register(fd, selectors.EVENT_READ)
@@ -115,15 +152,13 @@ class PersistentShell:
                     deadline = min(deadline, time.monotonic() + _GRACE_S)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    return bytes(head), dropped, proc.poll() is None
+                    return bytes(head), proc.poll() is None
                 if not selector.select(min(remaining, 0.25)):
                     continue
                 chunk = os.read(fd, _READ_CHUNK)
                 if not chunk:
-                    return bytes(head), dropped, not _exits_by(proc, deadline)
-                room = self.max_output_bytes - len(head)
-                head += chunk[:room]
-                dropped += max(len(chunk) - room, 0)
+                    return bytes(head), not _exits_by(proc, deadline)
+                head += chunk[: max(limit - len(head), 0)]
 
 
 def _exits_by(proc: subprocess.Popen[bytes], deadline: float) -> bool:
