@@ -149,6 +149,8 @@ async def test_long_and_odd_commands_and_capped_output(box: Sandbox) -> None:
     capped = await sh.run("echo START; head -c 100000 /dev/zero | tr '\\0' x; echo; echo END", timeout_s=20)
     assert capped.output.startswith("START\n") and capped.output.endswith("x\nEND\n")
     assert "[... 99011 bytes of output left out ...]" in capped.output and len(capped.output) < 1100
+    around = await sh.run("echo sneaky >&3; echo done", timeout_s=20)  # the runner's own stdout is not the command's
+    assert "sneaky" not in around.output and around.output.endswith("Bad file descriptor\ndone\n")
     flood = await sh.run("yes | head -c 50000000; sleep 60", timeout_s=2)  # timed out: still bounded
     assert flood.timed_out and flood.output.startswith("y\ny\n") and len(flood.output) < 1100
 

@@ -8,7 +8,8 @@ Each command runs in a fresh `bash` (`RUNNER`) that
   twice `keep` bytes, else its first and last `keep` bytes with a note of how many were left out between.
 
 So `cd` and `export` survive between commands, a hung command is killed at its timeout without losing the
-state of earlier ones, the output is bounded inside the sandbox (the server never receives more), and nothing
+state of earlier ones, the output is bounded inside the sandbox (the command never holds the runner's own
+stdout, kept as fd 3 for the trap, so the server receives no more than that), and nothing
 is interpolated into a shell string: the runner is a constant, and the paths and the command are its
 positional arguments. A timed-out command's output is printed by `SHOW`, run on its own afterwards. Where the
 output file cannot be written (a command may have put something in its place), output goes straight to stdout.
@@ -53,7 +54,7 @@ if [ -n "$__captured" ]; then exec 1>&3 2>&3
 """ + SHOW + r"""
 fi
 exit $__rc' EXIT
-eval "$__cmd"
+eval "$__cmd" 3>&-
 """
 MAX_INLINE_BYTES = 128 * 1024 - 1
 """Longest command (UTF-8) passed inline: the kernel's cap on one argument, less its terminating NUL."""
