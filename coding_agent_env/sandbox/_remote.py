@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import base64
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -155,10 +156,15 @@ class RemoteSandbox(Sandbox):
             raise SandboxFileError(f"{path!r} resolves outside the sandbox")
         if info.get("kind") != "file":
             raise SandboxFileError(f"{path!r} is not a regular file")
-        data = await self._get(real)
         if max_bytes is None:
-            return data
-        return data[-max_bytes:] if tail and max_bytes else data[:max_bytes]
+            return await self._get(real)
+        # Only the slice asked for crosses the vendor's API (base64 on the launcher's stdout), never the whole
+        # file: an agent may leave a log of gigabytes.
+        end = "tail" if tail else "head"
+        code, out, err = await self._small(self.layout.launcher_argv("read", real, str(max_bytes), end))
+        if code != 0:
+            raise SandboxFileError(f"cannot read {path!r}: {err.decode(errors='replace')[-200:]}")
+        return base64.b64decode(out)
 
     async def write_bytes(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
         self._check_open()

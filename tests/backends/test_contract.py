@@ -107,6 +107,11 @@ async def test_files_bytes_text_parents_and_special_names(sandbox: Sandbox) -> N
     assert out == f"line $(touch pwned)\na/b/{name}\n"
     assert await sandbox.read_text("t.txt", max_bytes=4) == "line"
     assert await sandbox.read_text("t.txt", max_bytes=4, tail=True) == "ed)\n"
+    big = bytes(range(256)) * 4096  # bounded reads of a large binary file: exactly the slice asked for
+    await sandbox.write_bytes("big.bin", big)
+    assert await sandbox.read_bytes("big.bin", max_bytes=1000) == big[:1000]
+    assert await sandbox.read_bytes("big.bin", max_bytes=1000, tail=True) == big[-1000:]
+    assert await sandbox.read_bytes("big.bin", max_bytes=len(big) + 1, tail=True) == big
 
 
 async def test_missing_files_and_escapes(sandbox: Sandbox) -> None:
