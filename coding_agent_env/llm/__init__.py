@@ -4,7 +4,7 @@
     upstream = resolve_upstream(request, settings)                 # EndpointError for refused combinations
     lease = await relay.open_lease(rollout_id, upstream)           # lease.base_url, lease.socket_path, lease.token
     ... the agent calls lease.base_url with api_key=lease.token ...
-    turns = lease.turns(); await lease.close()                     # revoke at teardown
+    await lease.close(); turns = lease.turns()                     # revoke once the agent is done
     await relay.stop()
 """
 

@@ -11,8 +11,8 @@ never on the public port. Routes, each requiring a lease's bearer token (401 oth
 one inside an agent's own network namespace, so the agent reaches the relay over that namespace's loopback
 with no forwarder process and no extra hop.
 
-Lifecycle: `start()` once, `open_lease()` per rollout, `lease.close()` at the rollout's teardown, `stop()` at
-shutdown (closes every lease). All methods must be called on the loop that ran `start()`.
+Lifecycle: `start()` once, `open_lease()` per rollout, `lease.close()` as soon as the rollout's agent is done,
+`stop()` at shutdown (closes every lease). All methods must be called on the loop that ran `start()`.
 """
 
 from __future__ import annotations
@@ -216,6 +216,8 @@ class Relay:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return error_response(413, f"request body over {self._settings.relay_max_body_bytes} bytes", "too_large")
+        if not lease.usable():  # revoked while the body was uploading: nothing goes upstream
+            return error_response(401, "invalid, expired or revoked relay token", "authentication_error")
         body = parse_json_object(raw)
         if body is None:
             return error_response(400, "request body is not a JSON object", "invalid_request_error")

@@ -159,6 +159,12 @@ class _Rollout:
         await self.stage("provision", self.budget.provision_s, self._provision)
         await self.stage("setup", self.budget.setup_s, self._setup)
         await self.stage("agent", self.budget.agent_s, self._agent)
+        if self.lease is not None:
+            # The agent's tree is dead: its token dies too, before verify runs anything the agent wrote (a token
+            # left in a config file must not buy LLM calls, or turns, after the agent's phase). Outside the
+            # agent's stage: close() may wait a moment for cancelled calls to be recorded.
+            await self.lease.close()
+            self.turns = self.lease.turns()
         await self.stage("verify", self.budget.verify_s, self._verify)
         await self.stage("collect", self.budget.collect_s, self._collect)
 
@@ -266,10 +272,6 @@ class _Rollout:
         finally:
             self.agent_events = self.agent.events()
             await self._read_agent_log(ctx.log_path)
-            if self.lease is not None:
-                # The agent's tree is dead: its token dies too, before verify runs anything the agent wrote
-                # (a token left in a config file must not buy LLM calls, or turns, after the agent's phase).
-                await self.lease.close()
         self.emit(ev.AgentFinished(rollout_id=self.rollout_id, exit_code=self.agent_exit_code, timed_out=timed_out))
 
     def _llm_access(self, sandbox: Sandbox) -> LlmAccess | None:
@@ -318,9 +320,11 @@ class _Rollout:
         started = time.monotonic()
         try:
             async with asyncio.timeout(self.budget.teardown_s):
-                if self.sandbox is not None:
-                    await self.sandbox.close()
-                await self._release_relay()
+                try:
+                    if self.sandbox is not None:
+                        await self.sandbox.close()
+                finally:
+                    await self._release_relay()  # the turns are kept even when the sandbox's close failed
         except (TimeoutError, CodingAgentEnvError, OSError) as exc:
             log.error("rollout %s: teardown failed: %r", self.rollout_id, exc)
             if self.error is None:
@@ -371,8 +375,8 @@ class _Rollout:
             agent_events=self.agent_events,
             error=self.error,
         )
-        if not self.redact.secrets:
-            return raw  # no LLM in this rollout: every text in it was decoded from bytes, with replacement
+        # Always, even with no secret to remove: a file name read back may hold undecodable bytes (as surrogate
+        # escapes), and a model's text lone surrogates, which no JSON encoder would take (about 0.1 ms).
         return RolloutResult.model_validate(self.redact.deep(raw.model_dump(mode="json")))
 
 

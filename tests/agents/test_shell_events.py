@@ -6,6 +6,7 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,6 +32,27 @@ def test_cwd_and_exports_persist_even_through_exit(tmp_path: Path) -> None:
     assert sh.run("mkdir -p 'a b' && cd 'a b' && export GREETING='hi there'; exit 3", timeout_s=10).exit_code == 3
     outcome = sh.run('pwd; echo "$GREETING"', timeout_s=10)
     assert outcome.output.splitlines() == [str(tmp_path / "work" / "a b"), "hi there"] and outcome.exit_code == 0
+
+
+@pytest.mark.parametrize(("command", "code", "output"), [
+    ('die() { echo "fatal: $1"; exit 1; }; echo working; die oops', 1, "working\nfatal: oops\n"),
+    ('echo x; trap "echo mine" EXIT; echo y', 0, "x\ny\nmine\n"),
+    ("echo a; exec true", 0, "a\n"),
+    ("echo b; kill $$", 143, "Terminated\nb\n"),  # bash says how its child ended
+    ("exec 10>lock; echo x; exec 10>&-; echo y", 0, "x\ny\n"),
+    ("printf 'no newline'", 0, "no newline"),
+])
+def test_output_is_shown_however_the_command_ends(tmp_path: Path, command: str, code: int, output: str) -> None:
+    assert shell(tmp_path).run(command, timeout_s=10)[:2] == (code, output)
+
+
+def test_a_command_cannot_redirect_the_shells_own_bookkeeping(tmp_path: Path) -> None:
+    sh = shell(tmp_path, max_output_bytes=1000)
+    sh.run(f"export __keep=100000 __state={tmp_path}/elsewhere __out=/dev/zero; cd /tmp", timeout_s=10)
+    noisy = sh.run("pwd; head -c 5000 /dev/zero | tr '\\0' x; echo; echo END", timeout_s=10)
+    assert noisy.output.startswith("/tmp\n") and noisy.output.endswith("x\nEND\n")
+    assert "bytes of output left out" in noisy.output and not noisy.timed_out
+    assert not (tmp_path / "elsewhere").exists()
 
 
 async def test_timeout_kills_the_command_group_and_keeps_state(tmp_path: Path) -> None:

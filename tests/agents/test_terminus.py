@@ -124,6 +124,8 @@ async def test_cwd_and_exports_persist_even_through_exit(box: Sandbox) -> None:
     after = await sh.run('pwd; echo "$GREETING"; id -u; return 2>/dev/null; echo after', timeout_s=20)
     assert after.output.splitlines() == [f"{box.paths.workdir}/a b", "hi there", "1000", "after"]
     assert after.exit_code == 0
+    dying = await sh.run('die() { echo "fatal: $1"; exit 4; }; echo working; die here', timeout_s=20)
+    assert (dying.exit_code, dying.output) == (4, "working\nfatal: here\n")  # shown, however it ended
 
 
 async def test_timeout_kills_the_command_tree_and_keeps_state(box: Sandbox, settings: Settings) -> None:

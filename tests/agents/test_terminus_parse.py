@@ -135,10 +135,23 @@ def _depth_by_walking(text: str) -> bool:
     return True
 
 
-@given(st.text(alphabet='[]{}()"\\ax', max_size=400))
+@given(st.one_of(st.text(alphabet='[]{}()"\\ax', max_size=400),
+                 st.text(alphabet='[[[[{{((()"\\a', min_size=MAX_DEPTH, max_size=200)))  # often too deep
 def test_depth_check_visits_only_what_matters_and_agrees_with_a_plain_walk(text: str) -> None:
     assert _depth_ok(text) == _depth_by_walking(text)
-    assert _depth_ok('"' + "[" * (MAX_DEPTH + 5) + '"') and not _depth_ok("[" * (MAX_DEPTH + 1))
+
+
+@pytest.mark.parametrize(("text", "ok"), [
+    ("[" * MAX_DEPTH, True),
+    ("[" * (MAX_DEPTH + 1), False),
+    ("(" * (MAX_DEPTH + 1), False),
+    ("()" * 100 + "{" * MAX_DEPTH, True),
+    ('"' + "[" * (MAX_DEPTH + 5) + '"', True),  # inside a string
+    ('"\\"' + "[" * (MAX_DEPTH + 1), True),  # the escaped quote does not end the string
+    ('"\\\\"' + "[" * (MAX_DEPTH + 1), False),  # an escaped backslash does not escape the quote
+])
+def test_depth_check_cases(text: str, ok: bool) -> None:
+    assert _depth_ok(text) is ok and _depth_by_walking(text) is ok
 
 
 @given(st.binary(max_size=2000), st.lists(st.integers(min_value=1, max_value=300), max_size=20))

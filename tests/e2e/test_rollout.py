@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import resource
 from pathlib import Path
 
@@ -168,6 +169,14 @@ async def test_symlinks_out_of_the_workdir_are_not_collected(settings: Settings)
     assert result.files == {"real.txt": "ok\n"}
     assert set(result.files_omitted) >= {"leak", "leak2"}
     assert "root:" not in result.model_dump_json()
+
+
+async def test_undecodable_file_names_still_give_a_sendable_result(settings: Settings) -> None:
+    """A file name that is not UTF-8 comes back as surrogate escapes, which no JSON encoder takes."""
+    solution = ["printf '\\377' > \"$(printf 'bad\\377name')\""]  # not UTF-8 either: omitted, by name
+    result = await run_rollout(req(solution=solution, verify=["true"]), settings=settings)
+    assert result.reward == 1.0, result.verify_results
+    assert json.loads(result.model_dump_json())["files_omitted"] == ["bad?name"]
 
 
 async def test_non_utf8_output_and_huge_stdout_are_bounded(settings: Settings) -> None:

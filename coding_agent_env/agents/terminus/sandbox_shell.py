@@ -40,10 +40,10 @@ class SandboxShell:
                 return CommandOutcome(EXIT_NOT_RUN, f"[the command could not be written to a file: {exc}]", False)
         argv = self.files.runner_argv(command, self.keep, from_file=not inline)
         done = await self.sandbox.exec(argv, timeout=timeout_s, max_output_bytes=self.cap)
-        # stderr holds only what bash said before the runner's redirections.
+        # stderr holds only what the outer bash itself said.
         shown = done.stderr + done.stdout
-        if done.timed_out:
+        if done.timed_out:  # killed before it could show the output file: show it now
             late = await self.sandbox.exec(self.files.show_argv(self.keep), timeout=_SHOW_TIMEOUT_S,
                                            max_output_bytes=self.cap)
-            shown = late.stdout
+            shown += late.stdout
         return outcome(done.exit_code, shown, done.timed_out)

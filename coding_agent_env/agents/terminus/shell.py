@@ -1,18 +1,21 @@
 """Terminus's persistent shell: the runner both drivers use, and `PersistentShell` for the standalone program.
 
-Each command runs in a fresh `bash` (`RUNNER`) that
+Each command runs in two fresh `bash`es. The inner one (`SHELL`)
 - sources the state file: the exported variables and the working directory left by the previous command;
 - evaluates the command (`eval`, whether it came inline or, when too long for one argument or holding a NUL,
-  from a file: see `fits_inline`), its stdout and stderr going, merged in order, to the output file;
-- on exit (even through `exit`) writes the state back, then prints the output file: whole when it is at most
-  twice `keep` bytes, else its first and last `keep` bytes with a note of how many were left out between.
+  from a file: see `fits_inline`);
+- on exit (even through `exit`) writes the state back.
+
+The outer one (`RUNNER`) sends the inner one's stdout and stderr, merged in order, to the output file, and
+once it ended, however it ended, prints that file (`SHOW`): whole when it is at most twice `keep` bytes, else
+its first and last `keep` bytes with a note of how many were left out between.
 
 So `cd` and `export` survive between commands, a hung command is killed at its timeout without losing the
-state of earlier ones, the output is bounded inside the sandbox (the command never holds the runner's own
-stdout, kept as fd 3 for the trap, so the server receives no more than that), and nothing
-is interpolated into a shell string: the runner is a constant, and the paths and the command are its
-positional arguments. A timed-out command's output is printed by `SHOW`, run on its own afterwards. Where the
-output file cannot be written (a command may have put something in its place), output goes straight to stdout.
+state of earlier ones, the output is bounded inside the sandbox (the command never holds the outer shell's
+stdout, so the server receives no more than that), and nothing is interpolated into a shell string: the
+scripts are constants, and the paths and the command are positional arguments. A timed-out command's output
+is printed by `SHOW` run on its own afterwards. Where the output file cannot be written (a command may have
+put something in its place), output goes straight out.
 
 Processes a command leaves in the background end with it. In the server, `terminus.sandbox_shell` runs the
 runner as a sandbox exec. Standard library only.
@@ -29,33 +32,43 @@ from collections import namedtuple
 from collections.abc import Mapping
 
 __all__ = [
-    "MAX_INLINE_BYTES", "RUNNER", "SHOW", "CommandOutcome", "PersistentShell", "ShellFiles", "fits_inline",
+    "MAX_INLINE_BYTES", "RUNNER", "SHELL", "SHOW", "CommandOutcome", "PersistentShell", "ShellFiles", "fits_inline",
     "outcome",
 ]
 
 SHOW = r"""
 __size=$(stat -c %s -- "$__out" 2>/dev/null) || __size=0
 if [ "$__size" -le $((2 * __keep)) ]; then cat -- "$__out" 2>/dev/null
-else head -c "$__keep" -- "$__out"; printf "\n[... %s bytes of output left out ...]\n" $((__size - 2 * __keep))
+else head -c "$__keep" -- "$__out"; printf '\n[... %s bytes of output left out ...]\n' $((__size - 2 * __keep))
      tail -c "$__keep" -- "$__out"; fi
 """
-"""Prints the output file `$__out` within `2 * $__keep` bytes (and the note). No single quote: it goes into
-the runner's trap."""
+"""Prints the output file `$__out` within `2 * $__keep` bytes (and the note)."""
+
+SHELL = r"""
+if [ -f "$1" ]; then . "$1" >/dev/null 2>&1; fi
+readonly __state="$1"; __cmd="$2"
+if [ -n "$3" ]; then __cmd=$(< "$3"); fi
+trap '__rc=$?; export -n __state; { export -p; printf "cd -- %q\n" "$PWD"; } > "$__state.tmp" 2>/dev/null &&
+      mv -f -- "$__state.tmp" "$__state"; exit $__rc' EXIT
+eval "$__cmd"
+"""
+"""The command's own shell: state in, the command, state out (even through `exit`). Where the state goes is
+set after the state is sourced, and read-only: no command can redirect it."""
 
 RUNNER = r"""
-__state="$1"; __out="$2"; __keep="$3"; __cmd="$4"; __file="$5"; shift 5
-if [ -n "$__file" ]; then __cmd=$(< "$__file"); fi
-if [ -f "$__state" ]; then . "$__state" >/dev/null 2>&1; fi
-exec 3>&1
-if { : > "$__out"; } 2>/dev/null; then __captured=1; exec 1>"$__out" 2>&1; else exec 2>&1; fi
-trap '__rc=$?
-{ export -p; printf "cd -- %q\n" "$PWD"; } > "$__state.tmp" 2>/dev/null && mv -f -- "$__state.tmp" "$__state"
-if [ -n "$__captured" ]; then exec 1>&3 2>&3
+__shell="$1"; __state="$2"; __out="$3"; __keep="$4"; shift 4
+if { : > "$__out"; } 2>/dev/null; then
+  bash --noprofile --norc -c "$__shell" terminus-shell "$__state" "$@" > "$__out" 2>&1
+  __rc=$?
 """ + SHOW + r"""
+  exit $__rc
 fi
-exit $__rc' EXIT
-eval "$__cmd" 3>&-
+exec bash --noprofile --norc -c "$__shell" terminus-shell "$__state" "$@" 2>&1
 """
+"""Runs `SHELL` with its output to the output file, then shows it (`SHOW`), whatever way that shell ended:
+`exit` in a function, `exec`, a signal, a trap of the command's own. Where the output file cannot be written,
+the output goes straight out instead."""
+
 MAX_INLINE_BYTES = 128 * 1024 - 1
 """Longest command (UTF-8) passed inline: the kernel's cap on one argument, less its terminating NUL."""
 NOTE_BYTES = 128
@@ -86,7 +99,7 @@ class ShellFiles(namedtuple("ShellFiles", ("state", "output", "command"))):
     def runner_argv(self, command: str, keep: int, *, from_file: bool = False) -> list[str]:
         """The runner's argv: `command` inline, or (`from_file`) already written to `self.command`."""
         inline, file = ("", self.command) if from_file else (command, "")
-        return ["bash", "--noprofile", "--norc", "-c", RUNNER, "terminus-shell", self.state, self.output,
+        return ["bash", "--noprofile", "--norc", "-c", RUNNER, "terminus-runner", SHELL, self.state, self.output,
                 str(keep), inline, file]
 
     def show_argv(self, keep: int) -> list[str]:
@@ -120,8 +133,8 @@ class PersistentShell:
             with open(self.files.command, "w", encoding="utf-8", errors="surrogateescape") as handle:
                 handle.write(command + "\n")
         shown, timed_out, code = self._run(self.files.runner_argv(command, self.keep, from_file=not inline), timeout_s)
-        if timed_out:
-            shown = self._run(self.files.show_argv(self.keep), _SHOW_TIMEOUT_S)[0]
+        if timed_out:  # killed before it could show the output file: show it now
+            shown += self._run(self.files.show_argv(self.keep), _SHOW_TIMEOUT_S)[0]
         return outcome(code, shown, timed_out)
 
     def _run(self, argv: list[str], timeout_s: float) -> tuple[bytes, bool, int | None]:
