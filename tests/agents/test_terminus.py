@@ -3,9 +3,11 @@ program against the scripted fake LLM."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -279,3 +281,28 @@ async def test_chat_through_the_relay_fails_cleanly_on_any_answer(monkeypatch: p
     assert got["status"] == ChatFailed("HTTP 502: upstream down")
     assert "over 100000 bytes" in got["big"].error and "malformed" in got["shape"].error
     assert all(isinstance(failed, ChatFailed) for failed in got.values()), got
+
+
+async def test_work_off_the_loop_ends_before_a_cancelled_caller_does() -> None:
+    """At the agent's deadline, a reply being parsed on a worker thread is waited for (it is bounded), so the
+    conversation and its report are never used by two threads at once."""
+    from coding_agent_env.agents.terminus import agent as terminus_agent
+
+    started, release = threading.Event(), threading.Event()
+
+    def parse() -> int:
+        started.set()
+        release.wait(10)
+        return 1
+
+    caller = asyncio.ensure_future(terminus_agent._off_loop(parse))
+    try:
+        await poll(started.is_set)
+        caller.cancel()
+        for _ in range(10):  # loop turns, not time: the cancellation has reached the caller by then
+            await asyncio.sleep(0)
+        assert not caller.done()
+    finally:
+        release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await caller

@@ -22,10 +22,10 @@ import asyncio
 import functools
 import io
 import json
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -40,6 +40,7 @@ from coding_agent_env.settings import Settings
 
 __all__ = ["TerminusAgent", "TerminusConfig", "parse_terminus_events", "standalone_argv", "standalone_config"]
 
+T = TypeVar("T")
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 """Largest chat completion read from the relay."""
 OFF_LOOP_BYTES = 128 * 1024
@@ -124,13 +125,24 @@ class TerminusAgent(Agent):
         async with _RelayChat(ctx.llm.base_url, ctx.llm.token, config.llm_timeout_s) as chat:
             while True:
                 # Parsing a reply is linear but pure Python: a large one is parsed off the event loop.
-                need = await asyncio.to_thread(_advance, steps, answer) if large else _advance(steps, answer)
+                need = await _off_loop(_advance, steps, answer) if large else _advance(steps, answer)
                 if isinstance(need, int):
                     return need
                 if isinstance(need, Chat):
                     answer, large = await chat.complete(need.body)
                 else:
                     answer, large = await shell.run(need.command, timeout_s=config.command_timeout_s), False
+
+
+async def _off_loop(function: Callable[..., T], *args: object) -> T:
+    """`function(*args)` on a worker thread. Cancelled meanwhile, it still waits for the call to end (each is
+    bounded): so the conversation and its report are never touched by two threads at once."""
+    call = asyncio.ensure_future(asyncio.to_thread(function, *args))
+    try:
+        return await asyncio.shield(call)
+    except asyncio.CancelledError:
+        await asyncio.wait([call])
+        raise
 
 
 def _advance(steps: Generator[Chat | Run, object, int], answer: object) -> Chat | Run | int:
@@ -163,7 +175,7 @@ class _RelayChat:
     async def complete(self, body: dict) -> tuple[dict | ChatFailed, bool]:
         """(the assistant message of one chat completion, or why there is none; whether the reply was large)."""
         encode = functools.partial(json.dumps, body)
-        text = await asyncio.to_thread(encode) if self.last_body_bytes > OFF_LOOP_BYTES else encode()
+        text = await _off_loop(encode) if self.last_body_bytes > OFF_LOOP_BYTES else encode()
         payload = text.encode()
         self.last_body_bytes = len(payload)
         try:
@@ -176,7 +188,7 @@ class _RelayChat:
                 if response.status != 200:
                     return ChatFailed(f"HTTP {response.status}: {data[:500].decode('utf-8', 'replace')}"), False
             large = len(data) > OFF_LOOP_BYTES
-            return (await asyncio.to_thread(_message, data) if large else _message(data)), large
+            return (await _off_loop(_message, data) if large else _message(data)), large
         except (aiohttp.ClientError, TimeoutError) as exc:
             return ChatFailed(f"{type(exc).__name__}: {str(exc)[:500]}"), False
 
