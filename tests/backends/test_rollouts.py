@@ -9,7 +9,7 @@ import pytest
 
 from coding_agent_env.cli import load_task
 from coding_agent_env.errors import MissingExtraError, UnknownBackendError
-from coding_agent_env.models import RolloutStatus
+from coding_agent_env.models import RolloutRequest, RolloutStatus
 from coding_agent_env.rollout import run_rollout
 from coding_agent_env.rollout.budget import Budget
 from coding_agent_env.sandbox import get_backend
@@ -83,3 +83,26 @@ async def test_remote_sandbox_lives_as_long_as_the_rollout_and_not_much_longer(
     [made] = [c for c in FakeAsyncSandbox.created if c["metadata"]["coding-agent-env.rollout"] == result.rollout_id]
     deadline = Budget.for_request(task, settings).total_s
     assert deadline > 900 and deadline <= made["timeout"] <= deadline + REMOTE_LIFETIME_MARGIN_S + 1
+
+
+@pytest.mark.parametrize("kind", list(_IN_EFFECT))
+async def test_terminus_solves_the_task_on_every_backend(kind: str, settings_for: Callable[[str], tuple[str, Settings]],
+                                                         assert_no_leftovers: None) -> None:
+    """Terminus's loop runs in the server and its commands are the backend's own execs: it needs no network
+    policy, so it runs even where `llm` is not offered (hf, e2b). The LLM is the scripted fake."""
+    from tests.agents.sessions import CORRECT, TASK, VERIFY, session, write_file_command
+    from tests.fakes.llm import FakeLLM, FakeLLMServer
+
+    name, settings = settings_for(kind)
+    with FakeLLMServer(FakeLLM(api_key="sk-every-backend")) as fake:
+        fake.app.script = session("terminus", write_file_command("binary_search.py", CORRECT), "cd /tmp", "pwd")
+        request = RolloutRequest(instruction=TASK, agent="terminus", sandbox=name, base_url=fake.base_url,
+                                 api_key="sk-every-backend", model="fake/m", verify=VERIFY)
+        result = await run_rollout(request, settings=settings)
+        calls = len(fake.app.requests)
+    assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, (result.error, result.agent_log_tail)
+    isolation, network, _ = _IN_EFFECT[kind]
+    assert (result.sandbox, result.isolation, result.network) == (name, isolation, network)
+    assert len(result.turns) == calls == 4
+    assert result.agent_events is not None and [t.input for t in result.agent_events.tool_calls][-1] == "pwd"
+    assert "/tmp" in (result.turns[-1].request_messages[-1].get("content") or "")  # cwd kept between execs
