@@ -19,9 +19,10 @@ from coding_agent_env.llm.capture import TurnAssembler
 from coding_agent_env.llm.lease import Lease, PromptDelta
 from coding_agent_env.llm.rewrite import rewrite_request
 from coding_agent_env.llm.sse import SseParser
-from coding_agent_env.llm.wire import error_response, parse_json_object, read_at_most
+from coding_agent_env.llm.wire import error_response, parse_json_object
 from coding_agent_env.models import Turn
 from coding_agent_env.settings import Settings
+from coding_agent_env.streams import read_at_most
 
 __all__ = ["relay_call"]
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
-__all__ = ["bearer_token", "error_response", "parse_json_object", "read_at_most"]
+__all__ = ["bearer_token", "error_response", "parse_json_object"]
 
 
 def parse_json_object(raw: bytes | str) -> dict[str, Any] | None:
@@ -32,17 +31,3 @@ def error_response(status: int, message: str, kind: str) -> web.Response:
     """An OpenAI-shaped error body, which the official clients turn into typed exceptions."""
     body = {"error": {"message": message, "type": kind, "code": status}}
     return web.Response(status=status, text=json.dumps(body), content_type="application/json")
-
-
-async def read_at_most(content: aiohttp.StreamReader, limit: int) -> bytes:
-    """The body's bytes up to EOF or `limit`, whichever comes first. (`StreamReader.read(n)` returns as soon as
-    anything is buffered, so one call can stop short of a body longer than one network read.)"""
-    parts: list[bytes] = []
-    size = 0
-    while size < limit:
-        chunk = await content.read(limit - size)
-        if not chunk:
-            break
-        parts.append(chunk)
-        size += len(chunk)
-    return b"".join(parts)

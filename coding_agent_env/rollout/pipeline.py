@@ -159,12 +159,10 @@ class _Rollout:
         await self.stage("provision", self.budget.provision_s, self._provision)
         await self.stage("setup", self.budget.setup_s, self._setup)
         await self.stage("agent", self.budget.agent_s, self._agent)
-        if self.lease is not None:
-            # The agent's tree is dead: its token dies too, before verify runs anything the agent wrote (a token
-            # left in a config file must not buy LLM calls, or turns, after the agent's phase). Outside the
-            # agent's stage: close() may wait a moment for cancelled calls to be recorded.
-            await self.lease.close()
-            self.turns = self.lease.turns()
+        # The agent's tree is dead: its token dies too, before verify runs anything the agent wrote (a token left
+        # in a config file must not buy LLM calls, or turns, after the agent's phase). Outside the agent's stage:
+        # close() may wait a moment for cancelled calls to be recorded.
+        await self._revoke_token()
         await self.stage("verify", self.budget.verify_s, self._verify)
         await self.stage("collect", self.budget.collect_s, self._collect)
 
@@ -333,11 +331,14 @@ class _Rollout:
             self.timings["teardown"] = time.monotonic() - started
             self.emit(ev.PhaseFinished(rollout_id=self.rollout_id, phase="teardown", duration_s=self.timings["teardown"]))
 
-    async def _release_relay(self) -> None:
-        """Revoke the rollout's token (in-flight calls end and are recorded), keep its turns."""
+    async def _revoke_token(self) -> None:
+        """Revoke the rollout's token (in-flight calls end and are recorded), keep its turns. Idempotent."""
         if self.lease is not None:
             await self.lease.close()
             self.turns = self.lease.turns()
+
+    async def _release_relay(self) -> None:
+        await self._revoke_token()
         if self._own_relay is not None:
             await self._own_relay.stop()
 

@@ -37,6 +37,7 @@ from coding_agent_env.agents.terminus.sandbox_shell import SandboxShell
 from coding_agent_env.errors import AgentError
 from coding_agent_env.models import AgentEvents
 from coding_agent_env.settings import Settings
+from coding_agent_env.streams import read_at_most
 
 __all__ = ["TerminusAgent", "TerminusConfig", "parse_terminus_events", "standalone_argv", "standalone_config"]
 
@@ -45,7 +46,6 @@ MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 """Largest chat completion read from the relay."""
 OFF_LOOP_BYTES = 128 * 1024
 """JSON bodies and replies over this size are encoded, decoded and parsed on a worker thread."""
-_READ_CHUNK = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,8 @@ class TerminusConfig:
 
 
 def record(report: AgentReport, kind: object, fields: dict[str, Any]) -> None:
-    """Add one Terminus event (`kind` and its fields, as `terminus.core` emits them) to `report`."""
-    report.events += 1
+    """Add what one Terminus event (`kind` and its fields, as `terminus.core` emits them) says to `report`
+    (counting the event is the caller's)."""
     if kind == "turn":
         report.steps += 1
     elif kind == "command":
@@ -86,8 +86,7 @@ def parse_terminus_events(text: str) -> AgentReport:
     """The report of the standalone program's output (JSON lines). Total: any text gives a report (see
     `events.json_lines` for the bounds)."""
     report = AgentReport()
-    for event in json_lines(text, report):
-        report.events -= 1  # json_lines counted it already
+    for event in json_lines(text, report):  # counts each event
         record(report, event.get("type"), event)
     return report
 
@@ -115,11 +114,14 @@ class TerminusAgent(Agent):
             raise AgentError("agent terminus needs the LLM relay, and this rollout has none")
         config = TerminusConfig.from_settings(ctx.settings)
         report = self.report = AgentReport()
+
+        def emit(kind: str, **fields: object) -> None:
+            report.events += 1
+            record(report, kind, fields)
+
         shell = SandboxShell(ctx.sandbox, ctx.agent_dir, max_output_bytes=config.max_output_bytes)
-        steps = conversation(
-            ctx.request.instruction, model=ctx.llm.model, max_turns=config.max_turns, loose=config.loose_parsing,
-            emit=lambda kind, **fields: record(report, kind, fields),
-        )
+        steps = conversation(ctx.request.instruction, model=ctx.llm.model, max_turns=config.max_turns,
+                             loose=config.loose_parsing, emit=emit)
         answer: object = None
         large = False
         async with _RelayChat(ctx.llm.base_url, ctx.llm.token, config.llm_timeout_s) as chat:
@@ -182,8 +184,8 @@ class _RelayChat:
             # A file-like body: aiohttp sends it in chunks.
             async with self.http.post(self.url, data=io.BytesIO(payload), headers=self.headers,
                                       timeout=self.timeout) as response:
-                data = await _read_capped(response.content)
-                if data is None:
+                data = await read_at_most(response.content, MAX_RESPONSE_BYTES + 1)
+                if len(data) > MAX_RESPONSE_BYTES:
                     return ChatFailed(f"response over {MAX_RESPONSE_BYTES} bytes"), False
                 if response.status != 200:
                     return ChatFailed(f"HTTP {response.status}: {data[:500].decode('utf-8', 'replace')}"), False
@@ -198,17 +200,6 @@ def _message(data: bytes) -> dict | ChatFailed:
         return message_of(json.loads(data))
     except (ValueError, RecursionError) as exc:
         return ChatFailed(f"{type(exc).__name__}: {str(exc)[:500]}")
-
-
-async def _read_capped(content: aiohttp.StreamReader) -> bytes | None:
-    """The whole body, or None when it is over `MAX_RESPONSE_BYTES`."""
-    chunks, size = [], 0
-    async for chunk in content.iter_chunked(_READ_CHUNK):
-        size += len(chunk)
-        if size > MAX_RESPONSE_BYTES:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def standalone_argv(config_path: str, *, python: str = "python3") -> list[str]:

@@ -1,7 +1,7 @@
 """Terminus's persistent shell in the server: the runner (`terminus.shell.RUNNER`) as one sandbox exec per
 command.
 
-The shell's files (`terminus.shell.ShellFiles`: state, output, long command) live in the agent dir, written by
+The shell's files (`terminus.shell.Runner`: state, output, long command) live in the agent dir, written by
 the runner as the sandbox's user, so what a command leaves (`cd`, `export`) is what the next one starts from.
 Each exec is the sandbox's usual one: its environment, its user, its limits, its whole tree killed at
 `timeout_s`. What a command does to those files is the agent's own outcome, never a failure of ours: a long
@@ -10,14 +10,12 @@ command that cannot be written to its file is reported to the model as such.
 
 from __future__ import annotations
 
-from coding_agent_env.agents.terminus.shell import NOTE_BYTES, CommandOutcome, ShellFiles, fits_inline, outcome
+from coding_agent_env.agents.terminus.shell import SHOW_TIMEOUT_S, CommandOutcome, Runner, fits_inline, outcome
 from coding_agent_env.errors import SandboxFileError
 from coding_agent_env.sandbox.base import Sandbox
 
 __all__ = ["SandboxShell"]
 
-_SHOW_TIMEOUT_S = 10.0
-"""Deadline for printing a timed-out command's output."""
 EXIT_NOT_RUN = 126
 """The exit code reported for a command that could not even be started (as a shell reports it)."""
 
@@ -27,23 +25,21 @@ class SandboxShell:
 
     def __init__(self, sandbox: Sandbox, agent_dir: str, *, max_output_bytes: int) -> None:
         self.sandbox = sandbox
-        self.files = ShellFiles.under(agent_dir)
-        self.keep = max(max_output_bytes // 2, 1)
-        self.cap = 2 * self.keep + NOTE_BYTES  # what the runner prints at most: a backstop for the exec
+        self.runner = Runner.under(agent_dir, max_output_bytes)
 
     async def run(self, command: str, *, timeout_s: float) -> CommandOutcome:
         inline = fits_inline(command)
         if not inline:
             try:
-                await self.sandbox.write_text(self.files.command, command + "\n")
+                await self.sandbox.write_text(self.runner.command, command + "\n")
             except SandboxFileError as exc:
                 return CommandOutcome(EXIT_NOT_RUN, f"[the command could not be written to a file: {exc}]", False)
-        argv = self.files.runner_argv(command, self.keep, from_file=not inline)
-        done = await self.sandbox.exec(argv, timeout=timeout_s, max_output_bytes=self.cap)
+        argv = self.runner.argv(command, from_file=not inline)
+        done = await self.sandbox.exec(argv, timeout=timeout_s, max_output_bytes=self.runner.cap)
         # stderr holds only what the outer bash itself said.
         shown = done.stderr + done.stdout
         if done.timed_out:  # killed before it could show the output file: show it now
-            late = await self.sandbox.exec(self.files.show_argv(self.keep), timeout=_SHOW_TIMEOUT_S,
-                                           max_output_bytes=self.cap)
+            late = await self.sandbox.exec(self.runner.show_argv(), timeout=SHOW_TIMEOUT_S,
+                                           max_output_bytes=self.runner.cap)
             shown += late.stdout
         return outcome(done.exit_code, shown, done.timed_out)

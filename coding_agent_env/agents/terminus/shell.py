@@ -32,8 +32,8 @@ from collections import namedtuple
 from collections.abc import Mapping
 
 __all__ = [
-    "MAX_INLINE_BYTES", "RUNNER", "SHELL", "SHOW", "CommandOutcome", "PersistentShell", "ShellFiles", "fits_inline",
-    "outcome",
+    "MAX_INLINE_BYTES", "RUNNER", "SHELL", "SHOW", "SHOW_TIMEOUT_S", "CommandOutcome", "PersistentShell", "Runner",
+    "fits_inline", "outcome",
 ]
 
 SHOW = r"""
@@ -74,7 +74,7 @@ MAX_INLINE_BYTES = 128 * 1024 - 1
 NOTE_BYTES = 128
 """Room for the note beside the kept bytes."""
 _READ_CHUNK = 65536
-_SHOW_TIMEOUT_S = 10.0
+SHOW_TIMEOUT_S = 10.0
 """Deadline for printing a timed-out command's output."""
 _GRACE_S = 1.0
 """After the command exits, how long its output pipe may stay open (held by a background job)."""
@@ -87,25 +87,32 @@ class CommandOutcome(namedtuple("CommandOutcome", ("exit_code", "output", "timed
     __slots__ = ()
 
 
-class ShellFiles(namedtuple("ShellFiles", ("state", "output", "command"))):
-    """The shell's files in a directory private to the agent (paths as the commands see them)."""
+class Runner(namedtuple("Runner", ("state", "output", "command", "keep"))):
+    """How one command runs: the shell's files in a directory private to the agent (paths as the commands see
+    them), and `keep`, the bytes of output kept at each end."""
 
     __slots__ = ()
 
     @classmethod
-    def under(cls, directory: str) -> ShellFiles:
-        return cls(*(f"{directory}/terminus-{name}" for name in ("state.sh", "output", "command.sh")))
+    def under(cls, directory: str, max_output_bytes: int) -> Runner:
+        files = (f"{directory}/terminus-{name}" for name in ("state.sh", "output", "command.sh"))
+        return cls(*files, max(max_output_bytes // 2, 1))
 
-    def runner_argv(self, command: str, keep: int, *, from_file: bool = False) -> list[str]:
+    @property
+    def cap(self) -> int:
+        """The most a run prints (both ends and the note): a backstop for whoever reads it."""
+        return 2 * self.keep + NOTE_BYTES
+
+    def argv(self, command: str, *, from_file: bool = False) -> list[str]:
         """The runner's argv: `command` inline, or (`from_file`) already written to `self.command`."""
         inline, file = ("", self.command) if from_file else (command, "")
         return ["bash", "--noprofile", "--norc", "-c", RUNNER, "terminus-runner", SHELL, self.state, self.output,
-                str(keep), inline, file]
+                str(self.keep), inline, file]
 
-    def show_argv(self, keep: int) -> list[str]:
+    def show_argv(self) -> list[str]:
         """Prints what a command that timed out left in the output file (as the runner would have)."""
         return ["bash", "--noprofile", "--norc", "-c", '__out="$1"; __keep="$2"' + SHOW, "terminus-show",
-                self.output, str(keep)]
+                self.output, str(self.keep)]
 
 
 def fits_inline(command: str) -> bool:
@@ -122,23 +129,22 @@ class PersistentShell:
     group when it ends or times out. `state_dir` is private to the agent; `workdir` is where it starts."""
 
     def __init__(self, state_dir: str, workdir: str, env: Mapping[str, str], *, max_output_bytes: int) -> None:
-        self.files = ShellFiles.under(state_dir)
+        self.runner = Runner.under(state_dir, max_output_bytes)
         self.workdir = workdir
         self.env = dict(env)
-        self.keep = max(max_output_bytes // 2, 1)
 
     def run(self, command: str, *, timeout_s: float) -> CommandOutcome:
         inline = fits_inline(command)
         if not inline:
-            with open(self.files.command, "w", encoding="utf-8", errors="surrogateescape") as handle:
+            with open(self.runner.command, "w", encoding="utf-8", errors="surrogateescape") as handle:
                 handle.write(command + "\n")
-        shown, timed_out, code = self._run(self.files.runner_argv(command, self.keep, from_file=not inline), timeout_s)
+        shown, timed_out, code = self._run(self.runner.argv(command, from_file=not inline), timeout_s)
         if timed_out:  # killed before it could show the output file: show it now
-            shown += self._run(self.files.show_argv(self.keep), _SHOW_TIMEOUT_S)[0]
+            shown += self._run(self.runner.show_argv(), SHOW_TIMEOUT_S)[0]
         return outcome(code, shown, timed_out)
 
     def _run(self, argv: list[str], timeout_s: float) -> tuple[bytes, bool, int | None]:
-        """(output, at most `2 * keep + NOTE_BYTES`; whether it outlived `timeout_s`; exit code)."""
+        """(output, at most `runner.cap` bytes; whether it outlived `timeout_s`; exit code)."""
         proc = subprocess.Popen(
             argv, cwd=self.workdir, env=self.env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
@@ -156,7 +162,7 @@ class PersistentShell:
         """Read output until EOF (or the deadline), keeping a bounded head: (it, whether the command outlived
         the deadline)."""
         assert proc.stdout is not None
-        limit = 2 * self.keep + NOTE_BYTES
+        limit = self.runner.cap
         head = bytearray()
         fd = proc.stdout.fileno()
         with selectors.DefaultSelector() as selector:
