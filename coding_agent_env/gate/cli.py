@@ -20,7 +20,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from coding_agent_env.gate.gate import Gate, GateRequest
+from coding_agent_env.gate.gate import Gate
+from coding_agent_env.gate.state import GateRequest
 from coding_agent_env.settings import Settings
 
 __all__ = ["echo_policy", "main"]

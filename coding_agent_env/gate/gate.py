@@ -18,7 +18,6 @@ foreign token gets 401. `POST /v1/exit` marks the rollout finished: waiting `nex
 from __future__ import annotations
 
 import asyncio
-import collections
 import secrets
 import socket
 import uuid
@@ -36,10 +35,11 @@ from coding_agent_env.errors import (
     UnknownRolloutError,
 )
 from coding_agent_env.gate.server import build_app
+from coding_agent_env.gate.state import GateRequest, RolloutState
 from coding_agent_env.gate.synth import normalize_completion
 from coding_agent_env.settings import Settings
 
-__all__ = ["Gate", "GateRequest", "GateRollout"]
+__all__ = ["Gate", "GateRollout"]
 
 T = TypeVar("T")
 _TOKEN_PREFIX = "cag-"
@@ -54,51 +54,6 @@ class GateRollout:
     token: str = field(repr=False)
 
 
-@dataclass(frozen=True)
-class GateRequest:
-    """One agent call waiting for the trainer's answer. `body` is the agent's request as sent."""
-
-    id: str
-    rollout_id: str
-    body: dict[str, Any]
-
-    @property
-    def stream(self) -> bool:
-        return self.body.get("stream") is True
-
-    @property
-    def messages(self) -> list[Any]:
-        messages = self.body.get("messages")
-        return messages if isinstance(messages, list) else []
-
-    @property
-    def tools(self) -> list[Any]:
-        tools = self.body.get("tools")
-        return tools if isinstance(tools, list) else []
-
-
-class _Rollout:
-    """Owning-loop state of one registered rollout."""
-
-    def __init__(self, rollout_id: str, token: str) -> None:
-        self.rollout_id = rollout_id
-        self.token = token
-        self.ready: collections.deque[GateRequest] = collections.deque()
-        self.pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
-        self.changed = asyncio.Condition()
-        self.closed: str | None = None
-        """Why the rollout no longer takes calls (exited / unregistered), or None while open."""
-
-    async def close(self, reason: str, *, fail_pending: bool) -> None:
-        self.closed = self.closed or reason
-        if fail_pending:
-            for future in self.pending.values():
-                if not future.done():
-                    future.set_exception(RolloutClosedError(reason))
-        async with self.changed:
-            self.changed.notify_all()
-
-
 class Gate:
     """See the module docstring. `async with Gate(settings) as gate:` starts and stops it."""
 
@@ -108,7 +63,7 @@ class Gate:
         self._port = port
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
-        self._rollouts: dict[str, _Rollout] = {}
+        self._rollouts: dict[str, RolloutState] = {}
         self._tokens: dict[str, str] = {}
 
     # -- lifecycle -----------------------------------------------------------------------------------------
@@ -197,7 +152,7 @@ class Gate:
         if rollout_id in self._rollouts:
             raise GateError(f"rollout {rollout_id!r} is already registered")
         token = _TOKEN_PREFIX + secrets.token_urlsafe(32)
-        self._rollouts[rollout_id] = _Rollout(rollout_id, token)
+        self._rollouts[rollout_id] = RolloutState(rollout_id, token)
         self._tokens[token] = rollout_id
         return GateRollout(rollout_id=rollout_id, base_url=self.base_url, token=token)
 
@@ -230,7 +185,7 @@ class Gate:
             raise UnknownRequestError(f"request {request.id} of rollout {request.rollout_id!r} is not waiting")
         future.set_result(completion)
 
-    def _state(self, rollout_id: str) -> _Rollout:
+    def _state(self, rollout_id: str) -> RolloutState:
         state = self._rollouts.get(rollout_id)
         if state is None:
             raise UnknownRolloutError(f"rollout {rollout_id!r} is not registered")
@@ -238,11 +193,11 @@ class Gate:
 
     # -- used by the HTTP handlers (owning loop) ---------------------------------------------------------
 
-    def rollout_for_token(self, token: str | None) -> _Rollout | None:
+    def rollout_for_token(self, token: str | None) -> RolloutState | None:
         rollout_id = self._tokens.get(token) if token is not None else None
         return self._rollouts.get(rollout_id) if rollout_id is not None else None
 
-    async def submit(self, state: _Rollout, body: dict[str, Any]) -> dict[str, Any]:
+    async def submit(self, state: RolloutState, body: dict[str, Any]) -> dict[str, Any]:
         """Queue an agent call and wait for its answer (bounded by `gate_request_timeout_s`)."""
         if state.closed is not None:
             raise RolloutClosedError(state.closed)
@@ -258,7 +213,7 @@ class Gate:
         finally:
             state.pending.pop(request.id, None)
 
-    async def mark_exited(self, state: _Rollout) -> None:
+    async def mark_exited(self, state: RolloutState) -> None:
         await state.close(f"rollout {state.rollout_id!r} exited", fail_pending=False)
 
 

@@ -1,23 +1,37 @@
-"""The gate's HTTP routes (aiohttp), all behind the per-rollout bearer token."""
+"""The gate's HTTP routes (aiohttp), all behind the per-rollout bearer token.
+
+The routes see the gate only through `GateRoutes`, so this module never imports the `Gate` that serves it.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from coding_agent_env.errors import RolloutClosedError
+from coding_agent_env.gate.state import RolloutState
 from coding_agent_env.gate.synth import sse_events
 from coding_agent_env.settings import Settings
 
-if TYPE_CHECKING:
-    from coding_agent_env.gate.gate import Gate
-
-__all__ = ["build_app"]
+__all__ = ["GateRoutes", "build_app"]
 
 
-def build_app(gate: Gate, settings: Settings) -> web.Application:
+class GateRoutes(Protocol):
+    """What the routes need of the gate; called on its owning loop only."""
+
+    def rollout_for_token(self, token: str | None) -> RolloutState | None:
+        """The open or closed rollout this token was minted for; None for a missing, unknown or revoked one."""
+
+    async def submit(self, state: RolloutState, body: dict[str, Any]) -> dict[str, Any]:
+        """Queue an agent call for the trainer and return its answer (`RolloutClosedError`, `TimeoutError`)."""
+
+    async def mark_exited(self, state: RolloutState) -> None:
+        """The agent said it is done: no more calls from this rollout."""
+
+
+def build_app(gate: GateRoutes, settings: Settings) -> web.Application:
     """Routes: POST /v1/chat/completions, GET /v1/models, POST /v1/exit; anything else 404 (after auth)."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
@@ -39,7 +53,7 @@ def build_app(gate: Gate, settings: Settings) -> web.Application:
     return app
 
 
-async def _chat(request: web.Request, gate: Gate, state: Any, settings: Settings) -> web.StreamResponse:
+async def _chat(request: web.Request, gate: GateRoutes, state: RolloutState, settings: Settings) -> web.StreamResponse:
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
