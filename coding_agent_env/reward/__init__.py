@@ -1,1 +1,1 @@
-"""Verification and scoring: one reward path, computed in the environment."""
+"""Scoring: one reward path, computed in the environment and pure (no sandbox, no I/O); verify runs in `rollout`."""

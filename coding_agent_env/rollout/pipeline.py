@@ -35,12 +35,13 @@ from coding_agent_env.models import (
     Turn,
 )
 from coding_agent_env.reward.score import score
-from coding_agent_env.reward.verify import run_command, run_verify
 from coding_agent_env.rollout import events as ev
 from coding_agent_env.rollout.budget import Budget
 from coding_agent_env.rollout.collect import collect_files
+from coding_agent_env.rollout.commands import CommandRunner
 from coding_agent_env.rollout.redact import Redactor
 from coding_agent_env.rollout.relay_access import relay_endpoint
+from coding_agent_env.rollout.verify import run_verify
 from coding_agent_env.sandbox.base import Sandbox, SandboxSpec
 from coding_agent_env.sandbox.registry import get_backend, resolve_backend_name
 from coding_agent_env.settings import Settings
@@ -228,15 +229,9 @@ class _Rollout:
         return lease
 
     async def _setup(self) -> None:
-        sandbox = self._open_sandbox()
+        commands = self._commands()
         for index, cmd in enumerate(self.request.setup):
-            result = await run_command(
-                sandbox,
-                cmd,
-                timeout=self.request.command_timeout_s,
-                max_output_bytes=self.settings.max_output_bytes,
-                fresh=False,
-            )
+            result = await commands.run(cmd, fresh=False)
             self.setup_results.append(result)
             self.emit(ev.CommandFinished(rollout_id=self.rollout_id, phase="setup", index=index, result=result))
             if not result.ok:
@@ -296,13 +291,7 @@ class _Rollout:
             self.verify_results.append(result)
             self.emit(ev.CommandFinished(rollout_id=self.rollout_id, phase="verify", index=index, result=result))
 
-        outcome = await run_verify(
-            self._open_sandbox(),
-            self.request.verify,
-            timeout=self.request.command_timeout_s,
-            max_output_bytes=self.settings.max_output_bytes,
-            on_result=record,
-        )
+        outcome = await run_verify(self._commands(), self.request.verify, on_result=record)
         scored = score(outcome.results, outcome.reward_text)
         self.reward = scored.reward
         self.reward_note = outcome.reward_problem or scored.note
@@ -345,6 +334,11 @@ class _Rollout:
     def _open_sandbox(self) -> Sandbox:
         assert self.sandbox is not None, "stage ran before provision"
         return self.sandbox
+
+    def _commands(self) -> CommandRunner:
+        return CommandRunner(
+            self._open_sandbox(), self.request.command_timeout_s, self.settings.max_output_bytes, self.redact
+        )
 
     # -- result ----------------------------------------------------------------------------------------
 

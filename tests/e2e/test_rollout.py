@@ -158,6 +158,19 @@ async def test_hostile_strings_do_not_inject(settings: Settings) -> None:
     assert "sk-x" not in result.model_dump_json()
 
 
+async def test_a_secret_in_command_output_is_redacted_in_the_events_too(settings: Settings) -> None:
+    """The task-command runner redacts what setup and verify print before it is emitted, not only the result."""
+    key = "sk-caller-held-SECRET-42"
+    printed = f"printf '%s%s\\n' {key[:9]} {key[9:]}"  # printed whole, though never written whole in the command
+    seen: list[ev.RolloutEvent] = []
+    request = req(setup=[printed], verify=[printed], base_url="http://127.0.0.1:9/v1", api_key=key, model="m")
+    result = await run_rollout(request, settings=settings, emit=seen.append)
+    assert result.reward == 1.0
+    outputs = [e.result.stdout for e in seen if isinstance(e, ev.CommandFinished)]
+    assert outputs == ["[REDACTED]\n", "[REDACTED]\n"]
+    assert key not in result.model_dump_json()
+
+
 def _sh_quote(text: str) -> str:
     import shlex
 
