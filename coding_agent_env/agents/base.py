@@ -18,22 +18,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from coding_agent_env.llm.access import LlmAccess
 from coding_agent_env.models import AgentEvents, RolloutRequest
 from coding_agent_env.sandbox.base import Sandbox
 from coding_agent_env.settings import Settings
 
-__all__ = ["Agent", "AgentContext", "LlmAccess", "run_in_sandbox"]
-
-
-@dataclass(frozen=True)
-class LlmAccess:
-    """How an agent reaches its LLM: the relay (as seen from inside the sandbox, or from the server for an
-    agent whose calls do not come from the sandbox: `Agent.llm_from_sandbox`), and a per-rollout token (use it
-    as the OpenAI api_key; it is worthless outside this rollout). Never the upstream key."""
-
-    base_url: str
-    token: str
-    model: str
+__all__ = ["Agent", "AgentContext", "run_in_sandbox"]
 
 
 @dataclass(frozen=True)

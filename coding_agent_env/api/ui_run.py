@@ -3,7 +3,8 @@
 Contract:
 - `UiRuns.stream(owner, request)` takes a `SessionKind.UI` slot from the shared session manager (so the tab
   counts against `max_concurrent_envs` like every WebSocket, JSON-RPC and MCP session; `CapacityError` if
-  full), runs the rollout with the pipeline's `emit` and `cancel` hooks, and yields `Progress` snapshots:
+  full), runs the rollout through that session's `Session.run` (so it uses the server's one LLM relay, as
+  every session does) with the pipeline's `emit` and `cancel` hooks, and yields `Progress` snapshots:
   the event log so far, then a last one carrying the `RolloutResult`. The slot is freed when the stream ends,
   however it ends. `owner` is the browser session; one rollout per owner at a time (`SessionBusyError`).
 - `cancel(owner)` asks the owner's rollout to stop: the pipeline tears the sandbox down and the stream ends with
@@ -24,7 +25,6 @@ from dataclasses import dataclass
 from coding_agent_env.api.ui_render import event_line
 from coding_agent_env.models import RolloutRequest, RolloutResult
 from coding_agent_env.rollout import events as ev
-from coding_agent_env.rollout import run_rollout
 from coding_agent_env.session import SessionBusyError, SessionKind, SessionManager
 
 __all__ = ["Progress", "UiRuns"]
@@ -71,9 +71,7 @@ class UiRuns:
         cancel = asyncio.Event()
         self._cancels[owner] = cancel
         queue: asyncio.Queue[ev.RolloutEvent] = asyncio.Queue()
-        task = asyncio.ensure_future(
-            run_rollout(request, settings=self._manager.settings, emit=queue.put_nowait, cancel=cancel)
-        )
+        task = asyncio.ensure_future(session.run(request, emit=queue.put_nowait, cancel=cancel))
         self._tasks.add(task)
         try:
             async for progress in _follow(task, queue, self._manager.settings.web_max_events):

@@ -18,12 +18,13 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from contextlib import AsyncExitStack
 
-from coding_agent_env.agents.base import Agent, AgentContext, LlmAccess
+from coding_agent_env.agents.base import Agent, AgentContext
 from coding_agent_env.agents.registry import get_agent
+from coding_agent_env.aio import shielded
 from coding_agent_env.errors import AgentError, CodingAgentEnvError, RelayError, SandboxError
-from coding_agent_env.llm import Lease, Relay, Upstream, resolve_upstream
+from coding_agent_env.llm import Relay, RolloutLlm, SharedRelay, Upstream, access, resolve_upstream
 from coding_agent_env.models import (
     AgentEvents,
     CommandResult,
@@ -32,7 +33,6 @@ from coding_agent_env.models import (
     RolloutResult,
     RolloutStatus,
     Timings,
-    Turn,
 )
 from coding_agent_env.reward.score import score
 from coding_agent_env.rollout import events as ev
@@ -40,17 +40,14 @@ from coding_agent_env.rollout.budget import Budget
 from coding_agent_env.rollout.collect import collect_files
 from coding_agent_env.rollout.commands import CommandRunner
 from coding_agent_env.rollout.redact import Redactor
-from coding_agent_env.rollout.relay_access import relay_endpoint
 from coding_agent_env.rollout.verify import run_verify
-from coding_agent_env.sandbox.base import Sandbox, SandboxSpec
+from coding_agent_env.sandbox.base import RelayEndpoint, Sandbox, SandboxSpec
 from coding_agent_env.sandbox.registry import get_backend, resolve_backend_name
 from coding_agent_env.settings import Settings
 
 __all__ = ["run_rollout"]
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 _INFRA_ERRORS = (SandboxError, AgentError, RelayError, OSError)
 """Failures of our machinery (not of the task or the agent): the episode is invalid, reward null."""
@@ -66,12 +63,12 @@ async def run_rollout(
     settings: Settings | None = None,
     emit: ev.Emit | None = None,
     cancel: asyncio.Event | None = None,
-    relay: Relay | None = None,
+    relay: Relay | SharedRelay | None = None,
 ) -> RolloutResult:
     """Run one rollout end to end. Raises `RequestError` only for a request that cannot start.
 
-    An agent that needs an LLM talks to it through `relay` (the server's, started on this loop); without
-    one, a private relay lives for this rollout only."""
+    An agent that needs an LLM talks to it through `relay` (the server's, on this loop: running, or started on
+    first use); without one, a private relay lives for this rollout only (see `llm.access`)."""
     settings = settings or Settings.from_env()
     agent = get_agent(request.agent)
     agent.check_available(settings)
@@ -115,11 +112,11 @@ class _Rollout:
         self._emit = emit
         self.redact = Redactor([request.api_key.get_secret_value() if request.api_key else None])
         self.upstream: Upstream | None = None
-        self.relay: Relay | None = None
-        self._own_relay: Relay | None = None
-        self.lease: Lease | None = None
-        self.turns: list[Turn] = []
+        self.relay: Relay | SharedRelay | None = None
+        self.llm: RolloutLlm | None = None
         self.sandbox: Sandbox | None = None
+        self._resources = AsyncExitStack()
+        """What teardown releases, last acquired first: the sandbox, then the LLM access."""
         self.status = RolloutStatus.COMPLETED
         self.error: ErrorInfo | None = None
         self.reward: float | None = None
@@ -151,7 +148,7 @@ class _Rollout:
             self.error = ErrorInfo(type="Cancelled", stage="rollout", message="the rollout was cancelled")
             raise
         finally:
-            await _shielded(self._teardown())
+            await shielded(self._teardown())
             self.timings["total"] = time.monotonic() - started
             self.emit(ev.RolloutFinished(rollout_id=self.rollout_id, status=self.status, reward=self.reward))
         return self.result()
@@ -162,8 +159,9 @@ class _Rollout:
         await self.stage("agent", self.budget.agent_s, self._agent)
         # The agent's tree is dead: its token dies too, before verify runs anything the agent wrote (a token left
         # in a config file must not buy LLM calls, or turns, after the agent's phase). Outside the agent's stage:
-        # close() may wait a moment for cancelled calls to be recorded.
-        await self._revoke_token()
+        # revoking may wait a moment for cancelled calls to be recorded.
+        if self.llm is not None:
+            await self.llm.revoke()
         await self.stage("verify", self.budget.verify_s, self._verify)
         await self.stage("collect", self.budget.collect_s, self._collect)
 
@@ -201,32 +199,37 @@ class _Rollout:
 
     async def _provision(self) -> None:
         backend = get_backend(self.backend, self.settings)
-        spec = SandboxSpec(rollout_id=self.rollout_id, image=self.request.image, deadline_s=self.budget.total_s)
-        if self.upstream is not None:
-            self.lease = await self._open_lease(self.upstream)
-        if self.lease is not None and self.agent.llm_from_sandbox:
-            agents = self.settings.agents_dir
-            spec = SandboxSpec(
-                rollout_id=self.rollout_id,
-                image=self.request.image,
-                network="llm",
-                relay=relay_endpoint(self.lease),
-                agents_dir=str(agents) if agents.is_dir() else None,
-                deadline_s=self.budget.total_s,
-            )
+        relay = await self._open_llm()
+        agents = self.settings.agents_dir
+        spec = SandboxSpec(
+            rollout_id=self.rollout_id,
+            image=self.request.image,
+            network="none" if relay is None else "llm",
+            relay=relay,
+            agents_dir=str(agents) if relay is not None and agents.is_dir() else None,
+            deadline_s=self.budget.total_s,
+        )
         self.sandbox = await backend.create(spec)
+        self._resources.push_async_callback(self.sandbox.close)
         self.emit(ev.Provisioned(rollout_id=self.rollout_id, sandbox_id=self.sandbox.id, isolation=self.sandbox.isolation))
         for path, text in self.request.files.items():
             await self.sandbox.write_text(path, text)
 
-    async def _open_lease(self, upstream: Upstream) -> Lease:
-        relay = self.relay
-        if relay is None:
-            relay = self._own_relay = Relay(self.settings)
-            await relay.start()
-        lease = await relay.open_lease(self.rollout_id, upstream, ttl_s=self.budget.total_s)
-        self.redact = Redactor([upstream.secret(), lease.token, *self.redact.secrets])
-        return lease
+    async def _open_llm(self) -> RelayEndpoint | None:
+        """Open the LLM access of an agent that needs one; returns the relay its sandbox must reach, if any."""
+        if self.upstream is None:
+            return None
+        opening = access(
+            self.relay,
+            self.rollout_id,
+            self.upstream,
+            settings=self.settings,
+            ttl_s=self.budget.total_s,
+            from_sandbox=self.agent.llm_from_sandbox,
+        )
+        self.llm = await self._resources.enter_async_context(opening)
+        self.redact = Redactor([*self.llm.secrets, *self.redact.secrets])
+        return self.llm.sandbox_relay
 
     async def _setup(self) -> None:
         commands = self._commands()
@@ -249,7 +252,7 @@ class _Rollout:
             instruction_path=f"{agent_dir}/instruction.md",
             agent_dir=agent_dir,
             log_path=f"{agent_dir}/agent.log",
-            llm=self._llm_access(sandbox),
+            llm=self.llm.for_agent(sandbox.relay_url) if self.llm is not None else None,
         )
         await sandbox.write_text(ctx.instruction_path, self.request.instruction)
         timed_out = False
@@ -266,14 +269,6 @@ class _Rollout:
             self.agent_events = self.agent.events()
             await self._read_agent_log(ctx.log_path)
         self.emit(ev.AgentFinished(rollout_id=self.rollout_id, exit_code=self.agent_exit_code, timed_out=timed_out))
-
-    def _llm_access(self, sandbox: Sandbox) -> LlmAccess | None:
-        if self.lease is None or self.upstream is None:
-            return None
-        if not self.agent.llm_from_sandbox:
-            return LlmAccess(base_url=self.lease.base_url, token=self.lease.token, model=self.upstream.model or "")
-        assert sandbox.relay_url is not None, "an llm sandbox always has a relay URL"
-        return LlmAccess(base_url=sandbox.relay_url, token=self.lease.token, model=self.upstream.model or "")
 
     async def _read_agent_log(self, path: str) -> None:
         own = self.agent.log_tail(self.settings.agent_log_tail_bytes)
@@ -301,17 +296,15 @@ class _Rollout:
         self.files, self.files_omitted = collected.files, collected.omitted
 
     async def _teardown(self) -> None:
-        if self.sandbox is None and self.lease is None and self._own_relay is None:
+        if self.sandbox is None and self.llm is None:
             return
         self.emit(ev.PhaseStarted(rollout_id=self.rollout_id, phase="teardown"))
         started = time.monotonic()
         try:
             async with asyncio.timeout(self.budget.teardown_s):
-                try:
-                    if self.sandbox is not None:
-                        await self.sandbox.close()
-                finally:
-                    await self._release_relay()  # the turns are kept even when the sandbox's close failed
+                # The sandbox first, then the LLM access: its token revoked and its turns kept, even when the
+                # sandbox's close failed.
+                await self._resources.aclose()
         except (TimeoutError, CodingAgentEnvError, OSError) as exc:
             log.error("rollout %s: teardown failed: %r", self.rollout_id, exc)
             if self.error is None:
@@ -319,17 +312,6 @@ class _Rollout:
         finally:
             self.timings["teardown"] = time.monotonic() - started
             self.emit(ev.PhaseFinished(rollout_id=self.rollout_id, phase="teardown", duration_s=self.timings["teardown"]))
-
-    async def _revoke_token(self) -> None:
-        """Revoke the rollout's token (in-flight calls end and are recorded), keep its turns. Idempotent."""
-        if self.lease is not None:
-            await self.lease.close()
-            self.turns = self.lease.turns()
-
-    async def _release_relay(self) -> None:
-        await self._revoke_token()
-        if self._own_relay is not None:
-            await self._own_relay.stop()
 
     def _open_sandbox(self) -> Sandbox:
         assert self.sandbox is not None, "stage ran before provision"
@@ -364,7 +346,7 @@ class _Rollout:
             verify_results=self.verify_results,
             files=self.files,
             files_omitted=self.files_omitted,
-            turns=self.turns,
+            turns=self.llm.turns() if self.llm is not None else [],
             timings=timings,
             agent_log_tail=self.agent_log_tail,
             agent_events=self.agent_events,
@@ -373,17 +355,3 @@ class _Rollout:
         # Always, even with no secret to remove: a file name read back may hold undecodable bytes (as surrogate
         # escapes), and a model's text lone surrogates, which no JSON encoder would take (about 0.1 ms).
         return RolloutResult.model_validate(self.redact.deep(raw.model_dump(mode="json")))
-
-
-async def _shielded(coro: Awaitable[T]) -> T:
-    """Await `coro` to the end even if we are cancelled meanwhile; re-raise the cancellation after."""
-    task = asyncio.ensure_future(coro)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-    return task.result()

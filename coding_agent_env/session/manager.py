@@ -20,8 +20,8 @@ import contextlib
 import logging
 import time
 
+from coding_agent_env.llm import SharedRelay
 from coding_agent_env.session.errors import CapacityError, SessionAttachedError, UnknownSessionError
-from coding_agent_env.session.relay import SharedRelay
 from coding_agent_env.session.session import Session, SessionKind
 from coding_agent_env.settings import Settings
 

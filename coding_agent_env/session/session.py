@@ -14,11 +14,11 @@ import uuid
 from enum import Enum
 from typing import Any
 
+from coding_agent_env.llm import SharedRelay
 from coding_agent_env.models import RolloutRequest, RolloutResult
 from coding_agent_env.rollout import run_rollout
 from coding_agent_env.rollout.events import Emit
 from coding_agent_env.session.errors import SessionBusyError
-from coding_agent_env.session.relay import SharedRelay
 from coding_agent_env.settings import Settings
 
 __all__ = ["Session", "SessionKind", "SessionState"]
@@ -109,9 +109,8 @@ class Session:
         if self.busy:
             raise SessionBusyError(self.id)
         self.touch()
-        relay = await self._relay.get() if self._relay is not None else None
         task = asyncio.ensure_future(
-            run_rollout(request, settings=self.settings, relay=relay, emit=emit, cancel=cancel)
+            run_rollout(request, settings=self.settings, relay=self._relay, emit=emit, cancel=cancel)
         )
         self._rollout = task
         try:

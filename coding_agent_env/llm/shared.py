@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from coding_agent_env.llm import Relay
+from coding_agent_env.llm.relay import Relay
 from coding_agent_env.settings import Settings
 
 __all__ = ["SharedRelay"]
@@ -17,6 +17,11 @@ class SharedRelay:
         self._settings = settings
         self._relay: Relay | None = None
         self._lock = asyncio.Lock()
+
+    @property
+    def running(self) -> Relay | None:
+        """The relay once started (and until stopped); None before any rollout needed it."""
+        return self._relay
 
     async def get(self) -> Relay:
         async with self._lock:

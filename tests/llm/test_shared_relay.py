@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from coding_agent_env.llm import RelayState
-from coding_agent_env.session.relay import SharedRelay
+from coding_agent_env.llm import RelayState, SharedRelay
 from coding_agent_env.settings import Settings
 
 

@@ -1,5 +1,6 @@
-"""What a sandbox needs to reach the relay: its socket, its loopback URL, a forwarder file it can read, and
-the relay's `serve_listener` (for a backend that makes the agent's listening socket itself).
+"""What a sandbox needs to reach the relay (`sandbox.base.RelayEndpoint`): its socket, its loopback URL, a
+forwarder file it can read, and the relay's `serve_listener` (for a backend that makes the agent's listening
+socket itself).
 
 The forwarder is copied next to the relay's socket (under the state dir, traversable by sandbox uids), since
 the installed package itself may live somewhere sandbox uids cannot read (e.g. under /root).
@@ -9,19 +10,19 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import os
 from pathlib import Path
 
-from coding_agent_env.llm import Lease
+from coding_agent_env.llm.lease import Lease
 from coding_agent_env.sandbox.base import RelayEndpoint
 
-__all__ = ["relay_endpoint"]
+__all__ = ["sandbox_endpoint"]
 
-_FORWARDER_MODULE = "coding_agent_env.llm.forwarder"
+_FORWARDER = Path(__file__).with_name("forwarder.py")
 
 
-def relay_endpoint(lease: Lease) -> RelayEndpoint:
+def sandbox_endpoint(lease: Lease) -> RelayEndpoint:
+    """The relay as a sandbox spec names it, for the rollout holding `lease`."""
     return RelayEndpoint(
         socket_path=str(lease.socket_path),
         tcp_url=lease.base_url,
@@ -34,9 +35,7 @@ def relay_endpoint(lease: Lease) -> RelayEndpoint:
 def _forwarder_source() -> tuple[bytes, str]:
     """The forwarder's source and its digest, read once per process (the installed package does not change
     under a running server)."""
-    spec = importlib.util.find_spec(_FORWARDER_MODULE)
-    assert spec is not None and spec.origin is not None, "the forwarder ships with the package"
-    source = Path(spec.origin).read_bytes()
+    source = _FORWARDER.read_bytes()
     return source, hashlib.sha256(source).hexdigest()[:16]
 
 
