@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from coding_agent_env import __version__
 from coding_agent_env.api.step import step
 from coding_agent_env.api.wire import CallToolAction, CallToolObservation, EnvState
-from coding_agent_env.session import CapacityError, SessionKind, SessionManager
+from coding_agent_env.session import CapacityError, SessionClosedError, SessionKind, SessionManager
 
 __all__ = ["ENV_NAME", "build_router"]
 
@@ -89,6 +89,8 @@ def build_router(manager: SessionManager) -> APIRouter:
         except ValidationError as exc:
             detail = json.loads(exc.json(include_input=False, include_url=False))
             return JSONResponse({"detail": detail}, status_code=422)
+        except SessionClosedError as exc:  # its temporary session was closed under it: the server is stopping
+            return JSONResponse({"detail": str(exc)}, status_code=503)
         finally:
             await manager.close(session.id)
 

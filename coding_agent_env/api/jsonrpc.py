@@ -18,7 +18,8 @@ from pydantic import ValidationError
 
 from coding_agent_env.api.tool import TOOL_NAME, ToolCallFailed, run_tool, tool_descriptor, tool_result_dict
 from coding_agent_env.api.wire import JsonRpcRequest, rpc_error, rpc_result
-from coding_agent_env.session import CapacityError, Session, SessionKind, SessionManager, UnknownSessionError
+from coding_agent_env.session import Session, SessionKind, SessionManager
+from coding_agent_env.session.errors import CapacityError, SessionClosedError, UnknownSessionError
 
 __all__ = [
     "INTERNAL_ERROR",
@@ -118,6 +119,8 @@ async def _call_in(session: Session, name: str, arguments: Any) -> dict[str, Any
         result = await run_tool(session, name, {} if arguments is None else arguments)
     except ToolCallFailed as exc:
         raise _RpcFailure(INTERNAL_ERROR, exc.message) from None
+    except SessionClosedError as exc:  # like an unknown session_id: this session is no longer usable
+        raise _RpcFailure(INVALID_PARAMS, str(exc)) from None
     return tool_result_dict(result)
 
 
@@ -142,7 +145,7 @@ async def _session_close(params: dict[str, Any], ctx: RpcContext) -> dict[str, A
     except UnknownSessionError as exc:
         raise _RpcFailure(INVALID_PARAMS, str(exc)) from None
     if session.attached:
-        session.close_requested = True
+        session.request_close()
         return {"session_id": session_id, "closed": False, "closing": True}
     await ctx.manager.close(session_id)
     return {"session_id": session_id, "closed": True}

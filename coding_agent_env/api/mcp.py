@@ -27,7 +27,8 @@ from coding_agent_env.api.asgi import header, replay, send_json
 from coding_agent_env.api.tool import TOOL_DESCRIPTION, TOOL_NAME, ToolCallFailed, run_tool
 from coding_agent_env.api.wire import rpc_error
 from coding_agent_env.models import RolloutRequest, RolloutResult, request_fields_schema
-from coding_agent_env.session import CapacityError, Session, SessionKind, SessionManager, UnknownSessionError
+from coding_agent_env.session import Session, SessionKind, SessionManager
+from coding_agent_env.session.errors import CapacityError, SessionClosedError, UnknownSessionError
 from coding_agent_env.settings import Settings
 
 __all__ = ["McpEndpoint", "SESSION_HEADER"]
@@ -65,6 +66,8 @@ class McpEndpoint:
                 result = await run_tool(session, TOOL_NAME, arguments)
             except ToolCallFailed as exc:
                 raise ToolError(exc.message) from None
+            except SessionClosedError as exc:
+                raise ToolError(f"{exc}; start a new MCP session") from None
             return _call_result(result)
 
         params = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context)]

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from coding_agent_env.errors import RequestError
 from coding_agent_env.models import RolloutRequest, RolloutResult, request_fields_schema
-from coding_agent_env.session import Session
+from coding_agent_env.session import Session, SessionClosedError
 
 __all__ = [
     "TOOL_DESCRIPTION",
@@ -85,9 +85,12 @@ def tool_result_dict(result: RolloutResult) -> dict[str, Any]:
 
 async def run_tool(session: Session, name: str, arguments: Any) -> RolloutResult:
     """Run `run_rollout` in `session`. ToolCallFailed for a bad call or a request the server will not run;
-    anything that goes wrong *during* the rollout is in the result, not raised."""
+    `SessionClosedError` (a session-level error, each path maps it) if the session runs nothing more.
+    Anything that goes wrong *during* the rollout is in the result, not raised."""
     request = parse_arguments(name, arguments)
     try:
         return await session.run(request)
+    except SessionClosedError:
+        raise
     except RequestError as exc:
         raise ToolCallFailed("execution_error", f"Error calling tool '{name}': {exc}") from None

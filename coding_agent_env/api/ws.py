@@ -6,7 +6,9 @@ Frames are read concurrently with the processing of earlier ones, so a disconnec
 at once: it cancels that rollout (the sandbox is torn down) and frees the session.
 
 Error frames: `{"type":"error","data":{"message","code",...}}`; this module's `_serve_frame` is the one place
-that maps failures to codes. Bad frames leave the connection usable; capacity and attach errors close it.
+that maps failures to codes. Bad frames leave the connection usable; capacity and attach errors close it, as
+does a `step` in a session that runs nothing more (`SESSION_ERROR`: closed, or closing since an
+`openenv/session/close` arrived while attached), which ends the session.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -23,7 +26,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from coding_agent_env.api.jsonrpc import PARSE_ERROR, SERVER_ERROR, RpcContext, dispatch
 from coding_agent_env.api.step import step
 from coding_agent_env.api.wire import WS_ENVELOPES, loads_bounded, rpc_error
-from coding_agent_env.session import CapacityError, Session, SessionError, SessionKind, SessionManager
+from coding_agent_env.session import Session, SessionKind, SessionManager
+from coding_agent_env.session.errors import CapacityError, SessionClosedError, SessionError
 from coding_agent_env.settings import Settings
 
 __all__ = ["serve_ws", "serve_ws_mcp"]
@@ -34,6 +38,13 @@ _CLOSE_NORMAL = 1000
 _CLOSE_TOO_BIG = 1009
 _CLOSE = object()
 """Processor result for a `close` envelope: leave the loop without a reply."""
+
+
+@dataclass(frozen=True)
+class _Last:
+    """Processor result: send this frame, then leave the loop (the connection closes normally)."""
+
+    frame: dict[str, Any]
 
 
 def error_frame(code: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -109,6 +120,9 @@ class _Connection:
             reply = await self._serve_frame(text)
             if reply is _CLOSE:
                 return
+            if isinstance(reply, _Last):
+                await self.websocket.send_text(json.dumps(reply.frame))
+                return
             await self.websocket.send_text(json.dumps(reply))
 
     async def _serve_frame(self, text: str) -> Any:
@@ -126,6 +140,8 @@ class _Connection:
         except ValidationError as exc:
             errors = json.loads(exc.json(include_input=False, include_url=False))
             return error_frame("VALIDATION_ERROR", "Invalid message", errors=errors)
+        except SessionClosedError as exc:
+            return _Last(error_frame("SESSION_ERROR", str(exc)))
         except Exception as exc:  # the one except-site: a bug must not kill the connection
             log.exception("ws session %s: %s failed", self.session.id, kind)
             return error_frame("EXECUTION_ERROR", f"{type(exc).__name__}: {exc}")

@@ -4,19 +4,22 @@ from coding_agent_env.session.errors import (
     CapacityError,
     SessionAttachedError,
     SessionBusyError,
+    SessionClosedError,
     SessionError,
     UnknownSessionError,
 )
 from coding_agent_env.session.manager import SessionManager
-from coding_agent_env.session.session import Session, SessionKind
+from coding_agent_env.session.session import Session, SessionKind, SessionState
 
 __all__ = [
     "CapacityError",
     "Session",
     "SessionAttachedError",
     "SessionBusyError",
+    "SessionClosedError",
     "SessionError",
     "SessionKind",
     "SessionManager",
+    "SessionState",
     "UnknownSessionError",
 ]

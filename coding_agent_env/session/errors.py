@@ -5,7 +5,8 @@
         ├── CapacityError          all MAX_CONCURRENT_ENVS slots are taken
         ├── UnknownSessionError    no live session has that id
         ├── SessionAttachedError   a WebSocket is already attached to it
-        └── SessionBusyError       it is already running a rollout
+        ├── SessionBusyError       it is already running a rollout
+        └── SessionClosedError     it is closed, or closing: it runs no more rollouts
 
 Each api module maps these to its wire form (WS error frame, JSON-RPC error) in one place.
 """
@@ -14,7 +15,14 @@ from __future__ import annotations
 
 from coding_agent_env.errors import RequestError
 
-__all__ = ["CapacityError", "SessionAttachedError", "SessionBusyError", "SessionError", "UnknownSessionError"]
+__all__ = [
+    "CapacityError",
+    "SessionAttachedError",
+    "SessionBusyError",
+    "SessionClosedError",
+    "SessionError",
+    "UnknownSessionError",
+]
 
 
 class SessionError(RequestError):
@@ -53,4 +61,14 @@ class SessionBusyError(SessionError):
 
     def __init__(self, session_id: str) -> None:
         super().__init__(f"Session {session_id} is already running a rollout")
+        self.session_id = session_id
+
+
+class SessionClosedError(SessionError):
+    """The session was closed, or a close was asked for while its WebSocket is attached (it ends at detach):
+    either way it runs no more rollouts."""
+
+    def __init__(self, session_id: str, *, closing: bool) -> None:
+        state = "is closing (a close was requested while its WebSocket is attached)" if closing else "is closed"
+        super().__init__(f"Session {session_id} {state}; it runs no more rollouts")
         self.session_id = session_id

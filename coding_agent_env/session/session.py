@@ -4,6 +4,11 @@ A session is created by the manager for a WebSocket, a JSON-RPC `openenv/session
 the UI. It counts `step`s, remembers the last rollout's reward and status, and runs one rollout at a time.
 `close()` cancels a running rollout (the pipeline tears its sandbox down before the cancellation returns)
 and is idempotent.
+
+Lifecycle: OPEN -> (CLOSING ->) CLOSED. Only an OPEN session runs a rollout; `run` in any other state raises
+`SessionClosedError`, so a reference kept past a close (a WebSocket at shutdown, a call racing a close)
+cannot start one. CLOSING is a close asked for while a WebSocket is attached: the manager closes the session
+when it detaches, and meanwhile it runs nothing new.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from coding_agent_env.llm import SharedRelay
 from coding_agent_env.models import RolloutRequest, RolloutResult
 from coding_agent_env.rollout import run_rollout
 from coding_agent_env.rollout.events import Emit
-from coding_agent_env.session.errors import SessionBusyError
+from coding_agent_env.session.errors import SessionBusyError, SessionClosedError
 from coding_agent_env.settings import Settings
 
 __all__ = ["Session", "SessionKind", "SessionState"]
@@ -35,6 +40,8 @@ class SessionKind(str, Enum):
 
 class SessionState(Enum):
     OPEN = "open"
+    CLOSING = "closing"
+    """Closed as soon as its WebSocket detaches; runs nothing new meanwhile."""
     CLOSED = "closed"
 
 
@@ -54,7 +61,6 @@ class Session:
         self.last_reward: float | None = None
         self.last_status: str | None = None
         self.attached = False
-        self.close_requested = False
         self.last_active = time.monotonic()
         self._rollout: asyncio.Task[RolloutResult] | None = None
         self._relay = relay
@@ -88,6 +94,16 @@ class Session:
         self.last_active = time.monotonic()
 
     @property
+    def close_requested(self) -> bool:
+        """A close was asked for while a WebSocket is attached; the manager closes the session at detach."""
+        return self.state is SessionState.CLOSING
+
+    def request_close(self) -> None:
+        """Refuse new rollouts from now on and let the manager close the session when its WebSocket detaches."""
+        if self.state is SessionState.OPEN:
+            self.state = SessionState.CLOSING
+
+    @property
     def busy(self) -> bool:
         return self._rollout is not None and not self._rollout.done()
 
@@ -102,10 +118,13 @@ class Session:
     async def run(
         self, request: RolloutRequest, *, emit: Emit | None = None, cancel: asyncio.Event | None = None
     ) -> RolloutResult:
-        """Run one rollout in this session. SessionBusyError if one is already running.
+        """Run one rollout in this session. `SessionClosedError` unless the session is open, `SessionBusyError`
+        if a rollout is already running.
 
         Cancelling the caller cancels the rollout (its sandbox is torn down first); setting `cancel` ends it
         early with status `cancelled` instead. `emit` receives the rollout's progress events."""
+        if self.state is not SessionState.OPEN:
+            raise SessionClosedError(self.id, closing=self.state is SessionState.CLOSING)
         if self.busy:
             raise SessionBusyError(self.id)
         self.touch()

@@ -1,4 +1,5 @@
-"""A client disconnect during a rollout cancels it and leaves no process behind; one rollout per session."""
+"""A client disconnect during a rollout cancels it and leaves no process behind; one rollout per session; a
+closed session runs nothing more."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import socket
 import uuid
 from pathlib import Path
 
+from typing import Any
+
 import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from tests.protocol.live import LiveServer, wait_until
@@ -73,3 +78,32 @@ def test_jsonrpc_client_disconnect_cancels_its_rollout(server: LiveServer) -> No
         wait_until(lambda: bool(processes_with(f"sleep {marker}")), what="the rollout to start")
     wait_until(lambda: not processes_with(f"sleep {marker}"), what="teardown after the HTTP client left")
     wait_until(lambda: server.sessions.active == 0, what="the temporary session freed")
+
+
+def test_a_closed_session_refuses_to_run_and_the_server_carries_on(server: LiveServer, oracle_task: dict[str, Any]) -> None:
+    """`openenv/session/close` while a WebSocket is attached answers `closing`: from then on the session runs
+    nothing (it used to run whatever came next). Other sessions are untouched."""
+    step = {"type": "step", "data": {"type": "call_tool", "tool_name": "run_rollout", "arguments": oracle_task}}
+    with httpx.Client(base_url=server.http, timeout=60) as http:
+
+        def rpc(method: str, **params: Any) -> dict[str, Any]:
+            return http.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).json()
+
+        session_id = rpc("openenv/session/create")["result"]["session_id"]
+        with connect(f"{server.ws}?session_id={session_id}") as ws, connect(server.ws) as other:
+            assert rpc("openenv/session/close", session_id=session_id)["result"]["closing"] is True
+            refused = rpc("tools/call", name="run_rollout", arguments=oracle_task, session_id=session_id)["error"]
+            expected = f"Session {session_id} is closing (a close was requested while its WebSocket is attached)"
+            assert refused["code"] == -32602 and refused["message"].startswith(expected)
+            ws.send(json.dumps(step))
+            frame = json.loads(ws.recv(timeout=60))
+            assert frame == {"type": "error", "data": {"code": "SESSION_ERROR", "message": refused["message"]}}
+            with pytest.raises(ConnectionClosed):
+                ws.recv(timeout=10)  # the session ended with its socket
+            other.send(json.dumps(step))
+            reply = json.loads(other.recv(timeout=60))
+            assert reply["data"]["observation"]["result"]["data"]["reward"] == 1.0
+        wait_until(lambda: server.sessions.active == 0, what="both sessions freed")
+        gone = rpc("tools/call", name="run_rollout", arguments=oracle_task, session_id=session_id)["error"]
+        assert gone["code"] == -32602 and gone["message"] == f"Unknown session_id: {session_id}"
+        assert http.get("/health").json() == {"status": "healthy"}
