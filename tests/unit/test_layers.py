@@ -1,0 +1,90 @@
+"""Imports go one way (DESIGN.md "Layout"): api -> session -> rollout -> agents / reward / llm / sandbox, never
+back up, and no module imports itself back through others. Read from the source, every import counted (also
+those under TYPE_CHECKING and inside functions); importing a module's own parent packages is not an edge."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import coding_agent_env
+
+PACKAGE = Path(coding_agent_env.__file__).parent
+ENTRY_POINTS = {"cli", "serve", "client"}
+"""Root modules at the top: they may import anything, nothing below imports them."""
+LEAVES = {path.stem for path in PACKAGE.glob("*.py")} - ENTRY_POINTS - {"__init__"}
+"""Root modules every layer may use (errors, settings, models, helpers)."""
+ALLOWED = {
+    "gate": {"errors", "models", "settings"},
+    "reward": {"errors", "models", "settings"},
+    "sandbox": LEAVES,
+    "llm": LEAVES | {"sandbox"},
+    "agents": LEAVES | {"sandbox", "llm"},
+    "rollout": LEAVES | {"sandbox", "llm", "agents", "reward"},
+    "session": LEAVES | {"rollout", "llm"},
+}
+"""What each layer may import besides itself."""
+
+
+def module_name(path: Path) -> str:
+    parts = ["coding_agent_env", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def imports(module: str) -> Iterator[str]:
+    """The package's modules that `module` imports (a `from X import name` of a submodule counts as X.name)."""
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in MODULES:
+            submodules = [f"{node.module}.{alias.name}" for alias in node.names]
+            found = [name for name in submodules if name in MODULES]
+            yield from found if len(found) == len(submodules) else [node.module, *found]
+        elif isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names if alias.name in MODULES)
+
+
+def edges() -> dict[str, set[str]]:
+    return {
+        module: {target for target in imports(module) if not module.startswith(target + ".")}
+        for module in MODULES
+    }
+
+
+def layer(module: str) -> str:
+    return module.split(".")[1] if "." in module else "<root>"
+
+
+def test_no_layer_imports_upward() -> None:
+    upward = sorted(
+        f"{module} -> {target}"
+        for module, targets in edges().items()
+        for target in targets
+        if layer(module) in ALLOWED and layer(target) != layer(module) and layer(target) not in ALLOWED[layer(module)]
+    )
+    assert upward == []
+
+
+def test_no_import_cycles() -> None:
+    graph = edges()
+    cycles: list[list[str]] = []
+    state: dict[str, str] = {}
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = "open"
+        path.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                cycles.append([*path[path.index(target):], target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+    assert cycles == []
