@@ -67,7 +67,7 @@ class McpEndpoint:
             except ToolCallFailed as exc:
                 raise ToolError(exc.message) from None
             except SessionClosedError as exc:
-                raise ToolError(f"{exc}; start a new MCP session") from None
+                raise ToolError(f"{exc} (start a new MCP session)") from None
             return _call_result(result)
 
         params = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context)]
