@@ -1,12 +1,12 @@
 """One rollout's way into the LLM path, as one async context.
 
     async with access(relay, rollout_id, upstream, settings=s, ttl_s=deadline, from_sandbox=True) as llm:
-        redact = Redactor(llm.secrets)                                 # the upstream key and the rollout's token
+        redact = Redactor(llm.secrets)                                   # the upstream key and the token
         spec = SandboxSpec(..., network="llm", relay=llm.sandbox_relay)  # None: the agent calls from the server
-        ctx = AgentContext(..., llm=llm.for_agent(sandbox.relay_url))   # base URL + token + model
-        ...                                                           # the agent runs
-        await llm.revoke()                                            # as soon as the agent's phase ends
-    turns = llm.turns()                                               # still there after the exit
+        ctx = AgentContext(..., llm=llm.for_agent(sandbox.relay_url))    # base URL + token + model
+        ...                                                              # the agent runs
+        await llm.revoke()                                               # as soon as the agent's phase ends
+    turns = llm.turns()                                                  # still there after the exit
 
 Entering opens a lease (a fresh per-rollout token bound to `upstream`, expiring after `ttl_s`) on `relay`: the
 server's (a running `Relay`, or the `SharedRelay` that starts it on first use) or, with None, a private relay
