@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from coding_agent_env.settings import Settings
+from coding_agent_env.settings import LocalConfig, Settings
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -24,13 +24,21 @@ def describe(name: str, samples: list[float]) -> str:
 
 
 @contextmanager
-def bench_settings() -> Iterator[Settings]:
+def bench_settings(uid_count: int = 4096) -> Iterator[Settings]:
+    """Settings of a fresh state dir, the local backend's uid pool (as root) `uid_count` uids from 500000."""
     state = Path(tempfile.mkdtemp(prefix="cae-bench-"))
     os.chmod(state, 0o711)
     try:
-        yield Settings(state_dir=state, sandbox_uid_base=500_000)
+        yield Settings(state_dir=state, backends=(LocalConfig(uid_base=500_000, uid_count=uid_count),))
     finally:
         shutil.rmtree(state, ignore_errors=True)
+
+
+def uid_pool_end(settings: Settings) -> int:
+    """The last uid of the local backend's pool (one no sandbox of a short run takes)."""
+    local = settings.backend_config("local")
+    assert isinstance(local, LocalConfig)
+    return local.uid_base + local.uid_count - 1
 
 
 def raw_bwrap_argv(bwrap: str, workdir: str) -> list[str]:

@@ -20,9 +20,9 @@ from collections.abc import Awaitable, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import bench_settings, describe, pct, raw_bwrap_argv, which_bwrap  # noqa: E402
-from coding_agent_env.sandbox import SandboxSpec, get_backend  # noqa: E402
-from coding_agent_env.settings import Settings  # noqa: E402
+from bench._common import bench_settings, describe, pct, raw_bwrap_argv, uid_pool_end, which_bwrap  # noqa: E402
+from coding_agent_env.sandbox import Backends, SandboxSpec  # noqa: E402
+from coding_agent_env.settings import DockerConfig, Settings  # noqa: E402
 
 
 async def spawn(argv: list[str], env: dict[str, str] | None = None, **creds: object) -> None:
@@ -32,8 +32,9 @@ async def spawn(argv: list[str], env: dict[str, str] | None = None, **creds: obj
     assert await proc.wait() == 0
 
 
-def docker_cases(settings: Settings) -> dict[str, Callable[[], Awaitable[None]]]:
-    """The Docker backend and its raw `docker run --rm` reference, or nothing when no daemon answers."""
+def docker_cases(settings: Settings, backends: list[Backends]) -> dict[str, Callable[[], Awaitable[None]]]:
+    """The Docker backend and its raw `docker run --rm` reference, or nothing when no daemon answers (the
+    `Backends` it makes are appended to `backends`, for the caller to close)."""
     import docker
     import docker.errors
 
@@ -53,9 +54,8 @@ def docker_cases(settings: Settings) -> dict[str, Callable[[], Awaitable[None]]]
         client.api.import_image_from_data(rootfs_tar(), repository=repo, tag=tag)
     finally:
         client.close()
-    enabled = settings.model_copy(update={"sandbox_backends": ("local", "docker"), "docker_host": host,
-                                          "docker_image": IMAGE, "docker_host_binds": HOST_BINDS})
-    backend = get_backend("docker", enabled)
+    backends.append(Backends(settings.with_backends(DockerConfig(host=host, image=IMAGE, host_binds=HOST_BINDS))))
+    backend = backends[-1].get("docker")
     binds = [arg for path in HOST_BINDS for arg in ("-v", f"{path}:{path}:ro")]
     raw = ["docker", "-H", host, "run", "--rm", "--network", "none", *binds, IMAGE, "/usr/bin/true"]
 
@@ -88,18 +88,21 @@ async def main(n: int, docker_only: bool) -> None:
     with bench_settings() as settings:
         if not docker_only:
             await local(settings, n)
-        cases = docker_cases(settings)
+        made: list[Backends] = []
+        cases = docker_cases(settings, made)
         if cases:
             n_docker = max(10, n // 10)  # a container costs ~100x a bwrap spawn
             print(f"docker, n={n_docker}")
             samples = await measure(cases, n_docker)
             ratio = pct(samples["docker sandbox create+exec+close"], 0.5) / pct(samples["raw docker run --rm `true`"], 0.5)
             print(f"ratio p50 docker sandbox / raw docker run --rm: {ratio:.2f}x (target <= 1.2x)")
+        for backends in made:
+            await backends.aclose()
 
 
 async def local(settings: Settings, n: int) -> None:
     with tempfile.TemporaryDirectory() as workdir:
-        backend = get_backend("local", settings)
+        backend = Backends(settings).get("local")  # nothing to close: the local backend holds no client
         print(f"isolation: {backend.check().isolation}  ({backend.check().detail}); euid {os.geteuid()}; n={n}")
         raw = raw_bwrap_argv(which_bwrap(), workdir) + ["true"]
 
@@ -114,7 +117,7 @@ async def local(settings: Settings, n: int) -> None:
             # As root our sandboxes run as a pool uid (so RLIMIT_NPROC holds): the like-for-like reference
             # is the same raw spawn under such a uid.
             os.chmod(workdir, 0o777)
-            uid = settings.sandbox_uid_base + settings.sandbox_uid_count - 1
+            uid = uid_pool_end(settings)
             cases["raw bwrap spawn `true`, as a uid"] = lambda: spawn(raw, user=uid, group=uid, extra_groups=[])
             # The same through setpriv, as one would by hand: Python spawns with vfork (it forks the whole
             # interpreter when it must change credentials itself), so this isolates the cost of the uid.

@@ -28,7 +28,7 @@ from coding_agent_env.agents.registry import available_agents
 from coding_agent_env.errors import CodingAgentEnvError, InvalidTaskError
 from coding_agent_env.models import RolloutRequest, RolloutResult
 from coding_agent_env.rollout import run_rollout
-from coding_agent_env.sandbox.registry import get_backend
+from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.settings import Settings
 
 __all__ = ["main"]
@@ -101,17 +101,23 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
-    report: dict[str, Any] = {"backends": {}, "agents": available_agents()}
+    report: dict[str, Any] = {"backends": asyncio.run(_check_backends(settings)), "agents": available_agents()}
     report["installed"] = {found.name: found.detail for found in agents_cli.agent_statuses(settings)}
-    for name in settings.sandbox_backends:
-        try:
-            status = get_backend(name, settings).check()
-            report["backends"][name] = {"available": status.available, "isolation": status.isolation,
-                                        "detail": status.detail, "limits": dict(status.limits)}
-        except CodingAgentEnvError as exc:
-            report["backends"][name] = {"available": False, "detail": str(exc)}
     print(json.dumps(report, indent=2))
     return 0 if all(b["available"] for b in report["backends"].values()) else 1
+
+
+async def _check_backends(settings: Settings) -> dict[str, dict[str, Any]]:
+    report: dict[str, dict[str, Any]] = {}
+    async with Backends(settings) as backends:
+        for name in backends.names:
+            try:
+                status = backends.get(name).check()
+                report[name] = {"available": status.available, "isolation": status.isolation,
+                                "detail": status.detail, "limits": dict(status.limits)}
+            except CodingAgentEnvError as exc:
+                report[name] = {"available": False, "detail": str(exc)}
+    return report
 
 
 def _cmd_gate(gate_args: list[str]) -> int:

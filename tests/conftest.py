@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from coding_agent_env.settings import Settings
+from coding_agent_env.settings import LocalConfig, Settings
 from tests.helpers import leftovers
 
 
@@ -28,7 +28,8 @@ def state_dir() -> Iterator[Path]:
 @pytest.fixture
 def settings(state_dir: Path) -> Settings:
     # Suites may run side by side on one machine: each test gets its own sandbox uid range.
-    return Settings(state_dir=state_dir, sandbox_uid_base=300_000 + secrets.randbelow(20_000) * 64, sandbox_uid_count=64)
+    local = LocalConfig(uid_base=300_000 + secrets.randbelow(20_000) * 64, uid_count=64)
+    return Settings(state_dir=state_dir, backends=(local,))
 
 
 @pytest.fixture

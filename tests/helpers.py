@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from coding_agent_env.sandbox import Sandbox
-from coding_agent_env.settings import Settings
+from coding_agent_env.settings import LocalConfig, Settings
 
 
 def _read(path: Path) -> str:
@@ -22,7 +22,7 @@ def sandbox_processes(settings: Settings) -> list[str]:
     """Processes that belong to sandboxes of these settings: a command line or cwd under the state dir,
     or (when running as root) a uid from the settings' sandbox uid pool."""
     state = str(settings.state_dir)
-    pool = range(settings.sandbox_uid_base, settings.sandbox_uid_base + settings.sandbox_uid_count)
+    pool = uid_pool(settings)
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -39,6 +39,19 @@ def sandbox_processes(settings: Settings) -> list[str]:
         if state in cmdline or cwd.startswith(state) or (os.geteuid() == 0 and uid in pool):
             found.append(f"pid {entry.name} uid {uid}: {cmdline[:120]}")
     return found
+
+
+def uid_pool(settings: Settings) -> range:
+    """The host uids of the settings' local sandboxes when running as root (none without the local backend)."""
+    local = next((c for c in settings.backends if isinstance(c, LocalConfig)), None)
+    return range(local.uid_base, local.uid_base + local.uid_count) if local is not None else range(0)
+
+
+def with_local(settings: Settings, **changes: object) -> Settings:
+    """`settings` with its local backend's config changed (e.g. `isolation="none"`), the uid pool kept."""
+    return settings.with_backends(
+        *(c.model_copy(update=changes) if isinstance(c, LocalConfig) else c for c in settings.backends)
+    )
 
 
 def sandbox_mounts(settings: Settings) -> list[str]:

@@ -1,7 +1,8 @@
 """`build_app(settings) -> FastAPI`: every route, one session manager, and the lifespan that runs them.
 
-Lifespan: start the idle reaper and the MCP SDK's session manager; on shutdown close every session (running
-rollouts are cancelled and their sandboxes torn down) before the MCP session manager stops.
+Lifespan: check the sandbox backends, start the idle reaper and the MCP SDK's session manager; on shutdown close
+every session (running rollouts are cancelled and their sandboxes torn down) before the MCP session manager
+stops, then release the backends.
 
 With `settings.enable_web_interface` (the default) the Gradio tab is mounted at `/web` and `/` redirects there;
 without the `ui` extra (gradio) installed the server runs without it and logs why.
@@ -21,6 +22,7 @@ from coding_agent_env.api.http import ENV_DESCRIPTION, build_router
 from coding_agent_env.api.mcp import McpEndpoint
 from coding_agent_env.api.startup import check_backends
 from coding_agent_env.api.ws import serve_ws, serve_ws_mcp
+from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.session import SessionManager
 from coding_agent_env.settings import Settings
 
@@ -33,23 +35,27 @@ HTTP_API_VERSION = "1.0.0"
 
 
 def build_app(settings: Settings | None = None) -> FastAPI:
-    """A complete app. Each call builds independent state (sessions, MCP server)."""
+    """A complete app. Each call builds independent state (sandbox backends, sessions, MCP server)."""
     settings = settings or Settings.from_env()
-    manager = SessionManager(settings)
+    backends = Backends(settings)
+    manager = SessionManager(settings, backends)
     mcp = McpEndpoint(manager, settings)
     on_shutdown: list[Callable[[], Awaitable[None]]] = []
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.backends = await check_backends(settings)
-        manager.start()
-        async with mcp.session_manager_running():
-            try:
-                yield
-            finally:
-                for stop in on_shutdown:
-                    await stop()
-                await manager.stop()
+        try:
+            app.state.backends = await check_backends(backends)
+            manager.start()
+            async with mcp.session_manager_running():
+                try:
+                    yield
+                finally:
+                    for stop in on_shutdown:
+                        await stop()
+                    await manager.stop()
+        finally:
+            await backends.aclose()
 
     app = FastAPI(title="coding_agent_env", description=ENV_DESCRIPTION, version=HTTP_API_VERSION, lifespan=lifespan)
     app.state.settings = settings

@@ -7,21 +7,20 @@ import asyncio
 import logging
 
 from coding_agent_env.errors import CodingAgentEnvError
-from coding_agent_env.sandbox.registry import get_backend
-from coding_agent_env.settings import Settings
+from coding_agent_env.sandbox.registry import Backends
 
 __all__ = ["check_backends"]
 
 log = logging.getLogger(__name__)
 
 
-async def check_backends(settings: Settings) -> dict[str, str]:
+async def check_backends(backends: Backends) -> dict[str, str]:
     """`{backend: "ok (<isolation>)" | "unavailable: <why>"}` for each enabled backend; never raises for a
     backend that cannot run (the server still serves the others)."""
     report: dict[str, str] = {}
-    for name in settings.sandbox_backends:
+    for name in backends.names:
         try:
-            backend = get_backend(name, settings)
+            backend = backends.get(name)
             status = await asyncio.to_thread(backend.check)
             if not status.available:
                 raise CodingAgentEnvError(status.detail)

@@ -31,7 +31,7 @@ from coding_agent_env.api.ui_form import (
 from coding_agent_env.api.ui_presets import PRESETS
 from coding_agent_env.api.ui_run import Progress, UiRuns
 from coding_agent_env.errors import CodingAgentEnvError, RequestError
-from coding_agent_env.sandbox.registry import get_backend
+from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.session import SessionManager
 from coding_agent_env.settings import Settings
 
@@ -66,7 +66,7 @@ def mount_web(app: FastAPI, manager: SessionManager) -> UiRuns:
         return RedirectResponse(f"{WEB_PATH}/", status_code=307)
 
     def mount() -> None:
-        blocks = build_blocks(runs, manager.settings)
+        blocks = build_blocks(runs, manager.settings, manager.backends)
         gr.mount_gradio_app(
             app, blocks, path=WEB_PATH, ssr_mode=False, mcp_server=False, footer_links=[], theme=_THEME, css=_CSS
         )
@@ -93,11 +93,11 @@ def _with_running_loop(build: Callable[[], None]) -> None:
         build()
 
 
-def _sandbox_choices(settings: Settings) -> list[tuple[str, str]]:
+def _sandbox_choices(backends: Backends) -> list[tuple[str, str]]:
     choices = []
-    for name in settings.sandbox_backends:
+    for name in backends.names:
         try:
-            status = get_backend(name, settings).check()
+            status = backends.get(name).check()
             note = f"isolation: {status.isolation}" if status.available else f"unavailable: {status.detail}"
         except CodingAgentEnvError as exc:
             note = f"unavailable: {exc}"
@@ -105,7 +105,7 @@ def _sandbox_choices(settings: Settings) -> list[tuple[str, str]]:
     return choices
 
 
-def build_blocks(runs: UiRuns, settings: Settings) -> gr.Blocks:
+def build_blocks(runs: UiRuns, settings: Settings, backends: Backends) -> gr.Blocks:
     """The tab's layout and its three events: preset -> editors, Run (streaming), Cancel."""
     with gr.Blocks(title="coding-agent-env", analytics_enabled=False) as blocks:
         gr.Markdown(
@@ -116,7 +116,7 @@ def build_blocks(runs: UiRuns, settings: Settings) -> gr.Blocks:
             with gr.Column(scale=3):
                 form = _task_editors()
             with gr.Column(scale=2):
-                form.update(_run_options(settings))
+                form.update(_run_options(settings, backends))
         with gr.Row():
             run_btn = gr.Button("Run", variant="primary", elem_id="run")
             cancel_btn = gr.Button("Cancel", variant="stop", elem_id="cancel")
@@ -153,8 +153,8 @@ def _task_editors() -> dict[str, Any]:
     }
 
 
-def _run_options(settings: Settings) -> dict[str, Any]:
-    sandboxes = _sandbox_choices(settings)
+def _run_options(settings: Settings, backends: Backends) -> dict[str, Any]:
+    sandboxes = _sandbox_choices(backends)
     options: dict[str, Any] = {
         "agent": gr.Dropdown(agent_choices(settings), value=default_agent(), label="Agent", elem_id="agent"),
         "sandbox": gr.Dropdown(sandboxes, value=sandboxes[0][1], label="Sandbox", elem_id="sandbox"),

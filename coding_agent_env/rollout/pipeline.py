@@ -42,7 +42,7 @@ from coding_agent_env.rollout.commands import CommandRunner
 from coding_agent_env.rollout.redact import Redactor
 from coding_agent_env.rollout.verify import run_verify
 from coding_agent_env.sandbox.base import RelayEndpoint, Sandbox, SandboxSpec
-from coding_agent_env.sandbox.registry import get_backend, resolve_backend_name
+from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.settings import Settings
 
 __all__ = ["run_rollout"]
@@ -64,17 +64,24 @@ async def run_rollout(
     emit: ev.Emit | None = None,
     cancel: asyncio.Event | None = None,
     relay: Relay | SharedRelay | None = None,
+    backends: Backends | None = None,
 ) -> RolloutResult:
     """Run one rollout end to end. Raises `RequestError` only for a request that cannot start.
 
     An agent that needs an LLM talks to it through `relay` (the server's, on this loop: running, or started on
-    first use); without one, a private relay lives for this rollout only (see `llm.access`)."""
-    settings = settings or Settings.from_env()
+    first use); without one, a private relay lives for this rollout only (see `llm.access`). Its sandbox comes
+    from `backends` (the server's); without them, those of `settings` are built for this rollout only."""
+    if backends is None:
+        async with Backends(settings or Settings.from_env()) as own:
+            return await run_rollout(
+                request, settings=own.settings, emit=emit, cancel=cancel, relay=relay, backends=own
+            )
+    settings = settings or backends.settings
     agent = get_agent(request.agent)
     agent.check_available(settings)
-    backend_name = resolve_backend_name(request.sandbox, settings)
+    backend_name = backends.resolve(request.sandbox)
     upstream = resolve_upstream(request, settings) if agent.needs_llm else None
-    rollout = _Rollout(request, settings, agent, backend_name, emit)
+    rollout = _Rollout(request, settings, agent, backends, backend_name, emit)
     rollout.upstream, rollout.relay = upstream, relay
     if cancel is None:
         return await rollout.execute()
@@ -101,11 +108,18 @@ class _Rollout:
     """The mutable state of one rollout; `result()` renders it at any point."""
 
     def __init__(
-        self, request: RolloutRequest, settings: Settings, agent: Agent, backend: str, emit: ev.Emit | None
+        self,
+        request: RolloutRequest,
+        settings: Settings,
+        agent: Agent,
+        backends: Backends,
+        backend: str,
+        emit: ev.Emit | None,
     ) -> None:
         self.request = request
         self.settings = settings
         self.agent = agent
+        self.backends = backends
         self.backend = backend
         self.rollout_id = uuid.uuid4().hex
         self.budget = Budget.for_request(request, settings)
@@ -198,7 +212,7 @@ class _Rollout:
     # -- stages ----------------------------------------------------------------------------------------
 
     async def _provision(self) -> None:
-        backend = get_backend(self.backend, self.settings)
+        backend = self.backends.get(self.backend)
         relay = await self._open_llm()
         agents = self.settings.agents_dir
         spec = SandboxSpec(

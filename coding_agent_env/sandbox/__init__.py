@@ -1,4 +1,6 @@
-"""Where commands run: the async sandbox contract, its backends and their registry."""
+"""Where commands run: the async sandbox contract (`base`), the backends by family (`local`, `docker`,
+`remote`; `launcher` drives the sandboxes of docker and remote) and `Backends` (`registry`), which builds the
+enabled ones lazily from the settings."""
 
 from coding_agent_env.sandbox.base import (
     BackendStatus,
@@ -10,10 +12,11 @@ from coding_agent_env.sandbox.base import (
     SandboxPaths,
     SandboxSpec,
 )
-from coding_agent_env.sandbox.registry import get_backend, resolve_backend_name
+from coding_agent_env.sandbox.registry import Backends
 
 __all__ = [
     "BackendStatus",
+    "Backends",
     "ExecResult",
     "FileEntry",
     "Process",
@@ -21,6 +24,4 @@ __all__ = [
     "SandboxBackend",
     "SandboxPaths",
     "SandboxSpec",
-    "get_backend",
-    "resolve_backend_name",
 ]

@@ -24,6 +24,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from coding_agent_env.errors import SandboxClosedError
+from coding_agent_env.settings import Settings
 
 __all__ = [
     "BackendStatus",
@@ -36,6 +37,7 @@ __all__ = [
     "SandboxPaths",
     "SandboxSpec",
     "SandboxState",
+    "rlimits",
 ]
 
 
@@ -127,6 +129,19 @@ class BackendStatus:
     isolation: str | None
     detail: str = ""
     limits: Mapping[str, int] = field(default_factory=dict)
+
+
+def rlimits(settings: Settings, *, nproc: bool) -> dict[str, int]:
+    """The per-process limits a backend sets on every sandboxed command, by `prlimit` name (`data`, `fsize`,
+    `cpu`, and with `nproc` the process limit: only where it really counts the sandbox's own processes)."""
+    limits = {
+        "data": settings.sandbox_memory_mb * 1024 * 1024,
+        "fsize": settings.sandbox_max_file_mb * 1024 * 1024,
+        "cpu": settings.sandbox_cpu_s,
+    }
+    if nproc:
+        limits["nproc"] = settings.sandbox_max_processes
+    return limits
 
 
 class SandboxState(enum.Enum):
@@ -275,7 +290,7 @@ class Sandbox(abc.ABC):
 
 
 class SandboxBackend(abc.ABC):
-    """Makes sandboxes of one kind. One instance per server process, built lazily by the registry."""
+    """Makes sandboxes of one kind; built from its configuration and the settings, lazily, by `Backends`."""
 
     name: str
 
@@ -290,3 +305,7 @@ class SandboxBackend(abc.ABC):
     async def reap_orphans(self) -> int:
         """Remove sandboxes left behind by a crashed server; returns how many. Default: none to reap."""
         return 0
+
+    async def aclose(self) -> None:
+        """Release what the backend holds (an SDK client); its sandboxes are their creators' to close.
+        Default: nothing to release."""

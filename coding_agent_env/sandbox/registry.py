@@ -1,58 +1,38 @@
-"""Sandbox backends by name, imported lazily so optional SDKs are only needed when enabled.
+"""`Backends`: the sandbox backends one app (or one call) uses, built lazily from its settings.
 
-`get_backend(name, settings)` returns the process-wide backend instance, building it on first use.
-A name that is not enabled in `Settings.sandbox_backends` is refused (`UnknownBackendError`): which
-backends exist is the operator's choice, a request only picks among them.
+Which backends exist is the operator's choice (`Settings.backends`); a request only picks among them, by name
+(`resolve`). Each backend is imported and built on first use (`get`), so an optional SDK is only needed when
+its backend is enabled and used, and a missing one is a `MissingExtraError` naming the extra to install.
+
+Whoever builds a `Backends` owns it and closes it (`aclose`, or `async with`): the app for its lifetime, a
+rollout run without one for that rollout. Tests pass ready-made backends as `overrides` instead of patching.
 """
 
 from __future__ import annotations
 
 import importlib
 import threading
+from collections.abc import Mapping
+from typing import Any
 
-from coding_agent_env.errors import MissingExtraError, UnknownBackendError
+from coding_agent_env.errors import MissingExtraError
 from coding_agent_env.sandbox.base import SandboxBackend
 from coding_agent_env.settings import Settings
 
-__all__ = ["BACKENDS", "get_backend", "resolve_backend_name"]
+__all__ = ["BACKEND_CLASSES", "Backends", "import_backend"]
 
-BACKENDS: dict[str, tuple[str, str | None]] = {
+BACKEND_CLASSES: Mapping[str, tuple[str, str | None]] = {
     "local": ("coding_agent_env.sandbox.local:LocalBackend", None),
     "docker": ("coding_agent_env.sandbox.docker:DockerBackend", "docker"),
-    "hf": ("coding_agent_env.sandbox.hf:HfBackend", "hf"),
-    "e2b": ("coding_agent_env.sandbox.e2b:E2bBackend", "e2b"),
+    "hf": ("coding_agent_env.sandbox.remote.hf:HfBackend", "hf"),
+    "e2b": ("coding_agent_env.sandbox.remote.e2b:E2bBackend", "e2b"),
 }
 """name -> (import path of the backend class, the pip extra its SDK comes with)."""
 
-_instances: dict[tuple[str, str], SandboxBackend] = {}
-_lock = threading.Lock()
 
-
-def resolve_backend_name(requested: str | None, settings: Settings) -> str:
-    """The backend a request gets: its own pick if enabled, else the server's default."""
-    name = requested or settings.default_backend
-    if name not in settings.sandbox_backends:
-        enabled = ", ".join(settings.sandbox_backends)
-        raise UnknownBackendError(f"sandbox backend {name!r} is not enabled on this server (enabled: {enabled})")
-    if name not in BACKENDS:
-        raise UnknownBackendError(f"unknown sandbox backend {name!r} (known: {', '.join(BACKENDS)})")
-    return name
-
-
-def get_backend(name: str, settings: Settings) -> SandboxBackend:
-    """The backend instance for `name` under `settings`, imported and built on first use."""
-    name = resolve_backend_name(name, settings)
-    key = (name, settings.model_dump_json())  # equal settings share one backend instance
-    with _lock:
-        backend = _instances.get(key)
-        if backend is None:
-            backend = _load(name)(settings)
-            _instances[key] = backend
-        return backend
-
-
-def _load(name: str) -> type[SandboxBackend]:
-    target, extra = BACKENDS[name]
+def import_backend(target: str, name: str, extra: str | None) -> Any:
+    """The class at `target` (`module:attr`); `MissingExtraError(name, extra)` when a module it imports is
+    missing (its SDK is not installed)."""
     module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -60,5 +40,53 @@ def _load(name: str) -> type[SandboxBackend]:
         if extra is None or exc.name == module_name:
             raise
         raise MissingExtraError(name, extra) from exc
-    backend_cls: type[SandboxBackend] = getattr(module, attr)
-    return backend_cls
+    return getattr(module, attr)
+
+
+class Backends:
+    """The enabled backends under `settings`, by name; thread-safe. `overrides` are used as they are for their
+    names (which must be enabled) instead of being built; they are closed with the rest."""
+
+    def __init__(self, settings: Settings, *, overrides: Mapping[str, SandboxBackend] | None = None) -> None:
+        self.settings = settings
+        self._built: dict[str, SandboxBackend] = {}
+        self._lock = threading.Lock()
+        for name, backend in (overrides or {}).items():
+            settings.backend_config(name)  # enabled, or UnknownBackendError
+            self._built[name] = backend
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The enabled backends, the default first."""
+        return self.settings.sandbox_backends
+
+    def resolve(self, requested: str | None) -> str:
+        """The backend a request gets: its own pick if enabled, else the default; `UnknownBackendError`."""
+        name = requested or self.settings.default_backend
+        self.settings.backend_config(name)
+        return name
+
+    def get(self, name: str) -> SandboxBackend:
+        """The backend `name`, imported and built on first use; `UnknownBackendError` if not enabled,
+        `MissingExtraError` if its SDK is missing."""
+        config = self.settings.backend_config(name)
+        with self._lock:
+            backend = self._built.get(name)
+            if backend is None:
+                target, extra = BACKEND_CLASSES[name]
+                backend = import_backend(target, name, extra)(config, self.settings)
+                self._built[name] = backend
+            return backend
+
+    async def aclose(self) -> None:
+        """Release every backend built or given (their clients); sandboxes are their creators' to close."""
+        with self._lock:
+            built, self._built = list(self._built.values()), {}
+        for backend in built:
+            await backend.aclose()
+
+    async def __aenter__(self) -> Backends:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

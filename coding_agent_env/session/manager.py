@@ -21,6 +21,7 @@ import logging
 import time
 
 from coding_agent_env.llm import SharedRelay
+from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.session.errors import CapacityError, SessionAttachedError, UnknownSessionError
 from coding_agent_env.session.session import Session, SessionKind
 from coding_agent_env.settings import Settings
@@ -36,11 +37,15 @@ _REAPED_KINDS = (SessionKind.HTTP, SessionKind.MCP)
 class SessionManager:
     """Owns every live session of one app."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, backends: Backends | None = None) -> None:
+        """`backends`: the app's sandbox backends (it closes them); without them the manager builds its own
+        and closes them in `stop()`."""
         self.settings = settings
         self._sessions: dict[str, Session] = {}
         self._reaper: asyncio.Task[None] | None = None
         self.relay = SharedRelay(settings)
+        self._own_backends = backends is None
+        self.backends = Backends(settings) if backends is None else backends
 
     @property
     def active(self) -> int:
@@ -54,7 +59,7 @@ class SessionManager:
         """Take a slot for a new session, or raise CapacityError."""
         if self.active >= self.capacity:
             raise CapacityError(self.active, self.capacity)
-        session = Session(kind, self.settings, relay=self.relay)
+        session = Session(kind, self.settings, relay=self.relay, backends=self.backends)
         self._sessions[session.id] = session
         log.info("session %s (%s) created: %d/%d", session.id, kind.value, self.active, self.capacity)
         return session
@@ -115,6 +120,8 @@ class SessionManager:
         for session_id in list(self._sessions):
             await self.close(session_id)
         await self.relay.stop()
+        if self._own_backends:
+            await self.backends.aclose()
 
     async def _reap_forever(self) -> None:
         interval = self.settings.session_reap_interval_s

@@ -23,6 +23,7 @@ from coding_agent_env.llm import SharedRelay
 from coding_agent_env.models import RolloutRequest, RolloutResult
 from coding_agent_env.rollout import run_rollout
 from coding_agent_env.rollout.events import Emit
+from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.session.errors import SessionBusyError, SessionClosedError
 from coding_agent_env.settings import Settings
 
@@ -49,7 +50,12 @@ class Session:
     """Per-connection state. Lives on the server's event loop; not thread-safe by design."""
 
     def __init__(
-        self, kind: SessionKind, settings: Settings, session_id: str | None = None, relay: SharedRelay | None = None
+        self,
+        kind: SessionKind,
+        settings: Settings,
+        session_id: str | None = None,
+        relay: SharedRelay | None = None,
+        backends: Backends | None = None,
     ) -> None:
         self.id = session_id or str(uuid.uuid4())
         self.kind = kind
@@ -64,6 +70,7 @@ class Session:
         self.last_active = time.monotonic()
         self._rollout: asyncio.Task[RolloutResult] | None = None
         self._relay = relay
+        self._backends = backends
 
     # -- episode ---------------------------------------------------------------------------------------
 
@@ -129,7 +136,9 @@ class Session:
             raise SessionBusyError(self.id)
         self.touch()
         task = asyncio.ensure_future(
-            run_rollout(request, settings=self.settings, relay=self._relay, emit=emit, cancel=cancel)
+            run_rollout(
+                request, settings=self.settings, relay=self._relay, backends=self._backends, emit=emit, cancel=cancel
+            )
         )
         self._rollout = task
         try:

@@ -15,11 +15,10 @@ import pytest
 
 from coding_agent_env.models import RolloutStatus
 from coding_agent_env.rollout import run_rollout
-from coding_agent_env.settings import Settings
 from tests.agents.conftest import SERVER_KEY
 from tests.agents.sessions import AGENTS, CORRECT, session, write_file_command
 from tests.agents.test_agents_e2e import SCAN, request
-from tests.backends.conftest import docker_engine, no_leftover_containers, settings_for  # noqa: F401 (fixtures)
+from tests.backends.conftest import Target, backend_for, docker_engine, no_leftover_containers  # noqa: F401 (fixtures)
 from tests.fakes.llm import FakeLLMServer
 
 pytestmark = pytest.mark.usefixtures("assert_no_leftovers")
@@ -27,14 +26,13 @@ pytestmark = pytest.mark.usefixtures("assert_no_leftovers")
 
 @pytest.mark.parametrize("agent", AGENTS)
 async def test_binary_search_on_docker_scores_one_and_the_key_stays_out(
-    agent: str, fake: FakeLLMServer, settings_for: Callable[[str], tuple[str, Settings]],
-    require_agent: Callable[[str], None],
+    agent: str, fake: FakeLLMServer, backend_for: Callable[[str], Target], require_agent: Callable[[str], None],
 ) -> None:
     require_agent(agent)
-    name, settings = settings_for("docker")  # also: no container of this process is left afterwards
+    name, settings, backends = backend_for("docker")  # also: no container of this process is left afterwards
     fake.app.script = session(agent, write_file_command("binary_search.py", CORRECT), SCAN)
     result = await run_rollout(request(fake, agent, sandbox=name, mode="transparent_proxy", top_logprobs=2),
-                               settings=settings)
+                               settings=settings, backends=backends)
     assert result.status is RolloutStatus.COMPLETED, (result.error, result.agent_log_tail)
     network = "none" if agent == "terminus" else "llm"  # Terminus calls the relay from the server
     assert (result.sandbox, result.isolation, result.network) == ("docker", "docker", network)
@@ -53,18 +51,14 @@ async def test_binary_search_on_docker_scores_one_and_the_key_stays_out(
 
 
 async def test_terminus_on_docker_through_engine_execs(
-    fake: FakeLLMServer, settings_for: Callable[[str], tuple[str, Settings]], require_agent: Callable[[str], None],
-    monkeypatch: pytest.MonkeyPatch,
+    fake: FakeLLMServer, backend_for: Callable[[str], Target], require_agent: Callable[[str], None],
 ) -> None:
-    """The mode for daemons not on this host (machinery copied in, commands as engine execs), forced here."""
-    from coding_agent_env.sandbox.docker import DockerBackend
-
-    monkeypatch.setattr(DockerBackend, "_local_daemon", lambda self: False)
+    """The transport for daemons not on this host (machinery copied in, commands as engine execs), chosen here."""
     require_agent("terminus")
-    name, settings = settings_for("docker")
+    name, settings, backends = backend_for("docker-exec")
     fake.app.script = session("terminus", write_file_command("binary_search.py", CORRECT),
                               "mkdir -p sub && cd sub && export KEPT=yes", 'echo "$KEPT $PWD" > /workspace/state.txt')
-    result = await run_rollout(request(fake, "terminus", sandbox=name), settings=settings)
+    result = await run_rollout(request(fake, "terminus", sandbox=name), settings=settings, backends=backends)
     assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, (result.error, result.agent_log_tail)
     assert result.files["state.txt"] == "yes /workspace/sub\n"  # shell state kept between engine execs
     # Its loop runs in the server: the container needs no route to the relay.
@@ -84,15 +78,16 @@ EOF"""
 
 
 async def test_the_agents_token_is_worthless_once_its_phase_ends(
-    fake: FakeLLMServer, settings_for: Callable[[str], tuple[str, Settings]], require_agent: Callable[[str], None],
+    fake: FakeLLMServer, backend_for: Callable[[str], Target], require_agent: Callable[[str], None],
 ) -> None:
     """In a container the forwarder serves every process, and Pi's config file (holding the token) is still
     there when verify runs code the agent wrote. Verify reads it and calls the relay: refused (401), and no
     turn is added after the agent's."""
     require_agent("pi")
-    name, settings = settings_for("docker")
+    name, settings, backends = backend_for("docker")
     fake.app.script = session("pi", write_file_command("binary_search.py", CORRECT))
-    result = await run_rollout(request(fake, "pi", sandbox=name, verify=[LATE_CALL]), settings=settings)
+    result = await run_rollout(request(fake, "pi", sandbox=name, verify=[LATE_CALL]), settings=settings,
+                               backends=backends)
     assert result.status is RolloutStatus.COMPLETED, (result.error, result.agent_log_tail)
     assert result.verify_results[0].stdout.split() == ["status", "401"], result.verify_results[0]
     assert len(result.turns) == len(fake.app.requests) == 2

@@ -30,7 +30,7 @@ from coding_agent_env.agents.terminus.shell import MAX_INLINE_BYTES, CommandOutc
 from coding_agent_env.models import RolloutRequest, RolloutStatus
 from coding_agent_env.rollout import run_rollout
 from coding_agent_env.rollout.events import PhaseStarted
-from coding_agent_env.sandbox import Sandbox, SandboxSpec, get_backend
+from coding_agent_env.sandbox import Backends, Sandbox, SandboxSpec
 from coding_agent_env.settings import Settings
 from tests.agents.sessions import CORRECT, TASK, session, write_file_command
 from tests.fakes.llm import FakeLLM, FakeLLMServer, Reply
@@ -108,15 +108,16 @@ def test_a_command_no_argument_can_hold_still_runs() -> None:
 
 @pytest.fixture
 async def box(settings: Settings, assert_no_leftovers: None) -> AsyncIterator[Sandbox]:
-    backend = get_backend("local", settings)
-    if backend.check().isolation != "bwrap":
-        pytest.skip("bubblewrap unavailable here")
-    sandbox = await backend.create(SandboxSpec(rollout_id="terminus"))
-    try:
-        await sandbox.write_text(f"{sandbox.paths.logs}/agent/instruction.md", "x")  # as the pipeline makes it
-        yield sandbox
-    finally:
-        await sandbox.close()
+    async with Backends(settings) as backends:
+        backend = backends.get("local")
+        if backend.check().isolation != "bwrap":
+            pytest.skip("bubblewrap unavailable here")
+        sandbox = await backend.create(SandboxSpec(rollout_id="terminus"))
+        try:
+            await sandbox.write_text(f"{sandbox.paths.logs}/agent/instruction.md", "x")  # as the pipeline makes it
+            yield sandbox
+        finally:
+            await sandbox.close()
 
 
 async def test_cwd_and_exports_persist_even_through_exit(box: Sandbox) -> None:

@@ -1,5 +1,5 @@
 """Engines for the backend suite: a real dockerd (with the offline test image), hf-sandbox's own in-pod server
-on loopback, and a fake of the e2b SDK. Each backend's settings come from `backend_settings`.
+on loopback, and a fake of the e2b SDK. Each backend kind's settings and backends come from `backend_for`.
 
 Docker: the daemon at DOCKER_HOST (or the default socket). Without one the Docker cases are skipped, except
 under CI (`CI=true`), where `.ci/run` starts dockerd and a missing daemon is a failure.
@@ -12,18 +12,20 @@ import secrets
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
 from pydantic import SecretStr
 
-from coding_agent_env.sandbox import Sandbox, SandboxBackend, get_backend
-from coding_agent_env.sandbox.registry import BACKENDS
-from coding_agent_env.settings import Settings
+from coding_agent_env.sandbox import Backends, Sandbox, SandboxBackend
+from coding_agent_env.sandbox.docker import LABEL_OWNER
+from coding_agent_env.sandbox.remote.e2b import E2bBackend
+from coding_agent_env.settings import BackendConfig, DockerConfig, E2bConfig, HfConfig, LocalConfig, Settings
 from tests.backends.rootfs import HOST_BINDS, IMAGE, rootfs_tar
+from tests.fakes.e2b_fake import FakeAsyncSandbox
 from tests.helpers import sandbox_processes
 
 _SERVER_START_S = 30.0
@@ -106,63 +108,78 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
 BackendFactory = Callable[..., SandboxBackend]
 
 
-@pytest.fixture
-def settings_for(request: pytest.FixtureRequest, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], tuple[str, Settings]]:
-    """`settings_for(kind)` -> (registry name, settings enabling that backend on this machine's engine)."""
+class Target(NamedTuple):
+    """A backend kind set up on this machine's engines: its name, settings enabling it (beside `local`), and
+    `Backends` of those settings (holding the test stand-ins, e.g. the e2b fake)."""
 
-    def build(kind: str) -> tuple[str, Settings]:
-        name, extra = _kind_settings(kind, request, settings, monkeypatch)
-        return name, settings.model_copy(update=extra)
-
-    return build
+    name: str
+    settings: Settings
+    backends: Backends
 
 
 @pytest.fixture
-def make_backend(settings_for: Callable[[str], tuple[str, Settings]]) -> Callable[[str], BackendFactory]:
+async def backend_for(request: pytest.FixtureRequest, settings: Settings) -> AsyncIterator[Callable[..., Target]]:
+    """`backend_for(kind, **setting_overrides)` -> that backend kind's `Target` (kinds: `BACKENDS` in
+    test_contract); its `Backends` are closed after the test."""
+    made: list[Backends] = []
+
+    def build(kind: str, **overrides: Any) -> Target:
+        name, configs, stand_ins = kind_configs(kind, request, settings)
+        enabled = settings.model_copy(update=overrides).with_backends(*configs)
+        made.append(Backends(enabled, overrides=stand_ins(enabled)))
+        return Target(name, enabled, made[-1])
+
+    yield build
+    for backends in made:
+        await backends.aclose()
+
+
+@pytest.fixture
+def make_backend(backend_for: Callable[..., Target]) -> Callable[[str], BackendFactory]:
     """`make_backend(kind)(**setting_overrides)` -> that backend, configured for this machine's engines."""
 
     def for_kind(kind: str) -> BackendFactory:
         def build(**overrides: Any) -> SandboxBackend:
-            name, base = settings_for(kind)
-            return get_backend(name, base.model_copy(update=overrides))
+            target = backend_for(kind, **overrides)
+            return target.backends.get(target.name)
 
         return build
 
     return for_kind
 
 
-def _kind_settings(kind: str, request: pytest.FixtureRequest, settings: Settings,
-                   monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict[str, Any]]:
-    if kind == "local":
-        return "local", {}
-    if kind == "local-unisolated":  # the fallback where bubblewrap cannot run: a probe that fails forces it
-        return "local", {"bwrap_path": "/bin/false"}
-    if kind == "docker-exec":
-        # A daemon not on this host: machinery copied in, commands as engine execs. Forced by hiding locality.
-        from coding_agent_env.sandbox.docker import DockerBackend
+Overrides = Callable[[Settings], dict[str, SandboxBackend]]
 
-        monkeypatch.setattr(DockerBackend, "_local_daemon", lambda self: False)
-        kind = "docker"
-    if kind == "docker":
+
+def kind_configs(kind: str, request: pytest.FixtureRequest,
+                 settings: Settings) -> tuple[str, tuple[BackendConfig, ...], Overrides]:
+    """(backend name, the backend configs to enable, the stand-in backends to use for them)."""
+    local = settings.backend_config("local")
+    assert isinstance(local, LocalConfig)
+    real: Overrides = lambda enabled: {}  # noqa: E731
+    if kind == "local":
+        return "local", (local,), real
+    if kind == "local-unisolated":  # the operator's explicit opt-in to unisolated commands
+        return "local", (local.model_copy(update={"isolation": "none"}),), real
+    if kind in ("docker", "docker-exec"):
         request.getfixturevalue("docker_engine")
         request.getfixturevalue("no_leftover_containers")
-        return "docker", {"sandbox_backends": ("local", "docker"), "docker_host": _docker_host(),
-                          "docker_image": IMAGE, "docker_host_binds": HOST_BINDS}
+        # `docker-exec`: the transport for daemons not on this host (machinery copied in, commands as execs).
+        transport = "exec" if kind == "docker-exec" else "auto"
+        docker = DockerConfig(host=_docker_host(), image=IMAGE, host_binds=HOST_BINDS, transport=transport)
+        return "docker", (local, docker), real
     if kind == "hf":
         url, token = request.getfixturevalue("hf_server")
-        return "hf", {"sandbox_backends": ("local", "hf"), "hf_sandbox_url": url, "hf_sandbox_token": SecretStr(token),
-                      "hf_sandbox_root": str(settings.state_dir)}
+        return "hf", (local, HfConfig(url=url, token=SecretStr(token), root=str(settings.state_dir))), real
     if kind == "e2b-fake":
-        monkeypatch.setitem(BACKENDS, "e2b", ("tests.fakes.e2b_fake:fake_backend", None))
-        return "e2b", {"sandbox_backends": ("local", "e2b"), "e2b_sandbox_root": str(settings.state_dir)}
+        e2b = E2bConfig(root=str(settings.state_dir))
+        return "e2b", (local, e2b), lambda enabled: {"e2b": E2bBackend(e2b, enabled, sdk=FakeAsyncSandbox)}
     raise AssertionError(kind)
 
 
 @pytest.fixture
 def no_leftover_containers(docker_engine: Any) -> Iterator[None]:
     """Fails the test if a container made by this server process is left."""
-    from coding_agent_env.sandbox.docker import LABEL_OWNER
-
     owner = f"{socket.gethostname()}/{os.getpid()}"
     yield
     left = docker_engine.containers.list(all=True, filters={"label": f"{LABEL_OWNER}={owner}"})

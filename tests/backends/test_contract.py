@@ -22,6 +22,7 @@ import pytest
 from coding_agent_env.errors import SandboxClosedError, SandboxFileError, SandboxFileNotFoundError, SandboxUnavailableError
 from coding_agent_env.sandbox import Sandbox, SandboxSpec
 from coding_agent_env.sandbox.base import RelayEndpoint
+from coding_agent_env.sandbox.docker import DockerSandbox
 from coding_agent_env.settings import Settings
 from tests.backends.conftest import forwarder_source_path, processes
 from tests.helpers import poll, relay_port_refused
@@ -42,8 +43,8 @@ async def sandbox(kind: str, make_backend: Callable[[str], Any], assert_no_lefto
     box = await make_backend(kind)().create(SandboxSpec(rollout_id="contract"))
     if kind == "local-unisolated":
         assert box.isolation == "none"
-    if kind.startswith("docker"):
-        assert (getattr(box, "_ctl") is None) == (kind == "docker-exec"), "not the Docker mode under test"
+    if isinstance(box, DockerSandbox):
+        assert box.transport.name == ("exec" if kind == "docker-exec" else "control"), "not the transport under test"
     try:
         yield box
     finally:

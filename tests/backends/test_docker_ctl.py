@@ -23,13 +23,13 @@ import pytest
 
 from coding_agent_env.errors import SandboxError, SandboxFileError
 from coding_agent_env.sandbox import SandboxSpec
-from coding_agent_env.sandbox import docker as docker_mod
-from coding_agent_env.sandbox._inner import OutputCap, parse_status
-from coding_agent_env.sandbox.base import Sandbox
-from coding_agent_env.sandbox.docker import DockerSandbox, _CtlSender, _parse_hello, _parse_reply
+from coding_agent_env.sandbox.docker import DockerSandbox
+from coding_agent_env.sandbox.docker.control import NO_REPLY_CODE, ControlChannel, CtlSender, parse_hello, parse_reply
+from coding_agent_env.sandbox.launcher.client import INSIDE_DIR, forwarder_source, launcher_files, parse_status
+from coding_agent_env.settings import LauncherTimeouts
 from tests.backends.test_contract import OUT, sh
 
-LAUNCHER = str(Path(docker_mod.__file__).with_name("_launcher.py"))
+LAUNCHER = str(INSIDE_DIR / "launcher.py")
 BAD_REPLIES = [b"<html>", b'{"nocode": 1}', b'{"code": null}', b"[1]", b'{"code": "0"}', b'{"code": true}',
                b'{"code": 0, "status": 5}', b"\xff\xfe", b"null"]
 
@@ -63,7 +63,7 @@ time.sleep(600)
 async def test_full_pids_limit_does_not_kill_the_container(make_backend: Callable[[str], Any]) -> None:
     box = await make_backend("docker")(sandbox_max_processes=40).create(SandboxSpec(rollout_id="pids-full"))
     try:
-        assert getattr(box, "_ctl") is not None
+        assert isinstance(box, DockerSandbox) and box.transport.name == "control"
         agent = await box.spawn(["python3", "-c", _FILL], log_path="/logs/fill.log")
 
         async def full() -> bool:
@@ -75,7 +75,7 @@ async def test_full_pids_limit_does_not_kill_the_container(make_backend: Callabl
         await _poll(full)
         # PID 1 cannot fork for this one: a typed result (no reply), not a crashed PID 1 and a dead container.
         blocked = await box.exec(["true"], timeout=20, max_output_bytes=OUT)
-        assert blocked.exit_code == docker_mod._NO_REPLY_CODE and b"no reply" in blocked.stderr
+        assert blocked.exit_code == NO_REPLY_CODE and b"no reply" in blocked.stderr
         await asyncio.wait_for(agent.kill(), 60)  # handled inside PID 1: no fork needed
         assert agent.returncode is not None and agent.returncode < 0
         code, out, _ = await sh(box, "echo still usable; ls /logs")
@@ -168,16 +168,16 @@ async def test_remove_never_follows_a_planted_symlink(kind: str, make_backend: C
 @pytest.mark.parametrize("raw", BAD_REPLIES)
 def test_malformed_replies_are_sandbox_errors(raw: bytes) -> None:
     with pytest.raises(SandboxError):
-        _parse_reply(raw)
-    assert _parse_hello(raw)  # a non-empty error text, not an exception
+        parse_reply(raw)
+    assert parse_hello(raw)  # a non-empty error text, not an exception
     with pytest.raises(SandboxError):
         parse_status(raw)
 
 
 def test_well_formed_replies_parse() -> None:
-    assert _parse_reply(b'{"code": 3, "status": null}') == (3, None)
-    assert _parse_reply(b'{"code": 137, "status": "{}"}') == (137, "{}")
-    assert _parse_hello(b'{"error": ""}') == ""
+    assert parse_reply(b'{"code": 3, "status": null}') == (3, None)
+    assert parse_reply(b'{"code": 137, "status": "{}"}') == (137, "{}")
+    assert parse_hello(b'{"error": ""}') == ""
     assert parse_status(b'{"signal": 9, "timed_out": true}') == (-9, True)
 
 
@@ -210,14 +210,11 @@ class _FakeInit:
             for sock in socks:
                 sock.close()
 
-    def box(self) -> DockerSandbox:
-        box = DockerSandbox.__new__(DockerSandbox)
-        Sandbox.__init__(box)
-        box._ctl = self.host
-        box._sender = _CtlSender(self.host)
-        box.paths = docker_mod._PATHS
-        box._limits = []
-        return box
+    def box(self, timeouts: LauncherTimeouts = LauncherTimeouts()) -> DockerSandbox:
+        """A Docker sandbox whose control channel is this stand-in (no container: commands only)."""
+        return DockerSandbox("fake-init", ControlChannel.over(self.host), api=None,
+                             spec=SandboxSpec(rollout_id="fake-init"), rlimits={}, container_limits={},
+                             timeouts=timeouts, relay_port=1)
 
     def close(self) -> None:
         self.init.shutdown(socket.SHUT_RDWR)
@@ -249,20 +246,15 @@ async def test_a_malformed_reply_fails_exec_with_a_sandbox_error(
         await box.exec(["true"], timeout=10, max_output_bytes=OUT)
 
 
-async def test_a_silent_init_does_not_hang_exec(fake_init: Callable[[bytes | None], _FakeInit],
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_silent_init_does_not_hang_exec(fake_init: Callable[[bytes | None], _FakeInit]) -> None:
     """PID 1 takes the command and the kill and never answers: exec ends with a SandboxError, in bounded time."""
-    monkeypatch.setattr(docker_mod, "_KILL_GRACE_S", 0.1)
-    monkeypatch.setattr(docker_mod, "_REPLY_S", 0.5)
-    box = fake_init(None).box()
+    box = fake_init(None).box(LauncherTimeouts(kill_grace_s=0.1, reply_s=0.5))
     with pytest.raises(SandboxError):
         await asyncio.wait_for(box.exec(["true"], timeout=0.1, max_output_bytes=OUT), 10)
 
 
-async def test_a_silent_init_does_not_hang_a_cancelled_exec(fake_init: Callable[[bytes | None], _FakeInit],
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(docker_mod, "_REPLY_S", 0.5)
-    box = fake_init(None).box()
+async def test_a_silent_init_does_not_hang_a_cancelled_exec(fake_init: Callable[[bytes | None], _FakeInit]) -> None:
+    box = fake_init(None).box(LauncherTimeouts(reply_s=0.5))
     running = asyncio.ensure_future(box.exec(["true"], timeout=100, max_output_bytes=OUT))
     await asyncio.wait([running], timeout=0.2)
     running.cancel()
@@ -270,10 +262,8 @@ async def test_a_silent_init_does_not_hang_a_cancelled_exec(fake_init: Callable[
     assert done and running.cancelled()
 
 
-async def test_a_silent_init_does_not_hang_machinery(fake_init: Callable[[bytes | None], _FakeInit],
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(docker_mod, "_MACHINERY_S", 0.5)
-    box = fake_init(None).box()
+async def test_a_silent_init_does_not_hang_machinery(fake_init: Callable[[bytes | None], _FakeInit]) -> None:
+    box = fake_init(None).box(LauncherTimeouts(machinery_s=0.5))
     with pytest.raises(SandboxError):
         await asyncio.wait_for(box.remove("/workspace/x"), 10)
 
@@ -295,7 +285,7 @@ class _CtlPair:
     """A control connection with nobody draining PID 1's end: the host's sender, PID 1's socket, and a pipe
     read end to pass as the command's descriptor."""
 
-    sender: _CtlSender
+    sender: CtlSender
     host: socket.socket
     init: socket.socket
     fd: int
@@ -307,7 +297,7 @@ def ctl() -> Iterator[_CtlPair]:
     host.setblocking(False)
     init.setblocking(False)
     r, w = os.pipe()
-    pair = _CtlPair(_CtlSender(host), host, init, r)
+    pair = _CtlPair(CtlSender(host), host, init, r)
     yield pair
     pair.sender.close()
     init.close()
@@ -373,7 +363,7 @@ async def test_sigpipe_and_sigxfsz_are_default(kind: str, make_backend: Callable
         assert out == "153\n"  # 128 + SIGXFSZ
         # Machinery commands (PID 1's direct exec, or an engine exec) start with neither ignored either.
         for ignored in ((await sh(box, "grep ^SigIgn: /proc/self/status"))[1],
-                        (await box._small(["grep", "^SigIgn:", "/proc/self/status"]))[1].decode()):
+                        (await box.run_machinery(["grep", "^SigIgn:", "/proc/self/status"]))[1].decode()):
             assert int(ignored.split()[1], 16) & (1 << 12 | 1 << 24) == 0, ignored  # SIGPIPE 13, SIGXFSZ 25
     finally:
         await box.close()
@@ -384,10 +374,9 @@ async def test_sigpipe_and_sigxfsz_are_default(kind: str, make_backend: Callable
 def test_init_reports_a_forwarder_that_cannot_listen(tmp_path: Path) -> None:
     """A port someone else holds: a connection probe would call that ready; `--detach` exits 1 and init's
     ready message says the forwarder did not start."""
-    from coding_agent_env.sandbox import _inner
-
-    (tmp_path / "launcher.py").write_bytes(_inner.launcher_source())
-    (tmp_path / "forwarder.py").write_bytes(_inner.forwarder_source())
+    for name, data in launcher_files().items():
+        (tmp_path / name).write_bytes(data)
+    (tmp_path / "forwarder.py").write_bytes(forwarder_source())
     with contextlib.ExitStack() as stack:
         taken = stack.enter_context(socket.socket())
         taken.bind(("127.0.0.1", 0))

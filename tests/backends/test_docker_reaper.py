@@ -4,7 +4,6 @@ state dir, are left alone. Real dockerd (see conftest)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 from collections.abc import Callable, Iterator
@@ -13,9 +12,8 @@ from typing import Any
 
 import pytest
 
-from coding_agent_env.sandbox import get_backend
 from coding_agent_env.sandbox.docker import LABEL_HOSTDIR, LABEL_OWNER, LABEL_ROLLOUT
-from coding_agent_env.settings import Settings
+from tests.backends.conftest import Target
 from tests.backends.rootfs import IMAGE
 
 DEAD_PID = 2**22 + 1
@@ -33,10 +31,10 @@ def made(docker_engine: Any) -> Iterator[list[Any]]:
             pass
 
 
-def test_reaper_removes_a_dead_servers_containers_and_only_its_own_dirs(
-    settings_for: Callable[[str], tuple[str, Settings]], docker_engine: Any, made: list[Any], tmp_path: Path
+async def test_reaper_removes_a_dead_servers_containers_and_only_its_own_dirs(
+    backend_for: Callable[[str], Target], docker_engine: Any, made: list[Any], tmp_path: Path
 ) -> None:
-    name, settings = settings_for("docker")
+    name, settings, backends = backend_for("docker")
     host = socket.gethostname()
     ours = settings.state_dir / f"{DEAD_PID}-docker-0123456789ab"
     decoy = tmp_path / f"{DEAD_PID}-docker-decoy"  # right name, wrong place: a label must not steer rmtree
@@ -54,7 +52,7 @@ def test_reaper_removes_a_dead_servers_containers_and_only_its_own_dirs(
 
     orphan, misled, live = create(DEAD_PID, ours), create(DEAD_PID, decoy), create(os.getpid(), None)
     try:
-        reaped = asyncio.run(get_backend(name, settings).reap_orphans())
+        reaped = await backends.get(name).reap_orphans()
         remaining = {c.id for c in docker_engine.containers.list(all=True, filters={"label": LABEL_ROLLOUT})}
         assert reaped == 2 and orphan.id not in remaining and misled.id not in remaining and live.id in remaining
         assert not ours.exists() and decoy.exists()

@@ -1,4 +1,4 @@
-"""Host children of the local backend (`sandbox/_proc.py`): a leader's group is killed while the exited
+"""Host children of the local backend (`sandbox/local/proc.py`): a leader's group is killed while the exited
 leader is still unreaped, and never signalled after: a reaped pid (and so its group id) can be reused by
 someone else, such as another sandbox's command."""
 
@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from coding_agent_env.sandbox import _proc
+from coding_agent_env.sandbox.local import proc
 
 
-def _start(script: str) -> _proc.Child:
-    return _proc.start(["bash", "-c", script], env={"PATH": "/usr/bin:/bin"}, cwd="/", creds=_proc.HostCredentials(),
+def _start(script: str) -> proc.Child:
+    return proc.start(["bash", "-c", script], env={"PATH": "/usr/bin:/bin"}, cwd="/", creds=proc.HostCredentials(),
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from coding_agent_env.sandbox import Sandbox, SandboxSpec, _enter, get_backend
+from coding_agent_env.sandbox import Sandbox, SandboxSpec
 from coding_agent_env.sandbox.base import RelayEndpoint
-from coding_agent_env.sandbox.local import LocalBackend
-from coding_agent_env.settings import Settings
+from coding_agent_env.sandbox.local import LocalBackend, LocalSandbox, enter
+from coding_agent_env.sandbox.local.provision import DirWork
+from coding_agent_env.settings import LocalConfig, Settings
 from tests.helpers import leftovers, poll, relay_port_refused
 
 OUT = 64 * 1024
@@ -50,6 +51,17 @@ def _sockets() -> set[str]:
     return _fds("socket:[")
 
 
+def _local(settings: Settings, **config: Any) -> LocalBackend:
+    """The local backend of `settings`, its config changed by `config`."""
+    return LocalBackend(_config(settings).model_copy(update=config), settings)
+
+
+def _config(settings: Settings) -> LocalConfig:
+    local = settings.backend_config("local")
+    assert isinstance(local, LocalConfig)
+    return local
+
+
 async def _netns_of(box: Sandbox) -> str:
     done = await box.exec(["readlink", "/proc/self/ns/net"], timeout=20, max_output_bytes=OUT)
     assert done.exit_code == 0, done.stderr
@@ -58,7 +70,7 @@ async def _netns_of(box: Sandbox) -> str:
 
 @as_root
 async def test_one_namespace_per_sandbox_with_loopback(settings: Settings, assert_no_leftovers: None) -> None:
-    backend = get_backend("local", settings)
+    backend = _local(settings)
     if backend.check().isolation != "bwrap":
         pytest.skip("bubblewrap unavailable here")
     before = _net_fds()
@@ -80,7 +92,7 @@ async def test_one_namespace_per_sandbox_with_loopback(settings: Settings, asser
 
 
 async def test_cancelled_create_leaves_nothing(settings: Settings, assert_no_leftovers: None) -> None:
-    backend = get_backend("local", settings)
+    backend = _local(settings)
     backend.check()
     await (await backend.create(SandboxSpec(rollout_id="warm"))).close()  # probe and reaper out of the way
     before = _net_fds()
@@ -95,13 +107,13 @@ async def test_cancelled_create_leaves_nothing(settings: Settings, assert_no_lef
         await box.close()  # it finished before the cancel arrived: nothing to prove this time
     await poll(lambda: not leftovers(settings) and _net_fds() == before)
     # Every uid went back to the pool: as many sandboxes as it holds can still be made.
-    boxes = [await backend.create(SandboxSpec(rollout_id=f"n{i}")) for i in range(settings.sandbox_uid_count)]
+    boxes = [await backend.create(SandboxSpec(rollout_id=f"n{i}")) for i in range(_config(settings).uid_count)]
     for box in boxes:
         await box.close()
 
 
 async def test_cancelled_close_still_removes_everything(settings: Settings, assert_no_leftovers: None) -> None:
-    backend = get_backend("local", settings)
+    backend = _local(settings)
     box = await backend.create(SandboxSpec(rollout_id="close"))
     await box.spawn([box.shell, "-c", "sleep 300"])
     closing = asyncio.ensure_future(box.close())
@@ -118,7 +130,7 @@ async def test_cancelled_close_still_removes_everything(settings: Settings, asse
 
 
 async def _bwrap_backend(settings: Settings) -> Any:
-    backend = get_backend("local", settings)
+    backend = _local(settings)
     if backend.check().isolation != "bwrap":
         pytest.skip("bubblewrap unavailable here")
     await (await backend.create(SandboxSpec(rollout_id="warm"))).close()  # probe and reaper out of the way
@@ -217,15 +229,13 @@ async def test_relay_is_served_only_while_an_agent_runs(
 @as_root
 @pytest.mark.parametrize("compiler", [True, False], ids=["compiled-launcher", "nsenter-prlimit"])
 async def test_launcher_sets_limits_and_uid(
-    settings: Settings, compiler: bool, monkeypatch: pytest.MonkeyPatch, assert_no_leftovers: None
+    settings: Settings, compiler: bool, assert_no_leftovers: None
 ) -> None:
     """Both launchers (the compiled helper, and nsenter + prlimit where there is no C compiler) give a command
     the sandbox's uid on the host, no supplementary group, and every limit, soft and hard."""
-    if not compiler:
-        monkeypatch.setattr(_enter, "build", lambda: None)
-    elif _enter.build() is None:
+    if compiler and enter.build() is None:
         pytest.skip("no C compiler here")
-    backend = LocalBackend(settings)
+    backend = _local(settings, root_launcher="auto" if compiler else "nsenter")
     if backend.check().isolation != "bwrap":
         pytest.skip("bubblewrap unavailable here")
     assert ("compiled launcher" in backend.check().detail) == compiler
@@ -239,26 +249,24 @@ async def test_launcher_sets_limits_and_uid(
             line = next(line for line in text.splitlines() if line.startswith(row))
             assert line[len(row) :].split()[:2] == [str(box.limits[name])] * 2, line
         assert text.split("Groups:")[1].split("\n")[0].strip() == "", "no supplementary group"
-        owner = os.stat(box._mounts.host_path("/workspace/mine")).st_uid  # type: ignore[attr-defined]
-        assert owner == box._uid != 0  # type: ignore[attr-defined]
+        assert isinstance(box, LocalSandbox)
+        assert os.stat(box.host_path("/workspace/mine")).st_uid == box.host_uid != 0
     finally:
         await box.close()
 
 
 async def test_directory_work_leaves_the_loop_when_busy_or_slow() -> None:
-    """`_DirWork`: on the loop's thread while few sandboxes are alive; on a worker thread with more alive, and
+    """`DirWork`: on the loop's thread while few sandboxes are alive; on a worker thread with more alive, and
     for a while after one call was slow (a busy disk)."""
-    from coding_agent_env.sandbox import local
-
-    dirs = local._DirWork()
+    dirs = DirWork(inline_max_live=2, slow_s=0.005)
     here = threading.get_ident()
     assert dirs.inline() and await dirs.run(threading.get_ident) == here
-    dirs.live = local._INLINE_MAX_LIVE + 1
+    dirs.live = dirs.inline_max_live + 1
     assert not dirs.inline() and await dirs.run(threading.get_ident) != here
     dirs.live = 0
 
     def slow() -> None:
-        end = time.monotonic() + 2 * local._SLOW_FS_S
+        end = time.monotonic() + 2 * dirs.slow_s
         while time.monotonic() < end:
             pass
 

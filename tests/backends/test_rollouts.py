@@ -12,10 +12,11 @@ from coding_agent_env.errors import MissingExtraError, UnknownBackendError
 from coding_agent_env.models import RolloutRequest, RolloutStatus
 from coding_agent_env.rollout import run_rollout
 from coding_agent_env.rollout.budget import Budget
-from coding_agent_env.sandbox import get_backend
+from coding_agent_env.sandbox import Backends
 from coding_agent_env.sandbox.base import REMOTE_LIFETIME_MARGIN_S
-from coding_agent_env.sandbox.registry import BACKENDS
-from coding_agent_env.settings import Settings
+from coding_agent_env.sandbox.registry import import_backend
+from coding_agent_env.settings import DockerConfig, E2bConfig, HfConfig, Settings
+from tests.backends.conftest import Target
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "binary_search.yaml"
 
@@ -32,11 +33,11 @@ _IN_EFFECT = {
 
 
 @pytest.mark.parametrize("kind", list(_IN_EFFECT))
-async def test_oracle_binary_search_passes(kind: str, settings_for: Callable[[str], tuple[str, Settings]],
+async def test_oracle_binary_search_passes(kind: str, backend_for: Callable[[str], Target],
                                            assert_no_leftovers: None) -> None:
-    name, settings = settings_for(kind)
+    name, settings, backends = backend_for(kind)
     task = load_task(str(EXAMPLE)).model_copy(update={"sandbox": name})
-    result = await run_rollout(task, settings=settings)
+    result = await run_rollout(task, settings=settings, backends=backends)
     assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, result.error
     isolation, network, limits = _IN_EFFECT[kind]
     assert (result.sandbox, result.isolation, result.network) == (name, isolation, network)
@@ -44,41 +45,44 @@ async def test_oracle_binary_search_passes(kind: str, settings_for: Callable[[st
     assert "NotImplementedError" not in result.files["search.py"]
 
 
-def test_only_enabled_backends_are_selectable(settings: Settings) -> None:
-    with pytest.raises(UnknownBackendError, match="not enabled"):
-        get_backend("docker", settings)  # default settings enable only `local`
+async def test_only_enabled_backends_are_selectable(settings: Settings) -> None:
+    async with Backends(settings) as backends:  # default settings enable only `local`
+        with pytest.raises(UnknownBackendError, match="not enabled"):
+            backends.get("docker")
+        with pytest.raises(UnknownBackendError, match="not enabled"):
+            backends.resolve("docker")
+        assert backends.resolve(None) == "local"
 
 
-def test_missing_sdk_names_the_extra(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(BACKENDS, "ghost", ("tests.backends.ghost_backend:GhostBackend", "ghost"))
+def test_missing_sdk_names_the_extra() -> None:
     with pytest.raises(MissingExtraError, match=r"pip install 'coding-agent-env\[ghost\]'"):
-        get_backend("ghost", settings.model_copy(update={"sandbox_backends": ("local", "ghost")}))
+        import_backend("tests.backends.ghost_backend:GhostBackend", "ghost", "ghost")
 
 
-def test_docker_check_reports_a_missing_daemon(settings: Settings, tmp_path: Path) -> None:
-    enabled = settings.model_copy(update={"sandbox_backends": ("docker",), "docker_host": f"unix://{tmp_path}/none.sock"})
-    status = get_backend("docker", enabled).check()
+async def test_docker_check_reports_a_missing_daemon(settings: Settings, tmp_path: Path) -> None:
+    async with Backends(settings.with_backends(DockerConfig(host=f"unix://{tmp_path}/none.sock"))) as backends:
+        status = backends.get("docker").check()
     assert not status.available and "no usable Docker daemon" in status.detail
 
 
-def test_remote_backends_check_reports_missing_credentials(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_remote_backends_check_reports_missing_credentials(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_TOKEN", "")
     monkeypatch.setenv("HF_HOME", "/nonexistent-hf-home")
-    enabled = settings.model_copy(update={"sandbox_backends": ("hf", "e2b")})
-    assert not get_backend("e2b", enabled).check().available
-    assert not get_backend("hf", enabled).check().available
+    async with Backends(settings.with_backends(HfConfig(), E2bConfig())) as backends:
+        assert not backends.get("e2b").check().available
+        assert not backends.get("hf").check().available
 
 
 async def test_remote_sandbox_lives_as_long_as_the_rollout_and_not_much_longer(
-    settings_for: Callable[[str], tuple[str, Settings]], assert_no_leftovers: None
+    backend_for: Callable[[str], Target], assert_no_leftovers: None
 ) -> None:
     """A self-ending sandbox (E2B VM, HF Job) must outlive the rollout's deadline, and one left by a crashed
     server must not run for hours: its lifetime is the deadline plus a fixed margin. (E2B SDK faked.)"""
     from tests.fakes.e2b_fake import FakeAsyncSandbox
 
-    name, settings = settings_for("e2b-fake")
+    name, settings, backends = backend_for("e2b-fake")
     task = load_task(str(EXAMPLE)).model_copy(update={"sandbox": name, "agent_timeout_s": 900})
-    result = await run_rollout(task, settings=settings)
+    result = await run_rollout(task, settings=settings, backends=backends)
     assert result.reward == 1.0, result.error
     [made] = [c for c in FakeAsyncSandbox.created if c["metadata"]["coding-agent-env.rollout"] == result.rollout_id]
     deadline = Budget.for_request(task, settings).total_s
@@ -86,19 +90,19 @@ async def test_remote_sandbox_lives_as_long_as_the_rollout_and_not_much_longer(
 
 
 @pytest.mark.parametrize("kind", list(_IN_EFFECT))
-async def test_terminus_solves_the_task_on_every_backend(kind: str, settings_for: Callable[[str], tuple[str, Settings]],
+async def test_terminus_solves_the_task_on_every_backend(kind: str, backend_for: Callable[[str], Target],
                                                          assert_no_leftovers: None) -> None:
     """Terminus's loop runs in the server and its commands are the backend's own execs: it needs no network
     policy, so it runs even where `llm` is not offered (hf, e2b). The LLM is the scripted fake."""
     from tests.agents.sessions import CORRECT, TASK, VERIFY, session, write_file_command
     from tests.fakes.llm import FakeLLM, FakeLLMServer
 
-    name, settings = settings_for(kind)
+    name, settings, backends = backend_for(kind)
     with FakeLLMServer(FakeLLM(api_key="sk-every-backend")) as fake:
         fake.app.script = session("terminus", write_file_command("binary_search.py", CORRECT), "cd /tmp", "pwd")
         request = RolloutRequest(instruction=TASK, agent="terminus", sandbox=name, base_url=fake.base_url,
                                  api_key="sk-every-backend", model="fake/m", verify=VERIFY)
-        result = await run_rollout(request, settings=settings)
+        result = await run_rollout(request, settings=settings, backends=backends)
         calls = len(fake.app.requests)
     assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, (result.error, result.agent_log_tail)
     isolation, network, _ = _IN_EFFECT[kind]

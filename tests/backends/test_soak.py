@@ -21,8 +21,9 @@ import pytest
 from coding_agent_env.models import RolloutRequest, RolloutStatus
 from coding_agent_env.rollout import events as ev
 from coding_agent_env.rollout import run_rollout
-from coding_agent_env.settings import Settings
-from tests.backends.conftest import _kind_settings
+from coding_agent_env.sandbox import Backends, SandboxBackend
+from coding_agent_env.settings import BackendConfig, Settings
+from tests.backends.conftest import kind_configs
 from tests.helpers import leftovers
 
 ROLLOUTS = 200
@@ -33,22 +34,27 @@ KINDS = ("local", "local", "docker", "hf", "e2b-fake")
 STAGES = ("provision", "setup", "agent", "verify", "collect")
 
 
-def _all_backends(request: pytest.FixtureRequest, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Settings:
+def _all_backends(request: pytest.FixtureRequest, settings: Settings) -> Backends:
     """One operator configuration enabling every backend of this machine's engines."""
-    merged: dict[str, Any] = {}
-    for kind in ("docker", "hf", "e2b-fake"):
-        _, extra = _kind_settings(kind, request, settings, monkeypatch)
-        merged.update({key: value for key, value in extra.items() if key != "sandbox_backends"})
-    merged["sandbox_backends"] = ("local", "docker", "hf", "e2b")
-    return settings.model_copy(update=merged)
+    picked = [kind_configs(kind, request, settings) for kind in ("docker", "hf", "e2b-fake")]
+    configs: dict[str, BackendConfig] = {config.kind: config for _, more, _ in picked for config in more}
+    enabled = settings.with_backends(*configs.values())
+    stand_ins: dict[str, SandboxBackend] = {}
+    for _, _, make in picked:
+        stand_ins.update(make(enabled))
+    return Backends(enabled, overrides=stand_ins)
 
 
 async def test_two_hundred_rollouts_across_backends_with_random_cancellations_leave_nothing(
-    request: pytest.FixtureRequest, settings: Settings, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest, settings: Settings
 ) -> None:
     seed = int(os.environ.get("SOAK_SEED", random.randrange(2**32)))
     rng = random.Random(seed)
-    server = _all_backends(request, settings, monkeypatch)
+    async with _all_backends(request, settings) as server:
+        await _soak(rng, seed, server, settings)
+
+
+async def _soak(rng: random.Random, seed: int, server: Backends, settings: Settings) -> None:
     task = RolloutRequest(
         instruction="write the answer",
         agent="oracle",
@@ -79,7 +85,9 @@ async def test_two_hundred_rollouts_across_backends_with_random_cancellations_le
                     loop.call_later(delay, cancel.set if by_event else holder[0].cancel)
 
             started = loop.time()
-            running = asyncio.ensure_future(run_rollout(req, settings=server, emit=on_event, cancel=cancel))
+            running = asyncio.ensure_future(
+                run_rollout(req, settings=server.settings, backends=server, emit=on_event, cancel=cancel)
+            )
             holder.append(running)
             try:
                 try:

@@ -15,6 +15,7 @@ from coding_agent_env.models import RolloutRequest, RolloutStatus
 from coding_agent_env.rollout import run_rollout
 from coding_agent_env.settings import Settings
 from tests.fakes.llm import FakeLLM, FakeLLMServer, Reply
+from tests.helpers import with_local
 
 SERVER_KEY = "sk-server-held-SECRET-0123456789"
 pytestmark = pytest.mark.usefixtures("assert_no_leftovers")
@@ -41,7 +42,7 @@ def request(fake: FakeLLMServer, **fields: object) -> RolloutRequest:
 @pytest.mark.parametrize("isolation", ["bwrap", "none"])
 async def test_agent_reaches_the_model_only_through_the_relay(fake: FakeLLMServer, settings: Settings, isolation: str) -> None:
     fake.app.script = [Reply(content="hello from the model")]
-    chosen = settings if isolation == "bwrap" else settings.model_copy(update={"bwrap_path": "/bin/false"})
+    chosen = settings if isolation == "bwrap" else with_local(settings, isolation="none")
     result = await run_rollout(request(fake), settings=chosen)
     assert result.isolation == isolation
     assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, result.agent_log_tail

@@ -17,6 +17,7 @@ from coding_agent_env.models import RolloutRequest, RolloutStatus
 from coding_agent_env.rollout import events as ev
 from coding_agent_env.rollout import run_rollout
 from coding_agent_env.settings import Settings
+from tests.helpers import with_local
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "binary_search.yaml"
 
@@ -44,7 +45,7 @@ async def test_oracle_passes_binary_search(settings: Settings) -> None:
 
 
 async def test_unisolated_fallback_reports_none_and_still_works(settings: Settings) -> None:
-    fallback = settings.model_copy(update={"bwrap_path": "/bin/false"})
+    fallback = with_local(settings, bwrap_path="/bin/false")  # a bubblewrap that cannot run
     result = await run_rollout(load_task(str(EXAMPLE)), settings=fallback)
     assert result.isolation == "none" and result.reward == 1.0
 

@@ -21,6 +21,7 @@ import pytest
 from coding_agent_env.agents.install import status
 from coding_agent_env.agents.pi import PI
 from coding_agent_env.settings import Settings
+from tests.helpers import uid_pool
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,6 +34,7 @@ from coding_agent_env.rollout import run_rollout
 from coding_agent_env.agents.install import status
 from coding_agent_env.agents.pi import PI
 from coding_agent_env.settings import Settings
+from tests.helpers import uid_pool
 from tests.agents.sessions import CORRECT, TASK, VERIFY, session, write_file_command
 from tests.fakes.llm import FakeLLM, FakeLLMServer
 
@@ -65,7 +67,7 @@ def _as(uid: int, *argv: str) -> bool:
 async def test_rollouts_as_an_ordinary_user(settings: Settings, assert_no_leftovers: None) -> None:
     if os.geteuid() != 0 or shutil.which("setpriv") is None or shutil.which("bwrap") is None:
         pytest.skip("needs root to drop to an ordinary user (setpriv) and a system bubblewrap")
-    uid = settings.sandbox_uid_base + settings.sandbox_uid_count - 1  # in this test's pool: leftovers are seen
+    uid = uid_pool(settings)[-1]  # in this test's pool: leftovers are seen
     if not _as(uid, "bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"):
         pytest.skip("this kernel gives ordinary users no user namespaces: the server would run unisolated")
     if not _as(uid, sys.executable, "-c", "import coding_agent_env, tests.fakes.llm"):

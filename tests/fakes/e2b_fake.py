@@ -106,10 +106,3 @@ class FakeAsyncSandbox:
             except ProcessLookupError:
                 pass
         return True
-
-
-def fake_backend(settings: Any) -> Any:
-    """The real `E2bBackend` over this fake (what a registry entry can point at in tests)."""
-    from coding_agent_env.sandbox.e2b import E2bBackend
-
-    return E2bBackend(settings, sdk=FakeAsyncSandbox)

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from coding_agent_env.settings import Settings
+from tests.helpers import uid_pool
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str, stdin: str | None = None, settings: Settings) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "STATE_DIR": str(settings.state_dir), "SANDBOX_UID_BASE": str(settings.sandbox_uid_base)}
+    env = {**os.environ, "STATE_DIR": str(settings.state_dir), "SANDBOX_UID_BASE": str(uid_pool(settings).start)}
     return subprocess.run(
         [sys.executable, "-m", "coding_agent_env.cli", *args], input=stdin, capture_output=True, text=True, env=env, timeout=120, cwd=ROOT
     )

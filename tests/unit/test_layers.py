@@ -22,7 +22,7 @@ ALLOWED = {
     "llm": LEAVES | {"sandbox"},
     "agents": LEAVES | {"sandbox", "llm"},
     "rollout": LEAVES | {"sandbox", "llm", "agents", "reward"},
-    "session": LEAVES | {"rollout", "llm"},
+    "session": LEAVES | {"rollout", "llm", "sandbox"},  # it hands the app's relay and sandbox backends down
 }
 """What each layer may import besides itself."""
 

@@ -1,15 +1,13 @@
-"""Shared by backends that run commands through an engine's exec API (docker, hf, e2b).
+"""The host side of the in-sandbox launcher: its files, its argv, its status, and lexical path confinement.
 
-Those backends copy `_launcher.py` (and the LLM forwarder) into the sandbox at create and run every command
-through it, so that timeouts, process-tree kills, fresh HOME/TMP for verify and rlimits behave as in the
-local backend. This module builds the launcher's argv, confines sandbox paths lexically, and keeps output
-within its cap.
+Launcher-driven backends (docker, hf, e2b) copy the launcher's files (`inside/`, and the LLM forwarder) into
+the sandbox at create and run every command through it, so that timeouts, process-tree kills, fresh HOME/TMP
+for verify and rlimits behave as in the local backend. This module builds the launcher's argv, confines
+sandbox paths lexically, and keeps output within its cap.
 """
 
 from __future__ import annotations
 
-import abc
-import asyncio
 import importlib.util
 import json
 import posixpath
@@ -19,10 +17,29 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coding_agent_env.errors import SandboxError, SandboxFileError
-from coding_agent_env.sandbox.base import Process, SandboxPaths
-from coding_agent_env.settings import Settings
+from coding_agent_env.sandbox.base import SandboxPaths
 
-__all__ = ["InnerLayout", "LauncherProcess", "OutputCap", "confine", "forwarder_source", "launcher_source", "rlimit_args", "run_argv"]
+__all__ = [
+    "INSIDE_DIR",
+    "SANDBOX_UID",
+    "InnerLayout",
+    "OutputCap",
+    "check_env",
+    "confine",
+    "forwarder_source",
+    "inside",
+    "launcher_files",
+    "new_token",
+    "parse_status",
+    "rlimit_args",
+    "roots",
+    "run_argv",
+]
+
+INSIDE_DIR = Path(__file__).with_name("inside")
+"""The launcher's own files (`inside/launcher.py` documents them)."""
+LAUNCHER_FILES = ("launcher.py", "procs.py", "initd.py", "fileops.py")
+"""The launcher and the modules it imports from its own directory (see `inside/launcher.py`)."""
 
 SANDBOX_UID = 1000
 """The unprivileged uid commands run as inside container-like sandboxes."""
@@ -35,15 +52,19 @@ class InnerLayout:
     base: str
     python: str = "python3"
     code: str | None = None
-    """Where `launcher.py` and `forwarder.py` live (default: `base`); may be a read-only mount."""
+    """Where the launcher's files and `forwarder.py` live (default: `base`); may be a read-only mount."""
+
+    @property
+    def code_dir(self) -> str:
+        return self.code or self.base
 
     @property
     def launcher(self) -> str:
-        return f"{self.code or self.base}/launcher.py"
+        return f"{self.code_dir}/launcher.py"
 
     @property
     def forwarder(self) -> str:
-        return f"{self.code or self.base}/forwarder.py"
+        return f"{self.code_dir}/forwarder.py"
 
     @property
     def run_dir(self) -> str:
@@ -60,39 +81,33 @@ class InnerLayout:
         return f"{self.run_dir}/{token}.status"
 
 
-def _source_of(module: str) -> bytes:
-    spec = importlib.util.find_spec(module)
-    if spec is None or spec.origin is None:
-        raise SandboxError(f"cannot find {module}")
-    return Path(spec.origin).read_bytes()
-
-
-def launcher_source() -> bytes:
-    return _source_of("coding_agent_env.sandbox._launcher")
+def launcher_files() -> dict[str, bytes]:
+    """The launcher's files by name, to copy into one directory of a sandbox (read, never imported: they run
+    inside the sandbox)."""
+    try:
+        return {name: (INSIDE_DIR / name).read_bytes() for name in LAUNCHER_FILES}
+    except OSError as exc:
+        raise SandboxError(f"cannot read the launcher's files: {exc}") from exc
 
 
 def forwarder_source() -> bytes:
-    # Read as a file, not imported: it runs inside the sandbox.
-    return _source_of("coding_agent_env.llm.forwarder")
+    """The LLM forwarder (read as a file, not imported: it runs inside the sandbox)."""
+    spec = importlib.util.find_spec("coding_agent_env.llm.forwarder")
+    if spec is None or spec.origin is None:
+        raise SandboxError("cannot find coding_agent_env.llm.forwarder")
+    return Path(spec.origin).read_bytes()
 
 
-def rlimits(settings: Settings) -> dict[str, int]:
-    """The rlimits the launcher sets on every command, by `prlimit` name."""
-    return {
-        "data": settings.sandbox_memory_mb * 1024 * 1024,
-        "fsize": settings.sandbox_max_file_mb * 1024 * 1024,
-        "cpu": settings.sandbox_cpu_s,
-    }
-
-
-def rlimit_args(settings: Settings) -> list[str]:
+def rlimit_args(limits: Mapping[str, int]) -> list[str]:
+    """The launcher's `--rlimit NAME=VALUE` arguments for `limits` (by `prlimit` name)."""
     args: list[str] = []
-    for name, value in rlimits(settings).items():
+    for name, value in limits.items():
         args += ["--rlimit", f"{name}={value}"]
     return args
 
 
 def check_env(env: Mapping[str, str]) -> None:
+    """`SandboxError` for a variable name the launcher cannot carry (its names travel comma-separated)."""
     for key in env:
         if not key or "=" in key or "," in key or "\x00" in key:
             raise SandboxError(f"invalid environment variable name {key!r}")
@@ -105,23 +120,20 @@ def run_argv(
     token: str,
     cwd: str,
     timeout: float | None,
-    env_keys: Sequence[str] | None = None,
-    env_file: str | None = None,
+    env_args: Sequence[str],
     fresh: bool = False,
     uid: int | None = SANDBOX_UID,
     limits: Sequence[str] = (),
     log_path: str | None = None,
 ) -> list[str]:
-    """The launcher's `run` argv for one command. Carries variable *names* only, never values."""
+    """The launcher's `run` argv for one command. `env_args` say where its environment comes from
+    (`--env-keys K1,K2` or `--env-file F`): variable *names* or a path, never values."""
     if not argv:
         raise SandboxError("empty argv")
     args = ["--token", token, "--run-dir", layout.run_dir, "--cwd", cwd]
     if timeout is not None:
         args += ["--timeout", repr(float(timeout))]
-    if env_file is not None:
-        args += ["--env-file", env_file]
-    else:
-        args += ["--env-keys", ",".join(env_keys or ())]
+    args += env_args
     if fresh:
         args += ["--fresh-base", layout.fresh_dir]
     if uid is not None:
@@ -178,34 +190,3 @@ class OutputCap:
         room = max(self.cap - len(self.kept), 0)
         self.kept += chunk[:room]
         self.dropped += max(len(chunk) - room, 0)
-
-
-class LauncherProcess(Process):
-    """A background command run by the in-sandbox launcher under `token`. A backend says how its exit code is
-    learnt (`_exit_code`) and how its whole tree is killed (`_kill`); the code is cached once known."""
-
-    def __init__(self, token: str) -> None:
-        self._token = token
-        self._code: int | None = None
-
-    @property
-    def returncode(self) -> int | None:
-        return self._code
-
-    async def wait(self) -> int:
-        if self._code is None:
-            self._code = await self._exit_code()
-        return self._code
-
-    async def kill(self) -> None:
-        if self._code is None:
-            await asyncio.shield(self._kill())
-            await asyncio.shield(self.wait())
-
-    @abc.abstractmethod
-    async def _exit_code(self) -> int:
-        """Wait for the command to end; its exit code (negative for a signal)."""
-
-    @abc.abstractmethod
-    async def _kill(self) -> None:
-        """Kill the command's whole tree."""

@@ -98,7 +98,7 @@ def build() -> str | None:
     """A path root can exec the helper at, compiled on the first call of this process (a fraction of a
     second); None when there is no C compiler, it fails, or there are no memfds (the answer then stands for
     the process's lifetime). The binary lives in a sealed anonymous file (memfd) of this process: nothing on
-    disk to trust, share or clean up. The path, like `_netns.join_path`, names this process's own
+    disk to trust, share or clean up. The path, like `netns.join_path`, names this process's own
     close-on-exec descriptor, so no sandboxed process inherits it."""
     global _tried, _memfd
     with _lock:

@@ -8,7 +8,10 @@ import posixpath
 import tarfile
 from collections.abc import Iterable, Iterator
 
-__all__ = ["ChunkReader", "dir_entries_tar", "file_tar", "read_member"]
+__all__ = ["GO_MODE_DIR", "ChunkReader", "dir_entries_tar", "file_tar", "read_member", "split_root", "tree_tar"]
+
+GO_MODE_DIR = 1 << 31
+"""`os.ModeDir` in the archive API's stat header (Go's FileMode)."""
 
 
 def _dir_info(name: str, uid: int, mode: int = 0o755) -> tarfile.TarInfo:
@@ -91,6 +94,19 @@ def read_member(chunks: Iterator[bytes], max_bytes: int | None, tail: bool) -> b
             while kept - len(window[0]) >= max_bytes:
                 kept -= len(window.popleft())
         return b"".join(window)[-max_bytes:] if max_bytes else b""
+
+
+def tree_tar(dirs: dict[str, tuple[int, int]], files: dict[str, bytes]) -> bytes:
+    """A tar of directories (`name: (uid, mode)`, parents before children) and files (mode 0644, root's)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, (uid, mode) in dirs.items():
+            tar.addfile(_dir_info(name, uid, mode))
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
 
 
 def split_root(root: str, full: str) -> str:

@@ -1,6 +1,6 @@
 """The E2B backend (`e2b` SDK, async): one E2B sandbox (a microVM) per rollout.
 
-The sandbox is made from the request's image taken as an E2B template (or `Settings.e2b_template`), with a
+The sandbox is made from the request's image taken as an E2B template (or `E2bConfig.template`), with a
 lifetime of the rollout's deadline plus a margin (`SandboxSpec.lifetime_s`; `Settings.remote_sandbox_lifetime_s`
 when the spec names no deadline), so it never ends under its rollout and E2B ends one left behind by a crashed
 server soon after, the rollout id in its metadata, and internet access only under network policy
@@ -21,13 +21,15 @@ from typing import Any
 
 import e2b
 
+from coding_agent_env.backend_config import E2bConfig
 from coding_agent_env.errors import SandboxError, SandboxFileNotFoundError, SandboxUnavailableError
-from coding_agent_env.sandbox import _inner
-from coding_agent_env.sandbox._remote import RemoteSandbox
-from coding_agent_env.sandbox.base import BackendStatus, Sandbox, SandboxBackend, SandboxSpec
+from coding_agent_env.sandbox.base import BackendStatus, Sandbox, SandboxBackend, SandboxSpec, rlimits
+from coding_agent_env.sandbox.launcher.client import OutputCap
+from coding_agent_env.sandbox.launcher.transport import Ran
+from coding_agent_env.sandbox.remote.base import RemoteSandbox, RemoteTransport
 from coding_agent_env.settings import Settings
 
-__all__ = ["E2bBackend", "E2bSandbox"]
+__all__ = ["E2bBackend", "E2bEngine"]
 
 _USER = "user"
 """The default user of E2B templates."""
@@ -43,29 +45,31 @@ def _translate(exc: Exception, what: str) -> SandboxError:
 
 
 class E2bBackend(SandboxBackend):
+    """`sdk`: the SDK's `AsyncSandbox` class (a fake of it in tests)."""
+
     name = "e2b"
 
-    def __init__(self, settings: Settings, sdk: Any = None) -> None:
+    def __init__(self, config: E2bConfig, settings: Settings, sdk: Any = None) -> None:
+        self._config = config
         self._settings = settings
         self._sdk = sdk if sdk is not None else e2b.AsyncSandbox
-        """The SDK's `AsyncSandbox` class (a fake of it in tests)."""
 
     def check(self) -> BackendStatus:
-        if self._settings.e2b_api_key is None:
+        if self._config.api_key is None:
             return BackendStatus(self.name, False, None, "no E2B API key (E2B_API_KEY)")
-        return BackendStatus(self.name, True, "e2b", f"E2B template {self._settings.e2b_template!r}",
-                             _inner.rlimits(self._settings))
+        return BackendStatus(self.name, True, "e2b", f"E2B template {self._config.template!r}",
+                             rlimits(self._settings, nproc=False))
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
-        s = self._settings
+        c, s = self._config, self._settings
         if spec.network == "llm":
             raise SandboxUnavailableError("network policy 'llm' is not available on the e2b backend")
         if spec.network == "host" and not s.sandbox_allow_host_network:
             raise SandboxUnavailableError("network policy 'host' is not allowed by this server's operator")
-        key = s.e2b_api_key.get_secret_value() if s.e2b_api_key else None
+        key = c.api_key.get_secret_value() if c.api_key else None
         try:
             vm = await self._sdk.create(
-                template=spec.image or s.e2b_template,
+                template=spec.image or c.template,
                 timeout=spec.lifetime_s(s.remote_sandbox_lifetime_s),
                 metadata={"coding-agent-env.rollout": spec.rollout_id},
                 allow_internet_access=spec.network == "host",
@@ -73,52 +77,48 @@ class E2bBackend(SandboxBackend):
             )
         except e2b.SandboxException as exc:
             raise _translate(exc, "create E2B sandbox") from exc
-        box = E2bSandbox(s, vm)
-        box.network = "host" if spec.network == "host" else "none"
+        # The VM's end would kill and remove everything too; tidying first keeps close deterministic.
+        box = RemoteSandbox(E2bEngine(vm), f"{c.root}/{vm.sandbox_id}", backend=self.name, sandbox_id=str(vm.sandbox_id),
+                            isolation="e2b", network="host" if spec.network == "host" else "none",
+                            timeouts=c.timeouts, rlimits=rlimits(s, nproc=False), tidy=True)
         return await box.installed()
 
 
-class E2bSandbox(RemoteSandbox):
-    backend = "e2b"
-    isolation = "e2b"
+class E2bEngine(RemoteTransport):
+    """An E2B VM `vm` (the SDK's `AsyncSandbox`); commands run as its default user, their environment in the
+    SDK's `envs`, never in the command string (shell-quoted argv and variable names only)."""
 
-    def __init__(self, settings: Settings, vm: Any) -> None:
-        super().__init__(settings, f"{settings.e2b_sandbox_root}/{vm.sandbox_id}")
+    name = "e2b"
+
+    def __init__(self, vm: Any) -> None:
         self._vm = vm
-        self.id = str(vm.sandbox_id)
 
-    async def _run(self, argv: Sequence[str], *, env: Mapping[str, str], timeout: float | None) -> tuple[int | None, bytes, bytes]:
+    async def run(self, argv: Sequence[str], *, env: Mapping[str, str], uid: int | None, out: OutputCap,
+                  err: OutputCap, timeout: float | None = None, kill: bool = False) -> Ran:
         try:
             done = await self._vm.commands.run(shlex.join(argv), envs=dict(env), user=_USER, timeout=timeout or 0)
         except e2b.CommandExitException as exc:
-            return exc.exit_code, (exc.stdout or "").encode(), (exc.stderr or "").encode()
+            done = exc
         except e2b.SandboxException as exc:
             raise _translate(exc, "exec") from exc
-        return done.exit_code, (done.stdout or "").encode(), (done.stderr or "").encode()
+        out.add((done.stdout or "").encode())
+        err.add((done.stderr or "").encode())
+        return Ran(done.exit_code)
 
-    async def _put(self, path: str, data: bytes) -> None:
+    async def put_file(self, path: str, data: bytes) -> None:
         try:
             await self._vm.files.write(path, data, user=_USER)
         except e2b.SandboxException as exc:
             raise _translate(exc, "write") from exc
 
-    async def _get(self, path: str) -> bytes:
+    async def read_file(self, path: str) -> bytes:
         try:
             data = await self._vm.files.read(path, format="bytes", user=_USER)
         except e2b.SandboxException as exc:
             raise _translate(exc, "read") from exc
         return bytes(data)
 
-    async def _env_args(self, token: str, env: Mapping[str, str]) -> tuple[list[str], Mapping[str, str]]:
-        return ["--env-keys", ",".join(env)], env
-
-    async def _close(self) -> None:
-        try:
-            await self.kill_everything()  # the VM's end would do it too; this keeps close deterministic
-        finally:
-            await self._kill_vm()
-
-    async def _kill_vm(self) -> None:
+    async def close(self) -> None:
         try:
             await self._vm.kill()
         except e2b.SandboxException as exc:

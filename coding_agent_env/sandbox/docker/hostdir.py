@@ -1,0 +1,69 @@
+"""A container's host directory (control transport only), bind-mounted read-only at `LAYOUT.code`.
+
+It holds the launcher's files, the forwarder and the one-shot SOCK_SEQPACKET listener PID 1 connects to. It is
+owned by this server process (`<pid>-docker-<hex>` under the state dir), so both reapers can remove it after a
+crash (the Docker reaper finds it by the container's `LABEL_HOSTDIR`).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+from pathlib import Path
+
+from coding_agent_env.errors import SandboxError
+from coding_agent_env.sandbox.docker.layout import code_files
+
+__all__ = ["HostDir"]
+
+_SOCKET_PATH_MAX = 100
+"""`sun_path` holds 108 bytes: a longer control socket path cannot be bound."""
+
+
+class HostDir:
+    """See the module docstring."""
+
+    SOCKET = "ctl.sock"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.listener: socket.socket | None = None
+
+    @staticmethod
+    def fits(state_dir: Path) -> bool:
+        """Whether a control socket under `state_dir` fits in a unix socket address."""
+        return len(str(state_dir / f"{os.getpid()}-docker-{'0' * 12}" / HostDir.SOCKET)) <= _SOCKET_PATH_MAX
+
+    @classmethod
+    def make(cls, state_dir: Path) -> HostDir:
+        """A fresh host dir with its files and its listener bound (see `fits`); `SandboxError` if it cannot."""
+        path = state_dir / f"{os.getpid()}-docker-{secrets.token_hex(6)}"
+        if len(str(path / cls.SOCKET)) > _SOCKET_PATH_MAX:
+            raise SandboxError(f"the control socket path under {state_dir} is too long for a unix socket")
+        state_dir.mkdir(parents=True, exist_ok=True)
+        made = cls(path)
+        try:
+            path.mkdir(mode=0o700)
+            for name, data in code_files().items():
+                (path / name).write_bytes(data)
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            made.listener = listener
+            listener.bind(str(path / cls.SOCKET))
+            listener.listen(1)
+            listener.setblocking(False)
+        except OSError as exc:
+            made.remove()
+            raise SandboxError(f"cannot prepare the container's host directory: {exc.strerror}") from exc
+        return made
+
+    def close_listener(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+            (self.path / self.SOCKET).unlink(missing_ok=True)
+
+    def remove(self) -> None:
+        self.close_listener()
+        shutil.rmtree(self.path, ignore_errors=True)

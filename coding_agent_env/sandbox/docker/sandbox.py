@@ -1,0 +1,118 @@
+"""`DockerSandbox`: one container, its commands through the launcher (`LauncherSandbox`) over the backend's
+transport, its files through the archive API.
+
+Files go in and out through the archive API (`put_archive`/`get_archive`), never through a shell; `remove()`
+runs as root through the launcher's `remove` mode, which follows no symlink below the sandbox root. A symlink
+at the path read is resolved (by the daemon, inside the container) and refused when it leaves the sandbox
+roots; a symlinked *parent* directory is followed inside the container's own filesystem (never the host's:
+the daemon confines it to the container root). `close()` removes the container (killing everything in it),
+then closes the transport (and its host directory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from coding_agent_env.backend_config import LauncherTimeouts
+from coding_agent_env.errors import SandboxError, SandboxFileError, SandboxFileNotFoundError
+from coding_agent_env.sandbox.base import SandboxSpec
+from coding_agent_env.sandbox.docker import tar
+from coding_agent_env.sandbox.docker.archive import Archive
+from coding_agent_env.sandbox.docker.engine import call
+from coding_agent_env.sandbox.docker.layout import AGENTS_DIR, LAYOUT, PATHS
+from coding_agent_env.sandbox.docker.transport import DockerTransport
+from coding_agent_env.sandbox.launcher import client
+from coding_agent_env.sandbox.launcher.client import SANDBOX_UID
+from coding_agent_env.sandbox.launcher.sandbox import LauncherSandbox
+
+__all__ = ["DockerSandbox"]
+
+
+class DockerSandbox(LauncherSandbox):
+    """Container `container_id` on the daemon of `api` (a `docker.APIClient`), made for `spec`; commands run
+    as uid 1000 through `transport`. `limits`: the container's own (`memory`, `pids`, `nano_cpus`) and the
+    rlimits the launcher sets."""
+
+    backend = "docker"
+    isolation = "docker"
+
+    def __init__(
+        self,
+        container_id: str,
+        transport: DockerTransport,
+        *,
+        api: Any,
+        spec: SandboxSpec,
+        rlimits: Mapping[str, int],
+        container_limits: Mapping[str, int],
+        timeouts: LauncherTimeouts,
+        relay_port: int,
+    ) -> None:
+        super().__init__(transport, LAYOUT, PATHS, timeouts=timeouts, rlimits=rlimits, command_uid=SANDBOX_UID)
+        self._docker = transport
+        self._api = api
+        self._archive = Archive(api, container_id)
+        self.id = container_id
+        self.limits = MappingProxyType({**container_limits, **rlimits})
+        self.network = spec.network
+        self._forward_port = relay_port if spec.network == "llm" else None
+        if self._forward_port is not None:
+            self.relay_url = f"http://127.0.0.1:{relay_port}/v1"
+        if spec.agents_dir is not None:
+            self.agents_dir = AGENTS_DIR
+
+    async def start(self) -> None:
+        """Start the container; ready once its directories exist (and the forwarder listens under `llm`)."""
+        await self._docker.boot(self._api, self.id, self._forward_port)
+
+    async def _read(self, full: str, max_bytes: int | None, tail: bool) -> bytes:
+        data, stat = await self._archive.read(full, max_bytes, tail)
+        if data is not None:
+            return data
+        target = stat.get("linkTarget")
+        if target:
+            if not client.inside(self.paths, target):
+                raise SandboxFileError(f"{full!r} resolves outside the sandbox")
+            return await self._read(target, max_bytes, tail)
+        raise SandboxFileError(f"{full!r} is not a regular file")
+
+    async def read_bytes(self, path: str, *, max_bytes: int | None = None, tail: bool = False) -> bytes:
+        self._check_open()
+        _, full = client.confine(self.paths, path)
+        try:
+            return await self._read(full, max_bytes, tail)
+        except SandboxFileNotFoundError as exc:
+            raise SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}") from exc
+
+    async def write_bytes(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        self._check_open()
+        root, full = client.confine(self.paths, path)
+        rel = tar.split_root(root, full)
+        if not rel:
+            raise SandboxFileError(f"cannot write over the directory {path!r}")
+        await self._archive.put(root, tar.file_tar(rel, data, mode=mode, uid=SANDBOX_UID), what=f"write {path!r}")
+
+    async def mkdir(self, path: str) -> None:
+        self._check_open()
+        root, full = client.confine(self.paths, path)
+        rel = tar.split_root(root, full)
+        if rel:
+            await self._archive.put(root, tar.dir_entries_tar([rel], SANDBOX_UID), what=f"mkdir {path!r}")
+
+    async def _close(self) -> None:
+        try:
+            await call("remove container", self._api.remove_container, self.id, force=True, v=True)
+        except SandboxFileNotFoundError:
+            pass  # already gone
+        finally:
+            await self._docker.close()
+
+
+async def discard(api: Any, container_id: str) -> None:
+    """Remove a container that never became a sandbox (gone already, or left to the reaper: fine)."""
+    try:
+        await call("remove container", api.remove_container, container_id, force=True, v=True)
+    except SandboxError:
+        pass

@@ -1,0 +1,12 @@
+"""The local backend: bubblewrap (or, where it cannot run, plain host processes) over per-rollout host directories.
+
+`backend` makes sandboxes; `probe` picks the isolation mode once and `launch` is one strategy per mode;
+`sandbox` runs commands (`proc`: host processes killed by group) and file operations (`hostfs`) on the host;
+`provision` makes and reaps sandbox roots; `uids` hands out host uids as root; `netns`, `enter` and `relay`
+are the root-only network namespace per sandbox, the compiled entry helper and the relay served inside.
+"""
+
+from coding_agent_env.sandbox.local.backend import LocalBackend
+from coding_agent_env.sandbox.local.sandbox import LocalSandbox
+
+__all__ = ["LocalBackend", "LocalSandbox"]

@@ -1,0 +1,125 @@
+"""The local backend: each command in its own bubblewrap sandbox over a per-rollout host directory.
+
+A sandbox is a host directory `STATE_DIR/<server pid>-<rollout>-<random>/` with `work`, `home`, `tmp` and
+`logs`, bound inside bubblewrap at `/workspace`, `/home/sandbox`, `/tmp` and `/logs`. Every `exec`/`spawn`
+is a fresh `bwrap --unshare-all --die-with-parent --new-session` (no network, own PID namespace, all
+capabilities dropped, uid 1000 inside) over read-only system directories, with rlimits set inside by
+`prlimit` (as root: on bwrap itself, by the launcher below). Killing a command's bwrap kills its whole PID
+namespace, so no descendant survives.
+
+When the server runs as root, each sandbox also gets its own host uid from a pool: its processes are not
+root anywhere, the process limit is really enforced (root is exempt from RLIMIT_NPROC), and sandboxes
+cannot read one another's files. bwrap is then started through a tiny compiled helper (`enter`; where no C
+compiler is there, `nsenter` and `prlimit` do the same in two execs), which switches to that uid and
+joins a network namespace made once per sandbox (empty but for loopback; see `netns`), so a command costs
+no namespace of its own to create and destroy. Commands of one sandbox can thus reach one another over
+loopback while they run, as they can through its files; nothing in the namespace outlives its processes.
+
+With network policy `llm`, a spawned agent reaches the relay at `relay_url`
+(`http://127.0.0.1:SANDBOX_RELAY_PORT/v1`) and nothing else; setup and verify never do. As root the relay
+serves that port itself (`RelayEndpoint.serve`: no process inside, no extra hop) on a socket in the sandbox's
+namespace, bound at create() and listening only from the spawn until the agent exits, when it is closed; a
+spawn while another runs gets a namespace of its own for it. Without root, each spawn gets its namespace from
+bwrap, and a small forwarder started inside pipes the port to the relay's unix socket, bind-mounted at
+/run/llm.sock.
+
+Where bubblewrap cannot create namespaces (e.g. in an unprivileged container), or where the operator chose
+`LocalConfig.isolation="none"`, commands run as plain subprocesses in the host directory and `isolation` says
+`none`. Which of these modes runs is probed once (`probe`) and is then one `Launch` strategy (`launch`).
+"""
+
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+
+from coding_agent_env.backend_config import LocalConfig
+from coding_agent_env.errors import SandboxError, SandboxUnavailableError
+from coding_agent_env.sandbox.base import BackendStatus, Sandbox, SandboxBackend, SandboxSpec, rlimits
+from coding_agent_env.sandbox.local.launch import Launch
+from coding_agent_env.sandbox.local.probe import probe
+from coding_agent_env.sandbox.local.provision import DirWork, Provisioner, reap
+from coding_agent_env.sandbox.local.sandbox import LocalSandbox
+from coding_agent_env.sandbox.local.uids import UidPool
+from coding_agent_env.settings import Settings
+
+__all__ = ["LocalBackend"]
+
+log = logging.getLogger(__name__)
+
+
+class LocalBackend(SandboxBackend):
+    """Makes `LocalSandbox`es. Probes the host once, on first use; `dirs` says where directory work runs."""
+
+    name = "local"
+
+    def __init__(self, config: LocalConfig, settings: Settings, *, dirs: DirWork | None = None) -> None:
+        self._config = config
+        self._settings = settings
+        self._launch: Launch | None = None
+        self._probe_lock = threading.Lock()
+        self._as_root = os.geteuid() == 0
+        self._reaped = False
+        self._uids = UidPool(config.uid_base, config.uid_count) if self._as_root else None
+        self._dirs = dirs or DirWork()
+
+    def _probe(self) -> Launch:
+        with self._probe_lock:
+            if self._launch is None:
+                self._launch = probe(self._config, self._settings, as_root=self._as_root)
+                log.info("local sandbox isolation: %s", self._launch.detail)
+            return self._launch
+
+    def _refusal(self, launch: Launch) -> str | None:
+        """Why no sandbox can be made here under this config (isolation required but unavailable), or None."""
+        if self._config.isolation == "bwrap" and launch.isolation != "bwrap":
+            return f"bubblewrap is required (LOCAL_ISOLATION=bwrap): {launch.detail}"
+        return None
+
+    def check(self) -> BackendStatus:
+        launch = self._probe()
+        refusal = self._refusal(launch)
+        if refusal is not None:
+            return BackendStatus(self.name, False, None, refusal)
+        limits = rlimits(self._settings, nproc=launch.nproc_counts(self._as_root))
+        return BackendStatus(self.name, True, launch.isolation, launch.detail, limits)
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        launch = self._launch or await asyncio.to_thread(self._probe)
+        refusal = self._refusal(launch)
+        if refusal is not None:
+            raise SandboxUnavailableError(refusal)
+        if not self._reaped:
+            self._reaped = True
+            reaped = await self.reap_orphans()
+            if reaped:
+                log.warning("removed %d sandbox directories left by a crashed server", reaped)
+        if spec.network == "host":
+            raise SandboxUnavailableError("network policy 'host' is not available on the local backend")
+        if spec.network == "llm" and spec.relay is None:
+            raise SandboxError("network policy 'llm' needs the relay's endpoint")
+        relay = spec.relay if spec.network == "llm" else None
+        # The relay port in the sandbox's namespace is reserved now, for the agent (see `relay`).
+        port = self._config.relay_port
+        reserve = port if relay is not None and relay.serve is not None else None
+        uid = self._uids.take() if self._uids is not None else None
+        provisioner = Provisioner(self._settings.state_dir, self._dirs, with_netns=launch.own_netns)
+        made = await provisioner.make(spec.rollout_id, uid, reserve, release=lambda: self._release(uid))
+        self._dirs.live += 1  # on the loop, as is every change of it
+        return LocalSandbox(
+            launch, made.root, uid,
+            limits=rlimits(self._settings, nproc=launch.nproc_counts(uid is not None)),
+            relay=relay, relay_port=port, agents_source=spec.agents_dir, release=self._release, dirs=self._dirs,
+            netns=made.netns, reserved=made.reserved,
+        )
+
+    def _release(self, uid: int | None) -> None:
+        if uid is not None and self._uids is not None:
+            self._uids.give(uid)
+
+    async def reap_orphans(self) -> int:
+        """Remove sandbox directories whose server process is gone."""
+        return await asyncio.to_thread(reap, self._settings.state_dir)

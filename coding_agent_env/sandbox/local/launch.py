@@ -1,0 +1,260 @@
+"""How a local sandbox's commands start: one strategy per isolation mode, chosen once by the backend's probe.
+
+- `Unisolated`: plain host processes in the sandbox's host directories (bubblewrap unusable here, or the
+  operator's `isolation=none`); limits by `prlimit`; as root, the server spawns them as the sandbox's uid.
+- `Bwrap`: a fresh `bwrap --unshare-all ...` per command, in a network namespace of its own; limits by
+  `prlimit` inside; as root (no root launcher usable), the server spawns bwrap as the sandbox's uid.
+- `BwrapNsenter` (root): `nsenter` switches to the sandbox's uid and joins the network namespace the server
+  made for the sandbox, where bwrap stays (`--share-net`); limits by `prlimit` inside.
+- `BwrapEnter` (root): the compiled helper (`enter`) does nsenter's work and sets the limits on bwrap itself,
+  in one exec.
+
+The root launchers let the server spawn without changing credentials (so Python can use vfork, not a full
+fork of the server on the event loop), and let one namespace per sandbox replace one per command.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from coding_agent_env.sandbox.base import RelayEndpoint, SandboxPaths
+from coding_agent_env.sandbox.local import enter
+from coding_agent_env.sandbox.local.hostfs import HostMounts
+from coding_agent_env.sandbox.local.netns import join_path
+from coding_agent_env.sandbox.local.proc import HostCredentials
+
+__all__ = [
+    "AGENTS_MOUNT",
+    "Box",
+    "Command",
+    "Bwrap",
+    "BwrapEnter",
+    "BwrapNsenter",
+    "Launch",
+    "SUBDIRS",
+    "Unisolated",
+    "host_dirs",
+    "namespace_args",
+]
+
+INNER_UID = 1000
+SUBDIRS = {"workdir": "work", "home": "home", "tmp": "tmp", "logs": "logs"}
+"""Each sandbox path's host directory under the sandbox root."""
+BWRAP_PATHS = SandboxPaths(workdir="/workspace", home="/home/sandbox", tmp="/tmp", logs="/logs")
+AGENTS_MOUNT = "/opt/agents"
+_RELAY_SOCKET = "/run/llm.sock"
+_RELAY_FORWARDER = "/run/llm-forwarder.py"
+_RELAY_LAUNCHER = f"""port="$1"; shift
+python3 -I -S {_RELAY_FORWARDER} --detach {_RELAY_SOCKET} "$port" || {{ echo "LLM forwarder did not start" >&2; exit 111; }}
+exec "$@"
+"""
+"""Starts the relay forwarder in the spawned command's own network namespace (`--detach` returns once it
+listens: no readiness polling), then becomes the command. Only constants and positional arguments: nothing is
+interpolated."""
+
+
+def host_dirs(root: Path) -> dict[str, Path]:
+    """A sandbox root's host directories, by `SandboxPaths` field."""
+    return {key: root / sub for key, sub in SUBDIRS.items()}
+
+
+@dataclass(frozen=True)
+class Box:
+    """What a strategy needs of one sandbox: its host root and directories (`mounts`: sandbox paths to host
+    paths), host uid (root only), limits, and the relay its agent reaches."""
+
+    root: Path
+    uid: int | None
+    limits: Mapping[str, int]
+    shell: str
+    mounts: HostMounts
+    relay: RelayEndpoint | None = None
+    relay_port: int = 0
+    agents_source: str | None = None
+
+    @property
+    def hosts(self) -> dict[str, Path]:
+        return host_dirs(self.root)
+
+
+@dataclass(frozen=True)
+class Command:
+    """A command ready to start: host argv, host cwd (None: bwrap's `--chdir` sets it), and the credentials
+    the server spawns it with."""
+
+    argv: list[str]
+    cwd: str | None
+    creds: HostCredentials
+
+
+def namespace_args(*, share_net: bool) -> list[str]:
+    """bwrap's namespaces; with `share_net` the command stays in the network namespace it was started in
+    (the sandbox's own, joined by a root launcher) instead of making one."""
+    args = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    args += ["--unshare-user", "--uid", str(INNER_UID), "--gid", str(INNER_UID)]
+    if share_net:
+        args.append("--share-net")
+    return args
+
+
+def _prlimit(limits: Mapping[str, int]) -> tuple[str, ...]:
+    return ("prlimit", *(f"--{name}={value}" for name, value in limits.items()), "--")
+
+
+class Launch(abc.ABC):
+    """The isolation mode of every sandbox of one backend. `detail` says what the probe found."""
+
+    isolation = "bwrap"
+    """What results report."""
+    own_netns = False
+    """The server makes one network namespace per sandbox, which its commands join (root launchers)."""
+    forwards_relay = True
+    """Under network `llm`, a spawned command needs a way into its own network namespace to the relay (the
+    server serving it there, or a forwarder it brings)."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+
+    def nproc_counts(self, own_uid: bool) -> bool:
+        """Whether RLIMIT_NPROC counts only the sandbox's processes (its own user namespace, or, with `own_uid`,
+        its own host uid): only then is the process limit set."""
+        return True
+
+    def paths(self, hosts: Mapping[str, Path]) -> SandboxPaths:
+        """The sandbox's paths as its commands see them, given its host directories (see `host_dirs`)."""
+        return BWRAP_PATHS
+
+    def agents_dir(self, source: str) -> str:
+        return AGENTS_MOUNT
+
+    def network(self, relay: RelayEndpoint | None) -> str:
+        return "none" if relay is None else "llm"
+
+    def relay_url(self, relay: RelayEndpoint, port: int) -> str:
+        return f"http://127.0.0.1:{port}/v1"
+
+    def fresh_home(self, box: Box) -> Path | None:
+        """A fresh host directory for a `fresh` command's HOME and TMPDIR, or None where the command gets
+        private tmpfs ones from bwrap."""
+        return None
+
+    @abc.abstractmethod
+    def command(
+        self, box: Box, argv: Sequence[str], cwd: str, *, fresh: bool, netns: int | None, forwarder: bool = False
+    ) -> Command:
+        """How to start argv in `box` (`cwd` a sandbox path) in network namespace `netns` (None: a new one);
+        with `forwarder`, the relay forwarder runs beside it in that new namespace."""
+
+    def kills_by_uid(self, box: Box) -> bool:
+        """Whether close() must end every process of the sandbox's uid (they may have left their group)."""
+        return False
+
+
+class Unisolated(Launch):
+    isolation = "none"
+    forwards_relay = False  # the host's network: the relay's own loopback URL is reachable as it is
+
+    def nproc_counts(self, own_uid: bool) -> bool:
+        return own_uid
+
+    def paths(self, hosts: Mapping[str, Path]) -> SandboxPaths:
+        return SandboxPaths(**{key: str(path) for key, path in hosts.items()})
+
+    def agents_dir(self, source: str) -> str:
+        return source
+
+    def network(self, relay: RelayEndpoint | None) -> str:
+        return "host"  # no network namespace: whatever the policy asked, the host's network is there
+
+    def relay_url(self, relay: RelayEndpoint, port: int) -> str:
+        return relay.tcp_url
+
+    def fresh_home(self, box: Box) -> Path | None:
+        path = box.root / f"fresh-{secrets.token_hex(6)}"
+        path.mkdir(mode=0o700)
+        if box.uid is not None:
+            os.chown(path, box.uid, box.uid)
+        return path
+
+    def command(
+        self, box: Box, argv: Sequence[str], cwd: str, *, fresh: bool, netns: int | None, forwarder: bool = False
+    ) -> Command:
+        return Command([*_prlimit(box.limits), *argv], str(box.mounts.host_path(cwd)), HostCredentials(box.uid, box.uid))
+
+    def kills_by_uid(self, box: Box) -> bool:
+        return box.uid is not None
+
+
+class Bwrap(Launch):
+    """bubblewrap started by the server itself (as the sandbox's uid when root)."""
+
+    def __init__(self, detail: str, bwrap: str, system_args: Sequence[str]) -> None:
+        super().__init__(detail)
+        self.bwrap = bwrap
+        self.system_args = tuple(system_args)
+
+    def command(
+        self, box: Box, argv: Sequence[str], cwd: str, *, fresh: bool, netns: int | None, forwarder: bool = False
+    ) -> Command:
+        paths, hosts = BWRAP_PATHS, box.hosts
+        binds: list[str] = ["--bind", str(hosts["workdir"]), paths.workdir]
+        if box.agents_source is not None:
+            binds += ["--ro-bind", box.agents_source, AGENTS_MOUNT]
+        if forwarder:
+            assert box.relay is not None and netns is None
+            binds += ["--bind", box.relay.socket_path, _RELAY_SOCKET]
+            binds += ["--ro-bind", box.relay.forwarder_path, _RELAY_FORWARDER]
+            argv = [box.shell, "-c", _RELAY_LAUNCHER, "relay-launcher", str(box.relay_port), *argv]
+        binds += ["--bind", str(hosts["logs"]), paths.logs]
+        if fresh:
+            binds += ["--tmpfs", paths.home, "--tmpfs", paths.tmp]
+        else:
+            binds += ["--bind", str(hosts["home"]), paths.home, "--bind", str(hosts["tmp"]), paths.tmp]
+        head = [*self._root_launcher(box, netns), self.bwrap, *namespace_args(share_net=netns is not None)]
+        head += [*self.system_args, *binds, "--chdir", cwd]
+        return Command([*head, "--", *self._prlimit(box), *argv], None, self._creds(box))
+
+    def _root_launcher(self, box: Box, netns: int | None) -> list[str]:
+        """What starts bwrap as the sandbox's uid (in `netns`); nothing: the server's spawn does."""
+        return []
+
+    def _prlimit(self, box: Box) -> tuple[str, ...]:
+        return _prlimit(box.limits)
+
+    def _creds(self, box: Box) -> HostCredentials:
+        return HostCredentials(box.uid, box.uid)
+
+
+class _RootLaunched(Bwrap):
+    """bubblewrap started by a root launcher, `program`, which switches to the sandbox's uid and joins its
+    network namespace: the server spawns with its own credentials."""
+
+    own_netns = True
+
+    def __init__(self, detail: str, bwrap: str, system_args: Sequence[str], program: str) -> None:
+        super().__init__(detail, bwrap, system_args)
+        self.program = program
+
+    def _creds(self, box: Box) -> HostCredentials:
+        return HostCredentials()
+
+
+class BwrapNsenter(_RootLaunched):
+    def _root_launcher(self, box: Box, netns: int | None) -> list[str]:
+        assert box.uid is not None
+        joined = [f"--net={join_path(netns)}"] if netns is not None else []
+        return [self.program, *joined, "-S", str(box.uid), "-G", str(box.uid), "--"]
+
+
+class BwrapEnter(_RootLaunched):
+    def _root_launcher(self, box: Box, netns: int | None) -> list[str]:
+        assert box.uid is not None
+        return enter.argv(self.program, join_path(netns) if netns is not None else None, box.uid, box.limits)
+
+    def _prlimit(self, box: Box) -> tuple[str, ...]:
+        return ()  # set on bwrap itself by the helper, inherited by everything inside

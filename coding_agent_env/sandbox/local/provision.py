@@ -1,0 +1,205 @@
+"""Making and removing a local sandbox's host root (and, with a root launcher, its network namespace).
+
+A sandbox root is `STATE_DIR/<server pid>-<rollout>-<random>/` with the `SUBDIRS`, owned by the sandbox's uid
+as root. Roots whose server process is gone are orphans, removed by `reap`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from coding_agent_env.errors import SandboxError
+from coding_agent_env.pids import pid_alive
+from coding_agent_env.sandbox.local import netns
+from coding_agent_env.sandbox.local.hostfs import remove_tree
+from coding_agent_env.sandbox.local.launch import SUBDIRS
+
+__all__ = ["DirWork", "Made", "Provisioner", "close_namespace", "reap"]
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+
+class DirWork:
+    """Where a sandbox's bounded directory work runs (making its root, removing it while it is empty: a few
+    system calls, about 1 ms on a healthy disk). Removing whatever a sandbox left is unbounded and always goes
+    to a worker thread.
+
+    On the event loop while at most `inline_max_live` sandboxes are alive: a worker thread's two hand-offs
+    cost about as much again, and that latency is what a lone rollout feels. With more alive, the loop's own
+    time is what matters, so it goes to worker threads; and one call slower than `slow_s` (a busy journal)
+    sends all of it to threads for `backoff_s`. `live` counts the sandboxes alive; only the event loop
+    changes it."""
+
+    def __init__(self, *, inline_max_live: int = 2, slow_s: float = 0.005, backoff_s: float = 30.0) -> None:
+        self.live = 0
+        self.inline_max_live = inline_max_live
+        self.slow_s = slow_s
+        self.backoff_s = backoff_s
+        self._slow_until = 0.0
+
+    def inline(self) -> bool:
+        return self.live <= self.inline_max_live and time.monotonic() >= self._slow_until
+
+    def timed(self, work: Callable[[], _T]) -> _T:
+        started = time.monotonic()
+        try:
+            return work()
+        finally:
+            if time.monotonic() - started > self.slow_s:
+                self._slow_until = time.monotonic() + self.backoff_s
+
+    async def run(self, work: Callable[[], _T]) -> _T:
+        return self.timed(work) if self.inline() else await asyncio.to_thread(work)
+
+
+@dataclass(frozen=True)
+class Made:
+    """A provisioned sandbox: its root, its network namespace (our descriptor) and the socket reserving the
+    relay port in it, when made."""
+
+    root: Path
+    netns: int | None = None
+    reserved: socket.socket | None = None
+
+
+class Provisioner:
+    """Makes sandbox roots under `state_dir`, with a network namespace each when `with_netns`."""
+
+    def __init__(self, state_dir: Path, dirs: DirWork, *, with_netns: bool) -> None:
+        self._state = state_dir
+        self._dirs = dirs
+        self._with_netns = with_netns
+
+    async def make(
+        self, rollout_id: str, uid: int | None, reserve_port: int | None, *, release: Callable[[], None]
+    ) -> Made:
+        """A new sandbox for `uid`, with the relay port reserved in its namespace. Shielded: it finishes even
+        when the caller is cancelled, and is then undone. On failure `release` is called (the uid is free
+        again): at once, or once a cancelled make's work has finished and been undone."""
+        if self._dirs.inline():
+            made = asyncio.ensure_future(self._on_loop(rollout_id, uid, reserve_port))
+        else:
+            made = asyncio.ensure_future(asyncio.to_thread(self._in_thread, rollout_id, uid, reserve_port))
+        try:
+            return await asyncio.shield(made)
+        except asyncio.CancelledError:
+            made.add_done_callback(functools.partial(_undo, release))  # the thread still finishes
+            raise
+        except BaseException:
+            release()
+            raise
+
+    def _in_thread(self, rollout_id: str, uid: int | None, reserve_port: int | None) -> Made:
+        """On a worker thread. The kernel makes the namespace while this thread makes the directories."""
+        if not self._with_netns:
+            return Made(self.make_root(rollout_id, uid))
+        finish = netns.begin_netns(reserve_port)
+        try:
+            root = self.make_root(rollout_id, uid)
+        except BaseException:
+            _finish_quietly(finish)
+            raise
+        return Made(root, *_claim_netns(finish))
+
+    async def _on_loop(self, rollout_id: str, uid: int | None, reserve_port: int | None) -> Made:
+        """`_in_thread` with the directories made on the event loop (`DirWork`); the loop awaits the
+        namespace's thread rather than blocking on it (making a namespace can wait on a kernel lock)."""
+        make_root = functools.partial(self.make_root, rollout_id, uid)
+        if not self._with_netns:
+            return Made(self._dirs.timed(make_root))
+        loop = asyncio.get_running_loop()
+        ready = loop.create_future()
+        finish = netns.begin_netns(reserve_port, on_done=functools.partial(_wake, loop, ready))
+        try:
+            root = self._dirs.timed(make_root)
+        except BaseException:
+            await ready
+            _finish_quietly(finish)
+            raise
+        await ready
+        return Made(root, *_claim_netns(finish))
+
+    def make_root(self, rollout_id: str, uid: int | None) -> Path:
+        self._state.mkdir(parents=True, exist_ok=True)
+        os.chmod(self._state, 0o711)  # sandbox uids must traverse to their own (0700) root
+        safe = "".join(c for c in rollout_id if c.isalnum())[:12] or "rollout"
+        # Resolved here, once, so the sandbox's file operations need not resolve it again.
+        root = Path(os.path.realpath(self._state)) / f"{os.getpid()}-{safe}-{secrets.token_hex(4)}"
+        try:
+            root.mkdir(mode=0o700)
+            for sub in SUBDIRS.values():
+                (root / sub).mkdir(mode=0o755)
+                if uid is not None:
+                    os.chown(root / sub, uid, uid)
+            if uid is not None:
+                os.chown(root, uid, uid)
+        except OSError as exc:
+            remove_tree(root)
+            raise SandboxError(f"cannot create sandbox directory: {exc.strerror}") from exc
+        return root
+
+
+def _undo(release: Callable[[], None], made: asyncio.Future[Made]) -> None:
+    """A make() cancelled while its work ran: remove what it made, once it is done, then release."""
+    if not made.cancelled() and made.exception() is None:
+        done = made.result()
+        if done.netns is not None:
+            close_namespace(done.netns, done.reserved)
+        remove_tree(done.root)
+    release()
+
+
+def _claim_netns(finish: Callable[[], tuple[int, socket.socket | None]]) -> tuple[int | None, socket.socket | None]:
+    try:
+        return finish()
+    except OSError as exc:
+        # Each command's bwrap then makes its own namespace: slower, just as isolated.
+        log.warning("no network namespace for a sandbox, each command makes its own: %s", exc)
+        return None, None
+
+
+def _finish_quietly(finish: Callable[[], tuple[int, socket.socket | None]]) -> None:
+    """Wait for a namespace being made and close it (and its reserved port)."""
+    try:
+        close_namespace(*finish())
+    except OSError:
+        pass
+
+
+def _wake(loop: asyncio.AbstractEventLoop, ready: asyncio.Future[None]) -> None:
+    """From another thread: resolve `ready` on its loop (a loop already closed has nobody waiting)."""
+    try:
+        loop.call_soon_threadsafe(lambda: None if ready.done() else ready.set_result(None))
+    except RuntimeError:
+        pass
+
+
+def close_namespace(fd: int, sock: socket.socket | None) -> None:
+    if sock is not None:
+        sock.close()
+    os.close(fd)
+
+
+def reap(state: Path) -> int:
+    """Remove sandbox roots under `state` whose server process is gone; how many."""
+    if not state.is_dir():
+        return 0
+    reaped = 0
+    for entry in state.iterdir():
+        pid_text = entry.name.split("-", 1)[0]
+        if not pid_text.isdigit() or pid_alive(int(pid_text)):
+            continue
+        remove_tree(entry)
+        reaped += 1
+    return reaped

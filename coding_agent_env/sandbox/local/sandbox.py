@@ -1,0 +1,217 @@
+"""`LocalSandbox`: one rollout's host directories, its commands started by the backend's `Launch` strategy.
+
+Files are read and written on the host, confined to the sandbox's directories (`hostfs`). Commands are host
+processes (`proc`): each in a new session, killed by process group, under bubblewrap the whole PID namespace
+with its leader. `close()` kills every command still running, stops serving the relay, removes the root and
+gives the uid back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+
+from coding_agent_env.errors import SandboxError
+from coding_agent_env.sandbox.base import ExecResult, FileEntry, Process, RelayEndpoint, Sandbox
+from coding_agent_env.sandbox.local import proc
+from coding_agent_env.sandbox.local.hostfs import HostMounts, remove_if_empty, remove_tree
+from coding_agent_env.sandbox.local.launch import SUBDIRS, Box, Launch, host_dirs
+from coding_agent_env.sandbox.local.provision import DirWork
+from coding_agent_env.sandbox.local.relay import RelayServing
+
+__all__ = ["LocalSandbox"]
+
+_REAP_S = 5.0
+"""How long close() waits for killed children to be reaped (SIGKILL is prompt; this bounds a stuck one)."""
+
+
+class LocalSandbox(Sandbox):
+    """Built by `LocalBackend.create`. `release(uid)` gives the uid back once the sandbox is gone."""
+
+    backend = "local"
+
+    def __init__(
+        self,
+        launch: Launch,
+        root: Path,
+        uid: int | None,
+        *,
+        limits: Mapping[str, int],
+        relay: RelayEndpoint | None,
+        relay_port: int,
+        agents_source: str | None,
+        release: Callable[[int | None], None],
+        dirs: DirWork,
+        netns: int | None = None,
+        reserved: socket.socket | None = None,
+    ) -> None:
+        super().__init__()
+        self._launch = launch
+        self._release = release
+        self._dirs = dirs
+        self._netns = netns
+        self._closing: asyncio.Future[None] | None = None
+        self._children: dict[int, proc.Child] = {}
+        """Running children by process group: what close() kills and reaps."""
+        self.id = root.name
+        self.isolation = launch.isolation
+        hosts = host_dirs(root)
+        self.paths = launch.paths(hosts)
+        mounts = HostMounts(
+            {getattr(self.paths, key): hosts[key] for key in SUBDIRS},
+            self.paths.workdir,
+            (uid, uid) if uid is not None else None,
+            canonical=True,  # `root` comes from the provisioner, resolved
+        )
+        self._box = Box(root, uid, limits, self.shell, mounts, relay, relay_port, agents_source)
+        self.limits = MappingProxyType(dict(limits))
+        self.network = launch.network(relay)
+        self.relay_url = launch.relay_url(relay, relay_port) if relay is not None else None
+        self.agents_dir = launch.agents_dir(agents_source) if agents_source is not None else None
+        self._forwards = relay is not None and launch.forwards_relay
+        self._serving = (
+            RelayServing(relay, relay_port, reserved)
+            if relay is not None and relay.serve is not None and launch.own_netns and uid is not None
+            else None
+        )
+        if self._serving is None and reserved is not None:
+            reserved.close()
+
+    @property
+    def host_uid(self) -> int | None:
+        """The host uid the sandbox's processes run as (as root, one of the pool), else None."""
+        return self._box.uid
+
+    def host_path(self, path: str) -> Path:
+        """Where sandbox path `path` is on the host (confined like every file operation)."""
+        return self._box.mounts.host_path(path)
+
+    def _env(self, env: Mapping[str, str] | None, fresh_dir: Path | None) -> dict[str, str]:
+        full = self.base_env()
+        if fresh_dir is not None:
+            full["HOME"] = full["TMPDIR"] = str(fresh_dir)
+        if env:
+            full.update(env)
+        return full
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        fresh: bool = False,
+        max_output_bytes: int,
+    ) -> ExecResult:
+        self._check_open()
+        fresh_dir = self._launch.fresh_home(self._box) if fresh else None
+        try:
+            command = self._launch.command(self._box, argv, cwd or self.paths.workdir, fresh=fresh, netns=self._netns)
+            return await proc.run_capped(
+                command.argv,
+                env=self._env(env, fresh_dir),
+                cwd=command.cwd,
+                creds=command.creds,
+                timeout=timeout,
+                max_output_bytes=max_output_bytes,
+                track=self._children,
+            )
+        except OSError as exc:
+            raise SandboxError(f"cannot start command: {exc.strerror}") from exc
+        finally:
+            if fresh_dir is not None:
+                remove_tree(fresh_dir)
+
+    async def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        log_path: str | None = None,
+    ) -> Process:
+        self._check_open()
+        served = await self._serving.serve_for_spawn() if self._serving is not None else None
+        self._check_open()  # closed meanwhile: close() has stopped it
+        # The forwarder's command gets a namespace of its own from bwrap, for the forwarder's port.
+        forwarder = self._forwards and served is None
+        netns = None if forwarder else served.netns if served is not None and served.netns is not None else self._netns
+        try:
+            command = self._launch.command(
+                self._box, argv, cwd or self.paths.workdir, fresh=False, netns=netns, forwarder=forwarder
+            )
+            out = self._open_log(log_path) if log_path else os.open(os.devnull, os.O_WRONLY)
+            try:
+                child = proc.start(
+                    command.argv, env=self._env(env, None), cwd=command.cwd, creds=command.creds, stdout=out, stderr=out
+                )
+            finally:
+                os.close(out)
+        except BaseException as exc:
+            if served is not None:
+                await asyncio.shield(served.stop())  # no agent: nothing may reach the relay
+            if isinstance(exc, OSError):
+                raise SandboxError(f"cannot start process: {exc.strerror}") from exc
+            raise
+        self._children[child.pid] = child
+        return proc.HostProcess(child, self._children, on_exit=served.stop if served is not None else None)
+
+    def _open_log(self, log_path: str) -> int:
+        mounts = self._box.mounts
+        mounts.write(log_path, b"", 0o644)
+        return os.open(mounts.host_path(log_path), os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+    async def read_bytes(self, path: str, *, max_bytes: int | None = None, tail: bool = False) -> bytes:
+        self._check_open()
+        return self._box.mounts.read(path, max_bytes, tail)
+
+    async def mkdir(self, path: str) -> None:
+        self._check_open()
+        self._box.mounts.mkdir(path)
+
+    async def write_bytes(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        self._check_open()
+        self._box.mounts.write(path, data, mode)
+
+    async def remove(self, path: str) -> None:
+        self._check_open()
+        self._box.mounts.remove(path)
+
+    async def list_files(self, path: str, *, max_entries: int) -> tuple[list[FileEntry], bool]:
+        self._check_open()
+        return await asyncio.to_thread(self._box.mounts.list, path, max_entries)
+
+    async def _close(self) -> None:
+        children = list(self._children.values())
+        for child in children:
+            child.kill_group()  # before any await: even a close cancelled at once has killed
+        if self._netns is not None:
+            os.close(self._netns)  # the namespace goes with its last process
+            self._netns = None
+        if self._serving is not None:
+            self._serving.release_reserved()
+        # Shielded (and referenced, so it runs to the end): a cancelled close still reaps, removes
+        # everything and returns the uid to the pool.
+        self._closing = asyncio.ensure_future(self._finish_close(children))
+        await asyncio.shield(self._closing)
+
+    async def _finish_close(self, children: list[proc.Child]) -> None:
+        await proc.kill_and_reap(children, _REAP_S)
+        if self._serving is not None:
+            await self._serving.close()
+        box = self._box
+        if self._launch.kills_by_uid(box):
+            # Unisolated processes may have left their group (setsid): end everything of this uid.
+            await proc.kill_all_of_uid(proc.HostCredentials(box.uid, box.uid))
+        try:
+            if not await self._dirs.run(functools.partial(remove_if_empty, box.root, SUBDIRS.values())):
+                await asyncio.to_thread(remove_tree, box.root)  # what the sandbox left: unbounded
+        finally:
+            self._dirs.live -= 1
+            self._release(box.uid)

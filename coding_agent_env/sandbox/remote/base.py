@@ -1,0 +1,120 @@
+"""A sandbox over a remote engine that offers only "run this argv" and "put/get this file" (hf, e2b).
+
+Its engine is a `RemoteTransport` (run, put a file, get a file); commands, kills and listings come from the
+launcher (`LauncherSandbox`), whose files `install()` copies in. Paths live under a per-sandbox root directory
+in the remote machine: `ROOT/{workspace,home,tmp,logs}` and the launcher's own `ROOT/.machinery`.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import base64
+
+from coding_agent_env.backend_config import LauncherTimeouts
+from coding_agent_env.errors import SandboxError, SandboxFileError, SandboxFileNotFoundError
+from coding_agent_env.sandbox.base import SandboxPaths
+from coding_agent_env.sandbox.launcher import client
+from coding_agent_env.sandbox.launcher.client import InnerLayout
+from coding_agent_env.sandbox.launcher.sandbox import LauncherSandbox
+from coding_agent_env.sandbox.launcher.transport import Transport
+
+__all__ = ["RemoteSandbox", "RemoteTransport", "remote_layout"]
+
+
+class RemoteTransport(Transport):
+    """A remote engine: runs argvs, and puts and gets whole files."""
+
+    @abc.abstractmethod
+    async def put_file(self, path: str, data: bytes) -> None:
+        """Write a file (its parent exists) on the engine."""
+
+
+def remote_layout(root: str) -> tuple[SandboxPaths, InnerLayout]:
+    """The sandbox paths and the launcher's machinery under `root`."""
+    paths = SandboxPaths(workdir=f"{root}/workspace", home=f"{root}/home", tmp=f"{root}/tmp", logs=f"{root}/logs")
+    return paths, InnerLayout(base=f"{root}/.machinery")
+
+
+class RemoteSandbox(LauncherSandbox):
+    """One remote sandbox under `root`. `tidy`: close() first kills every launcher and removes the root
+    (engines shared between sandboxes, or to keep close deterministic) before closing the transport."""
+
+    def __init__(self, transport: RemoteTransport, root: str, *, backend: str, sandbox_id: str, isolation: str,
+                 network: str, timeouts: LauncherTimeouts, rlimits: dict[str, int], tidy: bool) -> None:
+        paths, layout = remote_layout(root)
+        super().__init__(transport, layout, paths, timeouts=timeouts, rlimits=rlimits, command_uid=None)
+        self.backend, self.id, self.isolation, self.network = backend, sandbox_id, isolation, network
+        self._remote = transport
+        self.root = root
+        self._tidy = tidy
+
+    async def installed(self) -> RemoteSandbox:
+        """`install()`, closing the sandbox (shielded) when that fails or is cancelled; returns self."""
+        try:
+            await self.install()
+        except BaseException:
+            await asyncio.shield(self.close())
+            raise
+        return self
+
+    async def install(self) -> None:
+        """Create the root, the sandbox directories and the machinery, and copy the launcher in."""
+        dirs = [*client.roots(self.paths), self.layout.run_dir, self.layout.fresh_dir]
+        code, _, err = await self.run_machinery(["mkdir", "-p", "--", *dirs])
+        if code != 0:
+            raise SandboxError(f"cannot prepare the sandbox: {err.decode(errors='replace')[-300:]}")
+        files = client.launcher_files()
+        await asyncio.gather(*(self._remote.put_file(f"{self.layout.code_dir}/{name}", data)
+                               for name, data in files.items()))
+
+    async def read_bytes(self, path: str, *, max_bytes: int | None = None, tail: bool = False) -> bytes:
+        self._check_open()
+        _, full = client.confine(self.paths, path)
+        info = await self.stat(full)
+        real = info.get("real")
+        if real is None or info.get("kind") == "missing":
+            raise SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}")
+        if not client.inside(self.paths, real):
+            raise SandboxFileError(f"{path!r} resolves outside the sandbox")
+        if info.get("kind") != "file":
+            raise SandboxFileError(f"{path!r} is not a regular file")
+        if max_bytes is None:
+            return await self._remote.read_file(real)
+        # Only the slice asked for crosses the vendor's API (base64 on the launcher's stdout), never the whole
+        # file: an agent may leave a log of gigabytes.
+        end = "tail" if tail else "head"
+        code, out, err = await self.run_machinery(self.layout.launcher_argv("read", real, str(max_bytes), end))
+        if code != 0:
+            raise SandboxFileError(f"cannot read {path!r}: {err.decode(errors='replace')[-200:]}")
+        return base64.b64decode(out)
+
+    async def write_bytes(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        self._check_open()
+        root, full = client.confine(self.paths, path)
+        if full == root:
+            raise SandboxFileError(f"cannot write over the directory {path!r}")
+        await self._prepare(full, root)
+        await self._remote.put_file(full, data)
+        code, _, err = await self.run_machinery(["chmod", format(mode, "o"), "--", full])
+        if code != 0:
+            raise SandboxFileError(f"cannot chmod {path!r}: {err.decode(errors='replace')[-200:]}")
+
+    async def _prepare(self, full: str, root: str) -> None:
+        code, _, err = await self.run_machinery(self.layout.launcher_argv("prepare", full, root))
+        if code != 0:
+            raise SandboxFileError(f"cannot prepare {full!r}: {err.decode(errors='replace')[-200:]}")
+
+    async def mkdir(self, path: str) -> None:
+        self._check_open()
+        root, full = client.confine(self.paths, path)
+        if full != root:
+            await self._prepare(f"{full}/.", root)
+
+    async def _close(self) -> None:
+        try:
+            if self._tidy:
+                await self.run_machinery(self.layout.launcher_argv("killall", "--run-dir", self.layout.run_dir))
+                await self.run_machinery(["rm", "-rf", "--", self.root])
+        finally:
+            await self._remote.close()
