@@ -114,12 +114,7 @@ class DockerBackend(SandboxBackend):
         engine, launcher = self._limits()
         box = DockerSandbox(container_id, transport, api=self.client().api, spec=spec, rlimits=launcher,
                             container_limits=engine, timeouts=self._config.timeouts, relay_port=self._config.relay_port)
-        try:
-            await box.start()
-        except BaseException:
-            await asyncio.shield(box.close())
-            raise
-        return box
+        return await box.opened(box.start())
 
     async def _discard(self, creating: asyncio.Future[str]) -> None:
         try:
@@ -165,7 +160,7 @@ class DockerBackend(SandboxBackend):
 
     async def reap_orphans(self) -> int:
         """Remove labelled containers whose owning server (on this host) is gone, with their host dirs."""
-        return await call("reap containers", reap, self.client(), self._settings.state_dir)
+        return await call("reap containers", reap, self.client().api, self._settings.state_dir)
 
     async def aclose(self) -> None:
         client, self._client = self._client, None

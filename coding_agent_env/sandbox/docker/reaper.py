@@ -26,21 +26,23 @@ def owner() -> str:
     return f"{socket.gethostname()}/{os.getpid()}"
 
 
-def reap(client: Any, state_dir: Path) -> int:
+def reap(api: Any, state_dir: Path) -> int:
     """Remove labelled containers whose owning server (on this host) is gone, with their host dirs; how many.
-    Blocking (SDK calls): run it in a thread."""
+    Blocking (SDK calls through `api`, a `docker.APIClient`): run it in a thread. One listing, labels included:
+    a container another server removes meanwhile is no error."""
     host = socket.gethostname()
     reaped = 0
-    for container in client.containers.list(all=True, filters={"label": LABEL_ROLLOUT}):
-        owner_host, _, pid = container.labels.get(LABEL_OWNER, "").rpartition("/")
+    for found in api.containers(all=True, filters={"label": LABEL_ROLLOUT}):
+        labels = found.get("Labels") or {}
+        owner_host, _, pid = labels.get(LABEL_OWNER, "").rpartition("/")
         if owner_host != host or not pid.isdigit() or pid_alive(int(pid)):
             continue
         try:
-            container.remove(force=True, v=True)
+            api.remove_container(found["Id"], force=True, v=True)
             reaped += 1
         except docker.errors.NotFound:
             pass
-        hostdir = container.labels.get(LABEL_HOSTDIR)
+        hostdir = labels.get(LABEL_HOSTDIR)
         # Only a directory this backend makes (under our state dir, named for the dead server): a label is
         # just a string, and must not steer a recursive removal anywhere else.
         if (hostdir and os.path.dirname(hostdir) == str(state_dir)

@@ -17,6 +17,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Mapping, Sequence
 from types import MappingProxyType
+from typing import Self
 
 from coding_agent_env.backend_config import LauncherTimeouts
 from coding_agent_env.errors import SandboxError, SandboxFileError, SandboxFileNotFoundError
@@ -59,6 +60,16 @@ class LauncherSandbox(Sandbox):
     def transport(self) -> Transport:
         """How this sandbox reaches its engine."""
         return self._transport
+
+    async def opened(self, preparing: Awaitable[None]) -> Self:
+        """This sandbox once `preparing` (its engine's start, its install) is done; when that fails or is
+        cancelled, the sandbox is closed first (shielded) and the error raised."""
+        try:
+            await preparing
+        except BaseException:
+            await asyncio.shield(self.close())
+            raise
+        return self
 
     # -- running ---------------------------------------------------------------------------------------
 

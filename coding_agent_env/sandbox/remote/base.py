@@ -49,15 +49,6 @@ class RemoteSandbox(LauncherSandbox):
         self.root = root
         self._tidy = tidy
 
-    async def installed(self) -> RemoteSandbox:
-        """`install()`, closing the sandbox (shielded) when that fails or is cancelled; returns self."""
-        try:
-            await self.install()
-        except BaseException:
-            await asyncio.shield(self.close())
-            raise
-        return self
-
     async def install(self) -> None:
         """Create the root, the sandbox directories and the machinery, and copy the launcher in."""
         dirs = [*client.roots(self.paths), self.layout.run_dir, self.layout.fresh_dir]

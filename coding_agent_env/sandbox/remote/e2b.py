@@ -81,7 +81,7 @@ class E2bBackend(SandboxBackend):
         box = RemoteSandbox(E2bEngine(vm), f"{c.root}/{vm.sandbox_id}", backend=self.name, sandbox_id=str(vm.sandbox_id),
                             isolation="e2b", network="host" if spec.network == "host" else "none",
                             timeouts=c.timeouts, rlimits=rlimits(s, nproc=False), tidy=True)
-        return await box.installed()
+        return await box.opened(box.install())
 
 
 class E2bEngine(RemoteTransport):

@@ -98,7 +98,7 @@ class HfBackend(SandboxBackend):
         box = RemoteSandbox(engine, root, backend=self.name, sandbox_id=sandbox_id,
                             isolation="hf-job" if job else "none", network="host", timeouts=c.timeouts,
                             rlimits=rlimits(s, nproc=False), tidy=not job)
-        return await box.installed()
+        return await box.opened(box.install())
 
 
 class HfEngine(RemoteTransport):
