@@ -19,10 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from coding_agent_env.errors import SandboxError, SandboxUnavailableError
 from coding_agent_env.sandbox import Sandbox, SandboxSpec
 from coding_agent_env.sandbox.base import RelayEndpoint
 from coding_agent_env.sandbox.local import LocalBackend, LocalSandbox, enter
 from coding_agent_env.sandbox.local.provision import DirWork
+from coding_agent_env.sandbox.local.uids import UidPool
 from coding_agent_env.settings import LocalConfig, Settings
 from tests.helpers import leftovers, poll, relay_port_refused
 
@@ -272,3 +274,25 @@ async def test_directory_work_leaves_the_loop_when_busy_or_slow() -> None:
 
     dirs.timed(slow)
     assert not dirs.inline() and await dirs.run(threading.get_ident) != here
+
+
+async def test_required_bubblewrap_refuses_rather_than_running_unisolated(settings: Settings) -> None:
+    """`isolation="bwrap"`: where bubblewrap cannot run, the backend is unavailable and makes nothing."""
+    backend = _local(settings, isolation="bwrap", bwrap_path="/bin/false")
+    status = backend.check()
+    assert not status.available and "LOCAL_ISOLATION=bwrap" in status.detail, status
+    with pytest.raises(SandboxUnavailableError, match="bubblewrap is required"):
+        await backend.create(SandboxSpec(rollout_id="refused"))
+    assert not any(settings.state_dir.iterdir())
+
+
+def test_overlapping_uid_pools_never_share_a_uid() -> None:
+    """Two local backends of one process (two `Backends`) may have overlapping pools: a uid is handed out once."""
+    first, second = UidPool(700_000, 2), UidPool(700_001, 2)
+    assert [first.take(), second.take(), second.take()] == [700_000, 700_001, 700_002]
+    with pytest.raises(SandboxError, match="no free sandbox uid"):
+        first.take()  # 700_001 is the other pool's
+    second.give(700_001)
+    assert first.take() == 700_001
+    for uid in (700_000, 700_001, 700_002):
+        first.give(uid)
