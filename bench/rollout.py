@@ -1,6 +1,8 @@
 """Oracle rollouts (1 setup, 1 solution, 2 verify commands) at concurrency 1, 8 and 32: rollouts/s, and wall
 time against running the same four commands as raw bwrap spawns (same binds, same credentials) in the same run.
 Targets: at concurrency 1 within 1.3x of the raw commands; at 32, at least 40 rollouts/s on 2 cores.
+Then the clean room's cost: the same task with `b.txt` declared as an artifact (verify in a fresh sandbox)
+against verify in the agent's workspace, alternating, at concurrency 1 (target: under 15 ms extra at p50).
 
 Ours and the reference alternate in rounds (one rollout each at concurrency 1, a batch each above), so load
 from other work on the machine hits both alike. `cpu` is this process's and its children's CPU time per
@@ -24,15 +26,20 @@ from collections.abc import Awaitable, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import bench_settings, raw_bwrap_argv, which_bwrap  # noqa: E402
+from bench._common import bench_settings, raw_bwrap_argv, uid_pool_end, which_bwrap  # noqa: E402
 from coding_agent_env.models import RolloutRequest, RolloutStatus  # noqa: E402
 from coding_agent_env.rollout import run_rollout  # noqa: E402
+from coding_agent_env.sandbox import Backends  # noqa: E402
 from coding_agent_env.settings import Settings  # noqa: E402
 
 COMMANDS = ["echo 1 > a.txt", "echo 2 > b.txt", "grep -qx 1 a.txt", "grep -qx 2 b.txt"]
 REQUEST = RolloutRequest(
     instruction="write b.txt", agent="oracle", setup=[COMMANDS[0]], solution=[COMMANDS[1]], verify=COMMANDS[2:]
 )
+CLEAN_ROOM_REQUEST = REQUEST.model_copy(
+    update={"files": {"a.txt": "1\n"}, "setup": [], "verify": COMMANDS[2:], "artifacts": ["b.txt"]}
+)
+WORKSPACE_REQUEST = CLEAN_ROOM_REQUEST.model_copy(update={"artifacts": []})
 
 
 async def raw_commands(uid: int | None) -> None:
@@ -88,12 +95,12 @@ async def level(concurrency: int, size: int, rounds: int, ours: Job, raw: Job) -
 
 
 async def main(total: int) -> None:
-    with bench_settings() as settings:
-        settings = Settings(**{**settings.model_dump(), "sandbox_uid_count": 256})
-        uid = settings.sandbox_uid_base + 255 if os.geteuid() == 0 else None
+    with bench_settings(uid_count=256) as settings:
+        uid = uid_pool_end(settings) if os.geteuid() == 0 else None
+        backends = Backends(settings)  # one per server, as the app has (built once, its isolation probed once)
 
         async def ours() -> None:
-            result = await run_rollout(REQUEST, settings=settings)
+            result = await run_rollout(REQUEST, settings=settings, backends=backends)
             assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, result
 
         async def raw() -> None:
@@ -106,7 +113,29 @@ async def main(total: int) -> None:
         for concurrency in (8, 32):
             # Batches of several waves each, so the last wave's ramp-down weighs little.
             await level(concurrency, max(total, 4 * concurrency), 3, ours, raw)
+        await clean_room_cost(settings, backends, max(total // 2, 20))
+        await backends.aclose()
         print(f"load average {os.getloadavg()[0]:.2f}")
+
+
+async def clean_room_cost(settings: Settings, backends: Backends, rounds: int) -> None:
+    """Verify in a clean room against verify in the workspace: the verify stage's time and the whole rollout's."""
+    verify: dict[str, list[float]] = {"workspace": [], "clean_room": []}
+    whole: dict[str, list[float]] = {"workspace": [], "clean_room": []}
+    for _ in range(rounds):
+        for name, request in (("workspace", WORKSPACE_REQUEST), ("clean_room", CLEAN_ROOM_REQUEST)):
+            started = time.perf_counter()
+            result = await run_rollout(request, settings=settings, backends=backends)
+            whole[name].append(time.perf_counter() - started)
+            assert result.reward == 1.0 and result.verify_context == name, result
+            verify[name].append(result.timings.verify_s)
+    med = {name: (statistics.median(verify[name]) * 1000, statistics.median(whole[name]) * 1000) for name in verify}
+    print(
+        f"clean room: verify p50 {med['clean_room'][0]:6.1f} ms against {med['workspace'][0]:6.1f} ms in the workspace "
+        f"(+{med['clean_room'][0] - med['workspace'][0]:.1f} ms); rollout p50 {med['clean_room'][1]:6.1f} ms against "
+        f"{med['workspace'][1]:6.1f} ms (+{med['clean_room'][1] - med['workspace'][1]:.1f} ms)",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ __all__ = [
     "AGENT_NAMES",
     "AgentEvents",
     "AgentToolUse",
+    "ArtifactReport",
     "CommandResult",
     "ErrorInfo",
     "Mode",
@@ -29,6 +30,7 @@ __all__ = [
     "RolloutResult",
     "RolloutStatus",
     "Timings",
+    "VerifyContext",
     "ToolCall",
     "Turn",
     "TurnMessage",
@@ -61,20 +63,20 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def _check_relative_path(path: str) -> str:
+def _check_relative_path(path: str, what: str = "file path") -> str:
     """Normalise a workdir-relative path; refuse absolute paths, `..`, NUL and empty names."""
     if not path or "\x00" in path:
-        raise ValueError("file path must be a non-empty string without NUL bytes")
+        raise ValueError(f"{what} must be a non-empty string without NUL bytes")
     if len(path.encode()) > WireLimits.MAX_PATH_BYTES:
-        raise ValueError(f"file path longer than {WireLimits.MAX_PATH_BYTES} bytes")
+        raise ValueError(f"{what} longer than {WireLimits.MAX_PATH_BYTES} bytes")
     if path.startswith("/") or path.startswith("\\"):
-        raise ValueError(f"file path {path!r} is absolute; paths are relative to the workdir")
+        raise ValueError(f"{what} {path!r} is absolute; paths are relative to the workdir")
     parts = path.replace("\\", "/").split("/")
     if ".." in parts:
-        raise ValueError(f"file path {path!r} contains '..'")
+        raise ValueError(f"{what} {path!r} contains '..'")
     normal = posixpath.normpath("/".join(parts))
     if normal in (".", ""):
-        raise ValueError(f"file path {path!r} names the workdir itself")
+        raise ValueError(f"{what} {path!r} names the workdir itself")
     return normal
 
 
@@ -101,6 +103,18 @@ class RolloutRequest(_Wire):
     files: dict[str, str] = Field(
         default_factory=dict,
         description="Text files written into the workdir before setup: relative path -> content.",
+    )
+    verify_files: dict[str, str] = Field(
+        default_factory=dict,
+        description="Hidden test files: relative path -> content, written only for verify (never visible during "
+        "setup or the agent's phase), replacing whatever the agent left at those paths.",
+    )
+    artifacts: list[str] = Field(
+        default_factory=list,
+        max_length=WireLimits.MAX_ARTIFACT_PATTERNS,
+        description="What the agent is expected to produce or change: workdir-relative paths or glob patterns "
+        "(`*`, `?`, `[...]`; `*` also matches `/`). When given, verify runs in a clean room: a fresh sandbox "
+        "with `files`, these artifacts (regular files only) and `verify_files`, and nothing else the agent wrote.",
     )
     solution: list[str] = Field(
         default_factory=list,
@@ -164,7 +178,7 @@ class RolloutRequest(_Wire):
         default=None, max_length=WireLimits.MAX_NAME_CHARS, description="Caller's id for the task, echoed in the result."
     )
 
-    @field_validator("files")
+    @field_validator("files", "verify_files")
     @classmethod
     def _files_confined(cls, files: dict[str, str]) -> dict[str, str]:
         if len(files) > WireLimits.MAX_FILES:
@@ -180,6 +194,11 @@ class RolloutRequest(_Wire):
         if total > WireLimits.MAX_FILES_BYTES:
             raise ValueError(f"files total more than {WireLimits.MAX_FILES_BYTES} bytes")
         return out
+
+    @field_validator("artifacts")
+    @classmethod
+    def _artifacts_confined(cls, patterns: list[str]) -> list[str]:
+        return [_check_relative_path(pattern, "artifact") for pattern in patterns]
 
     @field_validator("setup", "verify", "solution")
     @classmethod
@@ -199,6 +218,14 @@ class RolloutRequest(_Wire):
         if not instruction.strip():
             raise ValueError("instruction must not be blank")
         return instruction
+
+    @model_validator(mode="after")
+    def _files_total_bounded(self) -> RolloutRequest:
+        total = sum(len(text.encode("utf-8", "surrogatepass")) for text in self.files.values())
+        total += sum(len(text.encode("utf-8", "surrogatepass")) for text in self.verify_files.values())
+        if total > WireLimits.MAX_FILES_BYTES:
+            raise ValueError(f"files and verify_files total more than {WireLimits.MAX_FILES_BYTES} bytes")
+        return self
 
     @model_validator(mode="after")
     def _endpoint_consistent(self) -> RolloutRequest:
@@ -295,6 +322,20 @@ class Timings(_Wire):
     total_s: float = 0.0
 
 
+VerifyContext = Literal["workspace", "clean_room"]
+
+
+class ArtifactReport(_Wire):
+    """What a clean-room verify took from the agent's workspace."""
+
+    copied: list[str] = Field(default_factory=list, description="Regular files copied into the clean room.")
+    missing: list[str] = Field(default_factory=list, description="Declared artifacts that matched nothing.")
+    refused: dict[str, str] = Field(
+        default_factory=dict,
+        description="Matching entries not copied, by path, with why (a symlink, a directory, a FIFO, over the cap).",
+    )
+
+
 class ErrorInfo(_Wire):
     """What went wrong, typed: `type` is an error class name, `stage` the pipeline stage."""
 
@@ -324,6 +365,14 @@ class RolloutResult(_Wire):
     reward: float | None = Field(default=None, description="In [0,1]; null when the episode is invalid.")
     reward_note: str | None = Field(
         default=None, description="Why the reward is what it is when not obvious (e.g. a reward file was ignored)."
+    )
+    verify_context: VerifyContext | None = Field(
+        default=None,
+        description="Where verify ran: in the agent's own workspace, or in a clean room (a fresh sandbox with the "
+        "task's files, the declared artifacts and the verify files only); null when verify did not run.",
+    )
+    artifacts: ArtifactReport | None = Field(
+        default=None, description="What the clean room took from the agent's workspace (clean_room only)."
     )
     agent_exit_code: int | None = None
     setup_results: list[CommandResult] = Field(default_factory=list)

@@ -54,6 +54,8 @@ class WireLimits:
     argument at 128 KiB with its NUL (a longer one could only fail at exec, as an infrastructure error)."""
     MAX_FILES: ClassVar[int] = 1000
     MAX_FILES_BYTES: ClassVar[int] = 16 * _MIB
+    """Total of `files` and `verify_files`."""
+    MAX_ARTIFACT_PATTERNS: ClassVar[int] = 256
     MAX_PATH_BYTES: ClassVar[int] = 1024
     MAX_NAME_CHARS: ClassVar[int] = 512
     MAX_URL_CHARS: ClassVar[int] = 2048
@@ -168,6 +170,13 @@ class Settings(BaseModel):
     collect_max_total_bytes: int = 2 * _MIB
     collect_max_omitted: int = 1000
     """Caps on files read back from the workdir; files beyond them are listed in `files_omitted`."""
+
+    artifact_max_files: int = Field(default=1000, ge=1)
+    artifact_max_file_bytes: int = Field(default=16 * _MIB, ge=1)
+    artifact_max_total_bytes: int = Field(default=64 * _MIB, ge=1)
+    artifact_max_listing: int = Field(default=100_000, ge=1)
+    """Caps on the declared artifacts a clean room takes from the agent's workspace (regular files; what is over
+    a cap is refused and reported), and on the workspace entries listed to match their patterns."""
 
     max_concurrent_envs: int = 8
     """Sessions (WebSocket, JSON-RPC, MCP, UI) alive at once."""

@@ -20,6 +20,7 @@ from coding_agent_env.api import ui_render as render
 from coding_agent_env.api.ui_form import (
     CUSTOM_ENDPOINT,
     DEFAULT_ENDPOINT,
+    EDITORS,
     Form,
     FormError,
     agent_choices,
@@ -121,8 +122,10 @@ def build_blocks(runs: UiRuns, settings: Settings, backends: Backends) -> gr.Blo
             run_btn = gr.Button("Run", variant="primary", elem_id="run")
             cancel_btn = gr.Button("Cancel", variant="stop", elem_id="cancel")
         out = _result_view()
-        editors = [form[k] for k in ("instruction", "files", "setup", "verify", "solution")]
-        form["preset"].change(lambda name: preset_texts(PRESETS[name]), inputs=form["preset"], outputs=editors)
+        editors = [form[name] for name in EDITORS]
+        form["preset"].change(
+            lambda name: list(preset_texts(PRESETS[name]).values()), inputs=form["preset"], outputs=editors
+        )
         inputs = {form[name] for name in _FORM_FIELDS}
 
         async def run(values: dict[gr.components.Component, Any], request: gr.Request) -> AsyncIterator[dict[Any, Any]]:
@@ -142,15 +145,28 @@ def build_blocks(runs: UiRuns, settings: Settings, backends: Backends) -> gr.Blo
 
 def _task_editors() -> dict[str, Any]:
     first = next(iter(PRESETS))
-    instruction, files, setup, verify, solution = preset_texts(PRESETS[first])
-    return {
+    text = preset_texts(PRESETS[first])
+    editors = {
         "preset": gr.Dropdown(list(PRESETS), value=first, label="Preset", elem_id="preset"),
-        "instruction": gr.Textbox(instruction, label="Instruction", lines=4, elem_id="instruction"),
-        "files": gr.Code(files, language="yaml", label="Files (YAML: path: text)", elem_id="files"),
-        "setup": gr.Code(setup, language="yaml", label="Setup commands (YAML list)", elem_id="setup"),
-        "verify": gr.Code(verify, language="yaml", label="Verify commands (YAML list)", elem_id="verify"),
-        "solution": gr.Code(solution, language="yaml", label="Solution (oracle agent; YAML list)", elem_id="solution"),
+        "instruction": gr.Textbox(text["instruction"], label="Instruction", lines=4, elem_id="instruction"),
+        "files": gr.Code(text["files"], language="yaml", label="Files (YAML: path: text)", elem_id="files"),
+        "setup": gr.Code(text["setup"], language="yaml", label="Setup commands (YAML list)", elem_id="setup"),
+        "verify": gr.Code(text["verify"], language="yaml", label="Verify commands (YAML list)", elem_id="verify"),
     }
+    with gr.Accordion("Clean room: hidden verify files and artifacts", open=False):
+        editors["verify_files"] = gr.Code(
+            text["verify_files"], language="yaml", label="Verify files (YAML: path: text; written only for verify)",
+            elem_id="verify-files",
+        )
+        editors["artifacts"] = gr.Code(
+            text["artifacts"], language="yaml",
+            label="Artifacts (YAML list of paths or globs; when given, verify runs in a clean room)",
+            elem_id="artifacts",
+        )
+    editors["solution"] = gr.Code(
+        text["solution"], language="yaml", label="Solution (oracle agent; YAML list)", elem_id="solution"
+    )
+    return editors
 
 
 def _run_options(settings: Settings, backends: Backends) -> dict[str, Any]:

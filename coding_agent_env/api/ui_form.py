@@ -3,8 +3,9 @@
 Contracts:
 - `build_request(form)` returns a valid `RolloutRequest` or raises `FormError` whose message names the field
   and the rule broken, never the value entered (so a pasted key cannot be echoed back through an error).
-- Command lists and files are edited as YAML (a list of strings; a mapping of path -> text), so multi-line
-  commands such as heredocs survive the round trip.
+- Command lists, artifact patterns and files are edited as YAML (a list of strings; a mapping of path ->
+  text), so multi-line commands such as heredocs survive the round trip. `EDITORS` names the task editors, in
+  the order `preset_texts` fills them.
 - `agent_choices()` lists every agent name the wire accepts, marking the ones this server can run.
 """
 
@@ -26,6 +27,7 @@ from coding_agent_env.settings import Settings
 __all__ = [
     "CUSTOM_ENDPOINT",
     "DEFAULT_ENDPOINT",
+    "EDITORS",
     "Form",
     "FormError",
     "agent_choices",
@@ -37,6 +39,7 @@ __all__ = [
 ]
 
 DEFAULT_ENDPOINT = "server default"
+EDITORS = ("instruction", "files", "setup", "verify", "verify_files", "artifacts", "solution")
 CUSTOM_ENDPOINT = "custom (base_url + api_key)"
 
 
@@ -66,6 +69,8 @@ class Form:
     disable_thinking: bool = False
     top_logprobs: float | None = None
     task_id: str | None = None
+    verify_files: str | None = None
+    artifacts: str | None = None
 
 
 def _text(value: str | None) -> str:
@@ -91,15 +96,11 @@ def dump_yaml(value: list[str] | dict[str, str]) -> str:
     return yaml.dump(value, Dumper=_LiteralDumper, sort_keys=False, allow_unicode=True, width=1000)
 
 
-def preset_texts(preset: Preset) -> tuple[str, str, str, str, str]:
-    """(instruction, files, setup, verify, solution) editor texts for a preset."""
-    return (
-        preset.instruction,
-        dump_yaml(preset.files),
-        dump_yaml(preset.setup),
-        dump_yaml(preset.verify),
-        dump_yaml(preset.solution),
-    )
+def preset_texts(preset: Preset) -> dict[str, str]:
+    """Editor name -> its text for a preset, in the order of `EDITORS`."""
+    return {
+        name: preset.instruction if name == "instruction" else dump_yaml(getattr(preset, name)) for name in EDITORS
+    }
 
 
 def _load_yaml(text: str | None, field: str) -> Any:
@@ -113,23 +114,23 @@ def _load_yaml(text: str | None, field: str) -> Any:
         raise FormError(f"{field}: not valid YAML{where}") from None
 
 
-def _commands(text: str | None, field: str) -> list[str]:
+def _strings(text: str | None, field: str, what: str = "command strings") -> list[str]:
     value = _load_yaml(text, field)
     if value is None:
         return []
     if isinstance(value, str):
         return [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise FormError(f"{field}: expected a YAML list of command strings")
+        raise FormError(f"{field}: expected a YAML list of {what}")
     return value
 
 
-def _files(text: str | None) -> dict[str, str]:
-    value = _load_yaml(text, "files")
+def _files(text: str | None, field: str = "files") -> dict[str, str]:
+    value = _load_yaml(text, field)
     if value is None:
         return {}
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise FormError("files: expected a YAML mapping of relative path -> file text")
+        raise FormError(f"{field}: expected a YAML mapping of relative path -> file text")
     return value
 
 
@@ -163,9 +164,11 @@ def build_request(form: Form) -> RolloutRequest:
     fields: dict[str, Any] = {
         "instruction": form.instruction or "",
         "files": _files(form.files),
-        "setup": _commands(form.setup, "setup"),
-        "verify": _commands(form.verify, "verify"),
-        "solution": _commands(form.solution, "solution"),
+        "setup": _strings(form.setup, "setup"),
+        "verify": _strings(form.verify, "verify"),
+        "verify_files": _files(form.verify_files, "verify_files"),
+        "artifacts": _strings(form.artifacts, "artifacts", "workdir-relative paths or globs"),
+        "solution": _strings(form.solution, "solution"),
         "agent": form.agent,
         "sandbox": form.sandbox or None,
         **_tunables(form),

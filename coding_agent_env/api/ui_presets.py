@@ -2,6 +2,8 @@
 
 Each preset carries its reference `solution`, so the `oracle` agent scores it without an LLM:
 `binary_search` and `fizzbuzz` pass (reward 1.0); `failing` has a wrong solution and fails (reward 0.0).
+Each declares its `artifacts`, so verify runs in a clean room; `binary_search` keeps its tests in
+`verify_files` too, so an edited or deleted test file changes nothing.
 Presets are plain data; the tab shows them in its editors and builds the request from what the editors hold.
 """
 
@@ -20,6 +22,8 @@ class Preset:
     files: dict[str, str] = field(default_factory=dict)
     setup: list[str] = field(default_factory=list)
     verify: list[str] = field(default_factory=list)
+    verify_files: dict[str, str] = field(default_factory=dict)
+    artifacts: list[str] = field(default_factory=list)
     solution: list[str] = field(default_factory=list)
 
 
@@ -80,18 +84,22 @@ PRESETS: dict[str, Preset] = {
         },
         setup=['python3 -c "import search"'],
         verify=["python3 -m unittest -q test_search"],
+        verify_files={"test_search.py": _SEARCH_TEST},
+        artifacts=["search.py"],
         solution=[_SEARCH_SOLUTION],
     ),
     "fizzbuzz": Preset(
         instruction="Write `fizzbuzz.py` that prints the numbers 1 to 100, one per line, but `Fizz` for "
         "multiples of 3, `Buzz` for multiples of 5 and `FizzBuzz` for multiples of both.",
         verify=["test -f fizzbuzz.py", _FIZZBUZZ_CHECK],
+        artifacts=["fizzbuzz.py"],
         solution=[_FIZZBUZZ_SOLUTION],
     ),
     "failing": Preset(
         instruction="Create `answer.txt` containing the number 42. (The reference solution here is wrong on "
         "purpose, so the oracle agent shows what a failed rollout looks like.)",
         verify=["test -f answer.txt", "grep -qx 42 answer.txt"],
+        artifacts=["answer.txt"],
         solution=["true  # does nothing: both verify commands fail"],
     ),
 }

@@ -37,6 +37,9 @@ class Verdict:
     FAIL = "FAIL"
 
 
+_VERIFY_CONTEXT = {"workspace": "<b>the agent's workspace</b>", "clean_room": "<b>a clean room</b>"}
+
+
 def verdict(result: RolloutResult) -> str:
     """PASS at reward 1.0, PARTIAL strictly between 0 and 1, FAIL otherwise (including a null reward)."""
     if result.reward is None or result.status not in _SCORED:
@@ -47,7 +50,8 @@ def verdict(result: RolloutResult) -> str:
 
 
 def badge_html(result: RolloutResult) -> str:
-    """The verdict badge with reward, status, isolation and time; the error line when there is one."""
+    """The verdict badge with reward, status, isolation, where verify ran and time; what a clean room did not
+    take from the workspace; the error line when there is one."""
     word = verdict(result)
     reward = "null" if result.reward is None else f"{result.reward:.3g}"
     facts = [
@@ -57,6 +61,7 @@ def badge_html(result: RolloutResult) -> str:
         f"sandbox {html.escape(result.sandbox)}",
         f"isolation <b>{html.escape(result.isolation or 'unknown')}</b>",
         f"network {html.escape(result.network or 'unknown')}",
+        f"verify in {_VERIFY_CONTEXT.get(result.verify_context or '', 'no context (did not run)')}",
         f"{result.timings.total_s:.2f}s",
     ]
     parts = [
@@ -66,6 +71,11 @@ def badge_html(result: RolloutResult) -> str:
     ]
     if result.reward_note:
         parts.append(f"<div>note: {html.escape(result.reward_note)}</div>")
+    report = result.artifacts
+    if report is not None and (report.missing or report.refused):
+        left = [f"{path} (missing)" for path in report.missing]
+        left += [f"{path} ({why})" for path, why in report.refused.items()]
+        parts.append(f"<div>artifacts not taken: {html.escape('; '.join(left))}</div>")
     if result.error is not None:
         err = result.error
         what = f"{html.escape(err.stage)}: {html.escape(err.type)}: {html.escape(err.message)}"

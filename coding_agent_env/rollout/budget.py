@@ -27,11 +27,13 @@ class Budget:
     @classmethod
     def for_request(cls, request: RolloutRequest, settings: Settings) -> Budget:
         per_command = request.command_timeout_s
+        # A clean room is a second sandbox, set up again before verify runs in it.
+        clean_room_s = settings.provision_timeout_s + len(request.setup) * per_command if request.artifacts else 0.0
         return cls(
             provision_s=settings.provision_timeout_s,
             setup_s=len(request.setup) * per_command + STAGE_SLACK_S,
             agent_s=request.agent_timeout_s + STAGE_SLACK_S,
-            verify_s=len(request.verify) * per_command + STAGE_SLACK_S,
+            verify_s=len(request.verify) * per_command + STAGE_SLACK_S + clean_room_s,
             collect_s=settings.collect_timeout_s,
             teardown_s=settings.teardown_timeout_s,
         )

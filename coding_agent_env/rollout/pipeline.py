@@ -2,6 +2,10 @@
 
     provision -> files -> setup -> agent -> verify -> score -> collect -> teardown
 
+Verify runs where the request says (see `cleanroom`): with declared `artifacts`, in a clean room (a fresh
+sandbox with the task's files, set up again, the artifacts and the hidden `verify_files`), else in the agent's
+workspace with the `verify_files` written over it. Either way only once the agent's tree is dead.
+
 Each stage runs under its own deadline inside the rollout's deadline (their sum, see `budget`). What goes wrong
 during a rollout is reported in the result (`status` + `error`), never raised; only a request this server will
 not run at all raises `RequestError` before anything starts. Teardown always runs, shielded from cancellation,
@@ -27,16 +31,19 @@ from coding_agent_env.errors import AgentError, CodingAgentEnvError, RelayError,
 from coding_agent_env.llm import Relay, RolloutLlm, SharedRelay, Upstream, access, resolve_upstream
 from coding_agent_env.models import (
     AgentEvents,
+    ArtifactReport,
     CommandResult,
     ErrorInfo,
     RolloutRequest,
     RolloutResult,
     RolloutStatus,
     Timings,
+    VerifyContext,
 )
 from coding_agent_env.reward.score import score
 from coding_agent_env.rollout import events as ev
 from coding_agent_env.rollout.budget import Budget
+from coding_agent_env.rollout.cleanroom import ArtifactCaps, collect_artifacts, furnish, open_clean_room, place_verify_files
 from coding_agent_env.rollout.collect import collect_files
 from coding_agent_env.rollout.commands import CommandRunner
 from coding_agent_env.rollout.redact import Redactor
@@ -129,6 +136,7 @@ class _Rollout:
         self.relay: Relay | SharedRelay | None = None
         self.llm: RolloutLlm | None = None
         self.sandbox: Sandbox | None = None
+        self.spec: SandboxSpec | None = None
         self._resources = AsyncExitStack()
         """What teardown releases, last acquired first: the sandbox, then the LLM access."""
         self.status = RolloutStatus.COMPLETED
@@ -140,6 +148,8 @@ class _Rollout:
         self.agent_events: AgentEvents | None = None
         self.setup_results: list[CommandResult] = []
         self.verify_results: list[CommandResult] = []
+        self.verify_context: VerifyContext | None = None
+        self.artifacts: ArtifactReport | None = None
         self.files: dict[str, str] = {}
         self.files_omitted: list[str] = []
         self.timings: dict[str, float] = {}
@@ -223,6 +233,7 @@ class _Rollout:
             agents_dir=str(agents) if relay is not None and agents.is_dir() else None,
             deadline_s=self.budget.total_s,
         )
+        self.spec = spec
         self.sandbox = await backend.create(spec)
         self._resources.push_async_callback(self.sandbox.close)
         self.emit(ev.Provisioned(rollout_id=self.rollout_id, sandbox_id=self.sandbox.id, isolation=self.sandbox.isolation))
@@ -254,6 +265,17 @@ class _Rollout:
             if not result.ok:
                 why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
                 self.fail(RolloutStatus.SETUP_FAILED, "setup", "SetupCommandFailed", f"setup command {index} {why}")
+                raise _StageFailed
+
+    async def _setup_clean_room(self, room: Sandbox) -> None:
+        """The task's setup again, in the clean room (results not repeated in the result: they passed once)."""
+        commands = self._commands(room)
+        for index, cmd in enumerate(self.request.setup):
+            result = await commands.run(cmd, fresh=False)
+            if not result.ok:
+                why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
+                message = f"setup command {index} {why} in the clean room: {result.stderr[-500:]}"
+                self.fail(RolloutStatus.SETUP_FAILED, "verify", "CleanRoomSetupFailed", message)
                 raise _StageFailed
 
     async def _agent(self) -> None:
@@ -296,11 +318,37 @@ class _Rollout:
             self.agent_log_tail = ""
 
     async def _verify(self) -> None:
+        sandbox = self._open_sandbox()
+        if not self.request.artifacts:
+            self.verify_context = "workspace"
+            await place_verify_files(sandbox, self.request.verify_files)
+            await self._run_verify(sandbox)
+            return
+        self.verify_context = "clean_room"
+        settings = self.settings
+        caps = ArtifactCaps(
+            max_files=settings.artifact_max_files,
+            max_file_bytes=settings.artifact_max_file_bytes,
+            max_total_bytes=settings.artifact_max_total_bytes,
+            max_listing=settings.artifact_max_listing,
+        )
+        taken = await collect_artifacts(sandbox, self.request.artifacts, caps)
+        self.artifacts = taken.report
+        assert self.spec is not None, "verify ran before provision"
+        room = await open_clean_room(self.backends.get(self.backend), self.spec, files=self.request.files)
+        try:
+            await self._setup_clean_room(room)
+            await furnish(room, taken.data, self.request.verify_files)
+            await self._run_verify(room)
+        finally:
+            await shielded(room.close())
+
+    async def _run_verify(self, sandbox: Sandbox) -> None:
         def record(index: int, result: CommandResult) -> None:
             self.verify_results.append(result)
             self.emit(ev.CommandFinished(rollout_id=self.rollout_id, phase="verify", index=index, result=result))
 
-        outcome = await run_verify(self._commands(), self.request.verify, on_result=record)
+        outcome = await run_verify(self._commands(sandbox), self.request.verify, on_result=record)
         scored = score(outcome.results, outcome.reward_text)
         self.reward = scored.reward
         self.reward_note = outcome.reward_problem or scored.note
@@ -331,9 +379,9 @@ class _Rollout:
         assert self.sandbox is not None, "stage ran before provision"
         return self.sandbox
 
-    def _commands(self) -> CommandRunner:
+    def _commands(self, sandbox: Sandbox | None = None) -> CommandRunner:
         return CommandRunner(
-            self._open_sandbox(), self.request.command_timeout_s, self.settings.max_output_bytes, self.redact
+            sandbox or self._open_sandbox(), self.request.command_timeout_s, self.settings.max_output_bytes, self.redact
         )
 
     # -- result ----------------------------------------------------------------------------------------
@@ -358,6 +406,8 @@ class _Rollout:
             agent_exit_code=self.agent_exit_code,
             setup_results=self.setup_results,
             verify_results=self.verify_results,
+            verify_context=self.verify_context,
+            artifacts=self.artifacts,
             files=self.files,
             files_omitted=self.files_omitted,
             turns=self.llm.turns() if self.llm is not None else [],

@@ -19,6 +19,9 @@ from coding_agent_env.settings import DockerConfig, E2bConfig, HfConfig, Setting
 from tests.backends.conftest import Target
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "binary_search.yaml"
+SHADOW_UNITTEST = (
+    "mkdir -p unittest && printf 'import sys\\nsys.exit(0)\\n' > unittest/__main__.py && touch unittest/__init__.py"
+)
 
 
 # What each backend really gives the example task (network policy `none`): isolation, network, and the
@@ -43,6 +46,20 @@ async def test_oracle_binary_search_passes(kind: str, backend_for: Callable[[str
     assert (result.sandbox, result.isolation, result.network) == (name, isolation, network)
     assert limits <= set(result.limits) and result.limits["data"] == settings.sandbox_memory_mb * 1024 * 1024
     assert "NotImplementedError" not in result.files["search.py"]
+
+
+@pytest.mark.parametrize("kind", list(_IN_EFFECT))
+async def test_shadowing_unittest_scores_zero_in_the_clean_room(kind: str, backend_for: Callable[[str], Target],
+                                                                assert_no_leftovers: None) -> None:
+    """The example verifies in a clean room on every backend: a planted `unittest/` package that makes
+    `python3 -m unittest` exit 0 never reaches it (in the agent's workspace it scores 1.0)."""
+    name, settings, backends = backend_for(kind)
+    task = load_task(str(EXAMPLE)).model_copy(update={"sandbox": name, "solution": [SHADOW_UNITTEST]})
+    result = await run_rollout(task, settings=settings, backends=backends)
+    assert result.status is RolloutStatus.COMPLETED and result.reward == 0.0, result.error
+    assert result.verify_context == "clean_room" and result.artifacts is not None
+    assert result.artifacts.copied == ["search.py"]
+    assert "unittest/__main__.py" in result.files  # it was there, in the agent's workspace
 
 
 async def test_only_enabled_backends_are_selectable(settings: Settings) -> None:

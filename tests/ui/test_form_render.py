@@ -19,7 +19,7 @@ from coding_agent_env.api.ui_form import (
 )
 from coding_agent_env.api.ui_presets import PRESETS
 from coding_agent_env.api.ui_run import UiRuns
-from coding_agent_env.models import AGENT_NAMES, CommandResult, ErrorInfo, RolloutResult, RolloutStatus
+from coding_agent_env.models import AGENT_NAMES, ArtifactReport, CommandResult, ErrorInfo, RolloutResult, RolloutStatus
 from coding_agent_env.rollout import events as ev
 from coding_agent_env.session import CapacityError, SessionKind, SessionManager
 from coding_agent_env.settings import Settings
@@ -28,8 +28,7 @@ SECRET = "sk-form-SECRET-'$(touch /tmp/pwn)'"
 
 
 def _form(preset: str = "binary_search", **changes: object) -> Form:
-    instruction, files, setup, verify, solution = preset_texts(PRESETS[preset])
-    form = Form(instruction, files, setup, verify, solution, agent="oracle", sandbox=None, endpoint=DEFAULT_ENDPOINT)
+    form = Form(**preset_texts(PRESETS[preset]), agent="oracle", sandbox=None, endpoint=DEFAULT_ENDPOINT)
     return dataclasses.replace(form, **changes)
 
 
@@ -40,6 +39,8 @@ def test_presets_round_trip_through_the_editors(name: str) -> None:
     assert (request.files, request.setup, request.verify, request.solution) == (
         preset.files, preset.setup, preset.verify, preset.solution
     )
+    assert (request.verify_files, request.artifacts) == (preset.verify_files, preset.artifacts)
+    assert request.artifacts, "every preset verifies in a clean room"
     assert request.endpoint is None and request.api_key is None and request.agent == "oracle"
 
 
@@ -56,6 +57,12 @@ def test_form_errors_never_quote_the_values() -> None:
         build_request(_form(endpoint=CUSTOM_ENDPOINT, api_key=SECRET, model="m"))
     with pytest.raises(FormError) as bad_number:
         build_request(_form(agent_timeout_s=-1.0, api_key=SECRET, endpoint="openai"))
+    with pytest.raises(FormError, match=r"artifacts: expected a YAML list of workdir-relative paths or globs"):
+        build_request(_form(artifacts="a: b"))
+    with pytest.raises(FormError, match=r"verify_files: expected a YAML mapping"):
+        build_request(_form(verify_files="- x"))
+    with pytest.raises(FormError, match=r"^artifacts: .*artifact '\.\./outside\.py' contains '\.\.'"):
+        build_request(_form(artifacts="- ../outside.py"))
     for err in (bad_yaml, no_url, bad_number):
         assert SECRET not in str(err.value) and "touch" not in str(err.value)
     assert "setup" in str(bad_yaml.value) and "agent_timeout_s" in str(bad_number.value)
@@ -90,6 +97,14 @@ def test_verdicts_and_badge() -> None:
     hostile = ErrorInfo(type="X", stage="setup", message="<script>alert(1)</script>")
     badge = render.badge_html(_result(RolloutStatus.SETUP_FAILED, None, error=hostile, isolation="none"))
     assert 'data-verdict="FAIL"' in badge and "<script>" not in badge and "isolation <b>none</b>" in badge
+    assert "verify in no context (did not run)" in badge
+    report = ArtifactReport(copied=["a.py"], missing=["b/*.py"], refused={"<c>.py": "a symlink"})
+    room = render.badge_html(_result(RolloutStatus.COMPLETED, 0.0, verify_context="clean_room", artifacts=report))
+    assert "verify in <b>a clean room</b>" in room
+    assert "artifacts not taken: b/*.py (missing); &lt;c&gt;.py (a symlink)" in room
+    ws = render.badge_html(_result(RolloutStatus.COMPLETED, 1.0, verify_context="workspace"))
+    assert "verify in <b>the agent's workspace</b>" in ws
+    assert "artifacts not taken" not in ws
 
 
 def test_tables_files_turns_and_log_lines() -> None:

@@ -65,6 +65,7 @@ def test_preset_passes_with_the_oracle(page, ui_server: UiServer, tmp_path: Path
     assert _run(page) == "PASS"
     notice = page.locator("#notice").inner_text()
     assert "reward 1" in notice and "status completed" in notice and "isolation" in notice
+    assert "verify in a clean room" in notice  # the preset declares its artifact
     expect(page.locator("#log textarea")).to_have_value(re.compile(r"finished: completed, reward 1\.0"))
     page.get_by_role("tab", name="Files").click()
     assert "fizzbuzz.py" in page.locator("#files-view").inner_text()
