@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-__all__ = ["shielded"]
+__all__ = ["off_loop", "shielded"]
 
 T = TypeVar("T")
 
@@ -24,3 +24,14 @@ async def shielded(work: Awaitable[T]) -> T:
     if cancelled:
         raise asyncio.CancelledError
     return task.result()
+
+
+async def off_loop(function: Callable[..., T], *args: object) -> T:
+    """`function(*args)` on a worker thread. Cancelled meanwhile, it still waits for the call to end (the caller
+    must keep each call bounded), so whatever the call touches is never used by two threads at once."""
+    call = asyncio.ensure_future(asyncio.to_thread(function, *args))
+    try:
+        return await asyncio.shield(call)
+    except asyncio.CancelledError:
+        await asyncio.wait([call])
+        raise

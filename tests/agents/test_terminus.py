@@ -241,14 +241,13 @@ async def test_odd_model_text_and_long_commands_come_through_a_rollout(settings:
     assert "thinking ? aloud" in sent["turns"][0]["message"]["content"]
 
 
-async def test_chat_through_the_relay_fails_cleanly_on_any_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_chat_through_the_relay_fails_cleanly_on_any_answer() -> None:
     """Whatever comes back (an error status, deep nesting, an oversized or cut body, no body, no server), the
     loop gets a `ChatFailed` saying why, never an exception."""
     from aiohttp import web
 
-    from coding_agent_env.agents.terminus import agent as terminus_agent
+    from coding_agent_env.agents.terminus.relay_chat import RelayChat
 
-    monkeypatch.setattr(terminus_agent, "MAX_RESPONSE_BYTES", 100_000)
     good = {"choices": [{"message": {"role": "assistant", "content": "hi"}}]}
     answers = {
         "ok": web.json_response(good),
@@ -274,7 +273,7 @@ async def test_chat_through_the_relay_fails_cleanly_on_any_answer(monkeypatch: p
     try:
         for name in [*answers, "dead"]:
             base = f"http://127.0.0.1:{9 if name == 'dead' else port}/{name}"
-            async with terminus_agent._RelayChat(base, "tok", timeout_s=10) as chat:
+            async with RelayChat(base, "tok", timeout_s=10, max_response_bytes=100_000) as chat:
                 got[name], _ = await chat.complete({"messages": []})
     finally:
         await runner.cleanup()
@@ -287,7 +286,7 @@ async def test_chat_through_the_relay_fails_cleanly_on_any_answer(monkeypatch: p
 async def test_work_off_the_loop_ends_before_a_cancelled_caller_does() -> None:
     """At the agent's deadline, a reply being parsed on a worker thread is waited for (it is bounded), so the
     conversation and its report are never used by two threads at once."""
-    from coding_agent_env.agents.terminus import agent as terminus_agent
+    from coding_agent_env.aio import off_loop
 
     started, release = threading.Event(), threading.Event()
 
@@ -296,7 +295,7 @@ async def test_work_off_the_loop_ends_before_a_cancelled_caller_does() -> None:
         release.wait(10)
         return 1
 
-    caller = asyncio.ensure_future(terminus_agent._off_loop(parse))
+    caller = asyncio.ensure_future(off_loop(parse))
     try:
         await poll(started.is_set)
         caller.cancel()

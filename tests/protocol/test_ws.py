@@ -93,7 +93,7 @@ def test_mcp_envelope_is_bound_to_the_socket_session(server: LiveServer) -> None
     with connect(server.ws) as ws:
         created = ask(ws, {"type": "mcp", "data": {"jsonrpc": "2.0", "method": "openenv/session/create", "id": 1}})
         own_id = created["data"]["result"]["session_id"]
-        assert own_id in server.sessions._sessions  # noqa: SLF001 - the socket's own session
+        assert server.sessions.get(own_id).id == own_id  # the socket's own session, live on the server
         listed = ask(ws, {"type": "mcp", "data": {"jsonrpc": "2.0", "method": "tools/list", "id": 2}})
         assert listed["data"]["result"]["tools"][0]["name"] == "run_rollout"
         closing = ask(ws, {"type": "mcp", "data": {"jsonrpc": "2.0", "method": "openenv/session/close",

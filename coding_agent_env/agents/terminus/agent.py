@@ -18,34 +18,25 @@ the server and as the benchmark's reference.
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import io
 import json
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
-
-import aiohttp
+from typing import Any
 
 from coding_agent_env.agents.base import Agent, AgentContext
 from coding_agent_env.agents.events import AgentReport, json_lines, render_transcript, report_events
-from coding_agent_env.agents.terminus.core import Chat, ChatFailed, Run, conversation, message_of
+from coding_agent_env.agents.terminus.core import Chat, Run, conversation
 from coding_agent_env.agents.terminus.loop import BOOT
+from coding_agent_env.agents.terminus.relay_chat import RelayChat
 from coding_agent_env.agents.terminus.sandbox_shell import SandboxShell
+from coding_agent_env.aio import off_loop
 from coding_agent_env.errors import AgentError
 from coding_agent_env.models import AgentEvents
 from coding_agent_env.settings import Settings
-from coding_agent_env.streams import read_at_most
 
 __all__ = ["TerminusAgent", "TerminusConfig", "parse_terminus_events", "standalone_argv", "standalone_config"]
 
-T = TypeVar("T")
-MAX_RESPONSE_BYTES = 16 * 1024 * 1024
-"""Largest chat completion read from the relay."""
-OFF_LOOP_BYTES = 128 * 1024
-"""JSON bodies and replies over this size are encoded, decoded and parsed on a worker thread."""
 
 
 @dataclass(frozen=True)
@@ -124,27 +115,16 @@ class TerminusAgent(Agent):
                              loose=config.loose_parsing, emit=emit)
         answer: object = None
         large = False
-        async with _RelayChat(ctx.llm.base_url, ctx.llm.token, config.llm_timeout_s) as chat:
+        async with RelayChat(ctx.llm.base_url, ctx.llm.token, timeout_s=config.llm_timeout_s) as chat:
             while True:
                 # Parsing a reply is linear but pure Python: a large one is parsed off the event loop.
-                need = await _off_loop(_advance, steps, answer) if large else _advance(steps, answer)
+                need = await off_loop(_advance, steps, answer) if large else _advance(steps, answer)
                 if isinstance(need, int):
                     return need
                 if isinstance(need, Chat):
                     answer, large = await chat.complete(need.body)
                 else:
                     answer, large = await shell.run(need.command, timeout_s=config.command_timeout_s), False
-
-
-async def _off_loop(function: Callable[..., T], *args: object) -> T:
-    """`function(*args)` on a worker thread. Cancelled meanwhile, it still waits for the call to end (each is
-    bounded): so the conversation and its report are never touched by two threads at once."""
-    call = asyncio.ensure_future(asyncio.to_thread(function, *args))
-    try:
-        return await asyncio.shield(call)
-    except asyncio.CancelledError:
-        await asyncio.wait([call])
-        raise
 
 
 def _advance(steps: Generator[Chat | Run, object, int], answer: object) -> Chat | Run | int:
@@ -154,52 +134,6 @@ def _advance(steps: Generator[Chat | Run, object, int], answer: object) -> Chat 
         return steps.send(answer)
     except StopIteration as done:
         return int(done.value)
-
-
-class _RelayChat:
-    """Chat completions through the relay's loopback listener. Encoding a long conversation and decoding a
-    large reply run on a worker thread (`OFF_LOOP_BYTES`), so no rollout holds the event loop for long."""
-
-    def __init__(self, base_url: str, token: str, timeout_s: float) -> None:
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        # No cookie jar and no proxies from the environment: the relay is on this host's loopback.
-        self.http = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar(), trust_env=False)
-        self.last_body_bytes = 0
-
-    async def __aenter__(self) -> _RelayChat:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.http.close()
-
-    async def complete(self, body: dict) -> tuple[dict | ChatFailed, bool]:
-        """(the assistant message of one chat completion, or why there is none; whether the reply was large)."""
-        encode = functools.partial(json.dumps, body)
-        text = await _off_loop(encode) if self.last_body_bytes > OFF_LOOP_BYTES else encode()
-        payload = text.encode()
-        self.last_body_bytes = len(payload)
-        try:
-            # A file-like body: aiohttp sends it in chunks.
-            async with self.http.post(self.url, data=io.BytesIO(payload), headers=self.headers,
-                                      timeout=self.timeout) as response:
-                data = await read_at_most(response.content, MAX_RESPONSE_BYTES + 1)
-                if len(data) > MAX_RESPONSE_BYTES:
-                    return ChatFailed(f"response over {MAX_RESPONSE_BYTES} bytes"), False
-                if response.status != 200:
-                    return ChatFailed(f"HTTP {response.status}: {data[:500].decode('utf-8', 'replace')}"), False
-            large = len(data) > OFF_LOOP_BYTES
-            return (await _off_loop(_message, data) if large else _message(data)), large
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            return ChatFailed(f"{type(exc).__name__}: {str(exc)[:500]}"), False
-
-
-def _message(data: bytes) -> dict | ChatFailed:
-    try:
-        return message_of(json.loads(data))
-    except (ValueError, RecursionError) as exc:
-        return ChatFailed(f"{type(exc).__name__}: {str(exc)[:500]}")
 
 
 def standalone_argv(config_path: str, *, python: str = "python3") -> list[str]:

@@ -1,8 +1,10 @@
 """Host subprocesses with bounded output, a deadline and whole-group kill (used by the local backend).
 
 Every process is started in a new session, so `os.killpg(pid)` reaches everything it forked that stayed in
-its group; under bubblewrap the group leader's death also takes down the sandbox's PID namespace
-(`--die-with-parent`), so nothing inside survives it.
+its group. Under bubblewrap the command runs in its own PID namespace, whose init (bwrap's child, in a session
+of its own) is outside that group: `Child.kill_tree()` kills it too and waits until it has exited, and the
+kernel has then killed and reaped everything in the namespace. So a killed command's whole tree is gone when
+the kill returns, not a moment later (`--die-with-parent` only covers a server that dies).
 
 Children are started with `subprocess.Popen` and their exit is watched through a pidfd on the event loop,
 not through asyncio's subprocess machinery, whose default child watcher starts (and waits for) one thread
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 from coding_agent_env.sandbox.base import ExecResult, Process
 
-__all__ = ["Child", "HostCredentials", "HostProcess", "kill_all_of_uid", "kill_and_reap", "kill_group", "run_capped", "start"]
+__all__ = ["Child", "HostCredentials", "HostProcess", "kill_all_of_uid", "kill_group", "run_capped", "start"]
 
 _CHUNK = 64 * 1024
 _DRAIN_GRACE_S = 2.0
@@ -35,6 +37,21 @@ class HostCredentials:
 
     uid: int | None = None
     gid: int | None = None
+
+
+def _exit_of(loop: asyncio.AbstractEventLoop, pidfd: int) -> asyncio.Future[object]:
+    """Done when the process of `pidfd` has exited (for a PID namespace's init: once everything in the namespace
+    is dead and reaped); the pidfd is closed then."""
+    done: asyncio.Future[object] = loop.create_future()
+
+    def on_exit() -> None:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+        if not done.done():
+            done.set_result(None)
+
+    loop.add_reader(pidfd, on_exit)
+    return done
 
 
 def kill_group(pid: int) -> None:
@@ -75,6 +92,36 @@ class Child:
         id, may then belong to someone else (another sandbox's command, under heavy spawning)."""
         if self._popen.returncode is None:
             kill_group(self.pid)
+
+    def kill_tree(self) -> asyncio.Future[object]:
+        """SIGKILL the group and the leader's own children (before returning), and give a future done once the
+        leader is reaped and each of those children has exited. Awaiting it may be cancelled; the kill stands."""
+        inner = self._children_pidfds() if self._popen.returncode is None else []
+        self.kill_group()
+        waits: list[asyncio.Future[object]] = [asyncio.ensure_future(self.wait())]
+        for fd in inner:
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # exited already: its pidfd is readable at once
+            waits.append(_exit_of(self._loop, fd))
+        return asyncio.gather(*waits)
+
+    def _children_pidfds(self) -> list[int]:
+        """pidfds of the leader's children, taken while the leader lives (so none of those pids can have been
+        reused yet): under bubblewrap, its PID namespace's init."""
+        try:
+            with open(f"/proc/{self.pid}/task/{self.pid}/children") as fh:
+                pids = [int(word) for word in fh.read().split()]
+        except (OSError, ValueError):
+            return []
+        fds = []
+        for pid in pids:
+            try:
+                fds.append(os.pidfd_open(pid))
+            except OSError:
+                pass  # gone already, or no pidfds here
+        return fds
 
     def _on_exit(self) -> None:
         self._loop.remove_reader(self._pidfd)
@@ -188,8 +235,7 @@ async def _start_piped(
             os.close(err_read)  # out_read went with its failed transport
         for transport in transports:
             transport.close()
-        proc.kill_group()
-        await asyncio.shield(proc.wait())
+        await asyncio.shield(proc.kill_tree())
         track.pop(proc.pid, None)
         raise
     return proc, out_reader, err_reader
@@ -219,18 +265,16 @@ async def run_capped(
                 await proc.wait()
         except TimeoutError:
             timed_out = True
-        # What the command left running in its group goes now, so it cannot hold our pipes open (a leader
-        # that exited by itself took its group with it as it was reaped).
-        proc.kill_group()
-        await proc.wait()
+        # What the command left running goes now, so it cannot hold our pipes open (a leader that exited by
+        # itself took its group, and under bubblewrap its namespace, with it).
+        await proc.kill_tree()
         try:
             async with asyncio.timeout(_DRAIN_GRACE_S):
                 await readers
         except TimeoutError:
             pass  # an escaped process still holds a pipe: keep what was read, stop reading
     except BaseException:
-        proc.kill_group()
-        await asyncio.shield(proc.wait())
+        await asyncio.shield(proc.kill_tree())
         raise
     finally:
         readers.cancel()
@@ -281,8 +325,7 @@ class HostProcess(Process):
         return code
 
     async def kill(self) -> None:
-        self._proc.kill_group()
-        await asyncio.shield(self._proc.wait())
+        await asyncio.shield(self._proc.kill_tree())
         self._track.pop(self._proc.pid, None)
         await self._exited()
 
@@ -290,15 +333,6 @@ class HostProcess(Process):
         on_exit, self._on_exit = self._on_exit, None
         if on_exit is not None:
             await asyncio.shield(on_exit())
-
-
-async def kill_and_reap(children: list[Child], within_s: float) -> None:
-    """SIGKILL each child's group and wait (at most `within_s`) until each is reaped, so none outlives its
-    owner as an unreaped zombie."""
-    for child in children:
-        child.kill_group()
-    if children:
-        await asyncio.wait([asyncio.ensure_future(child.wait()) for child in children], timeout=within_s)
 
 
 async def kill_all_of_uid(creds: HostCredentials) -> None:

@@ -188,9 +188,8 @@ class LocalSandbox(Sandbox):
         return await asyncio.to_thread(self._box.mounts.list, path, max_entries)
 
     async def _close(self) -> None:
-        children = list(self._children.values())
-        for child in children:
-            child.kill_group()  # before any await: even a close cancelled at once has killed
+        # Before any await: even a close cancelled at once has killed.
+        killed = [child.kill_tree() for child in self._children.values()]
         if self._netns is not None:
             os.close(self._netns)  # the namespace goes with its last process
             self._netns = None
@@ -198,11 +197,12 @@ class LocalSandbox(Sandbox):
             self._serving.release_reserved()
         # Shielded (and referenced, so it runs to the end): a cancelled close still reaps, removes
         # everything and returns the uid to the pool.
-        self._closing = asyncio.ensure_future(self._finish_close(children))
+        self._closing = asyncio.ensure_future(self._finish_close(killed))
         await asyncio.shield(self._closing)
 
-    async def _finish_close(self, children: list[proc.Child]) -> None:
-        await proc.kill_and_reap(children, _REAP_S)
+    async def _finish_close(self, killed: list[asyncio.Future[object]]) -> None:
+        if killed:
+            await asyncio.wait(killed, timeout=_REAP_S)
         if self._serving is not None:
             await self._serving.close()
         box = self._box
