@@ -268,7 +268,7 @@ async def test_chat_through_the_relay_fails_cleanly_on_any_answer() -> None:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]
     got = {}
     try:
         for name in [*answers, "dead"]:
