@@ -102,10 +102,6 @@ class DockerConfig(_Config):
     """Host directories bind-mounted read-only at the same path into every sandbox (e.g. `/usr` to run a bare
     image with the host's toolchain). Operator-only: requests never choose host paths."""
 
-    cpus: float = Field(default=2.0, gt=0)
-    """CPUs a sandbox may use (its memory limit is `Settings.sandbox_memory_mb`, its process limit
-    `Settings.sandbox_max_processes`)."""
-
     relay_port: int = Field(default=DEFAULT_RELAY_PORT, ge=1, le=65535)
     """Port inside a sandbox at which the LLM forwarder listens (network policy `llm`)."""
 
@@ -117,7 +113,7 @@ class DockerConfig(_Config):
     timeouts: LauncherTimeouts = LauncherTimeouts()
 
     ENV: ClassVar[Mapping[str, str]] = {"host": "DOCKER_HOST", "image": "DOCKER_IMAGE",
-                                        "host_binds": "DOCKER_HOST_BINDS", "cpus": "DOCKER_CPUS",
+                                        "host_binds": "DOCKER_HOST_BINDS",
                                         "relay_port": "DOCKER_RELAY_PORT", "transport": "DOCKER_TRANSPORT"}
 
     @field_validator("host_binds", mode="before")

@@ -114,7 +114,8 @@ async def _check_backends(settings: Settings) -> dict[str, dict[str, Any]]:
             try:
                 status = backends.get(name).check()
                 report[name] = {"available": status.available, "isolation": status.isolation,
-                                "detail": status.detail, "limits": dict(status.limits)}
+                                "detail": status.detail, "limits": dict(status.limits),
+                                "limit_scopes": dict(status.limit_scopes)}
             except CodingAgentEnvError as exc:
                 report[name] = {"available": False, "detail": str(exc)}
     return report

@@ -25,16 +25,17 @@ __all__ = [
     "ArtifactReport",
     "CommandResult",
     "ErrorInfo",
+    "LimitsRequest",
     "Mode",
     "RolloutRequest",
     "RolloutResult",
     "RolloutStatus",
     "Timings",
-    "VerifyContext",
     "ToolCall",
     "Turn",
     "TurnMessage",
     "Usage",
+    "VerifyContext",
 ]
 
 AGENT_NAMES: tuple[str, ...] = ("opencode", "pi", "terminus", "oracle", "nop")
@@ -78,6 +79,16 @@ def _check_relative_path(path: str, what: str = "file path") -> str:
     if normal in (".", ""):
         raise ValueError(f"{what} {path!r} names the workdir itself")
     return normal
+
+
+class LimitsRequest(_Wire):
+    """Sandbox limits a request asks for; each at most the server's (`SANDBOX_MEMORY_MB`, `SANDBOX_DISK_MB`,
+    `SANDBOX_MAX_PROCESSES`, `SANDBOX_CPUS`), which also stand for what is not given."""
+
+    memory_mb: int | None = Field(default=None, ge=16, description="Memory of the whole sandbox, MB.")
+    disk_mb: int | None = Field(default=None, ge=1, description="Disk the sandbox may write, MB.")
+    max_processes: int | None = Field(default=None, ge=8, description="Processes and threads of the whole sandbox.")
+    cpus: float | None = Field(default=None, gt=0, le=1024, description="CPUs the sandbox may use at once.")
 
 
 class RolloutRequest(_Wire):
@@ -166,6 +177,9 @@ class RolloutRequest(_Wire):
         gt=0,
         le=WireLimits.MAX_COMMAND_TIMEOUT_S,
         description="Deadline for each setup and verify command.",
+    )
+    limits: LimitsRequest | None = Field(
+        default=None, description="Sandbox limits, each within the server's own (which stand for what is not given)."
     )
     max_tokens_cap: int | None = Field(
         default=None, gt=0, description="Upper bound applied to max_tokens of every LLM call the agent makes."
@@ -358,8 +372,18 @@ class RolloutResult(_Wire):
     )
     limits: dict[str, int] = Field(
         default_factory=dict,
-        description="Limits really enforced on the sandbox's processes (rlimits: data, fsize, cpu, nproc; "
-        "container: memory, pids, nano_cpus).",
+        description="Limits really enforced, by name: rlimits data, fsize, cpu, nproc; memory and disk (bytes), "
+        "pids and nano_cpus (1e9 = one CPU) for the sandbox as a whole. A limit not listed was not enforced.",
+    )
+    limit_scopes: dict[str, Literal["process", "sandbox", "workdir", "watched"]] = Field(
+        default_factory=dict,
+        description="Each limit's scope: per process (an rlimit), the whole sandbox, its workdir only, or watched "
+        "(measured every second; the sandbox's commands are killed while it is passed).",
+    )
+    limits_hit: list[str] = Field(
+        default_factory=list,
+        description="Sandbox-wide limits the rollout ran into, in words (out of memory, process limit, disk quota "
+        "exceeded); the commands they ended show it in their own results too.",
     )
     status: RolloutStatus
     reward: float | None = Field(default=None, description="In [0,1]; null when the episode is invalid.")

@@ -118,11 +118,20 @@ class Settings(BaseModel):
     sandbox_workdir: str = "/workspace"
     """The workdir path as commands inside an isolated sandbox see it."""
 
-    sandbox_memory_mb: int = 4096
-    """Per-process data-segment limit (RLIMIT_DATA) inside a sandbox; a container's memory limit too."""
+    sandbox_memory_mb: int = Field(default=4096, ge=16)
+    """Memory of a whole sandbox (its cgroup as root, a container's limit), and each process's data segment
+    (RLIMIT_DATA). The most a request may ask for (`RolloutRequest.limits`)."""
 
-    sandbox_max_processes: int = 512
-    """Processes and threads per sandbox (RLIMIT_NPROC in the sandbox's own user namespace)."""
+    sandbox_disk_mb: int = Field(default=4096, ge=1)
+    """Disk a sandbox may write (a tmpfs of this size as root; a watched budget otherwise; Docker: its
+    workdir). The most a request may ask for."""
+
+    sandbox_max_processes: int = Field(default=512, ge=8)
+    """Processes and threads of a whole sandbox (its cgroup's pids limit; RLIMIT_NPROC where it counts only
+    the sandbox's own). The most a request may ask for."""
+
+    sandbox_cpus: float = Field(default=2.0, ge=0)
+    """CPUs a sandbox may use at once (a CFS quota; 0: not bounded). The most a request may ask for."""
 
     sandbox_max_file_mb: int = 1024
     """Largest file a sandboxed process may write (RLIMIT_FSIZE)."""

@@ -67,11 +67,26 @@ def sandbox_dirs(settings: Settings) -> list[str]:
     return found + sorted(f"relay/{p.name}" for p in (settings.state_dir / "relay").glob("*.sock"))
 
 
+def sandbox_cgroups() -> list[str]:
+    """Control groups of this process's sandboxes (`cae-<pid>-...` below its own group, v1 or v2)."""
+    mine = f"cae-{os.getpid()}-"
+    found = []
+    for line in _read(Path("/proc/self/cgroup")).splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else [""]:
+            for mount in (Path("/sys/fs/cgroup") / controller, Path("/sys/fs/cgroup/unified")):
+                parent = mount / path.lstrip("/")
+                if parent.is_dir():
+                    found += [str(child) for child in parent.iterdir() if child.name.startswith(mine)]
+    return sorted(set(found))
+
+
 def leftovers(settings: Settings) -> dict[str, list[str]]:
     found = {
         "processes": sandbox_processes(settings),
         "mounts": sandbox_mounts(settings),
         "dirs": sandbox_dirs(settings),
+        "cgroups": sandbox_cgroups(),
     }
     return {kind: items for kind, items in found.items() if items}
 

@@ -7,10 +7,10 @@ read.
   at their paths (a file, a symlink or a directory): the agent never saw them and cannot have edited them.
 - The clean room (`open_clean_room`, then `furnish`) is a fresh sandbox of the same backend and image holding
   the task's original files as its setup left them, the declared artifacts copied out of the agent's workspace,
-  and the verify files; nothing else the agent wrote reaches it, so planted modules (`unittest/`, `conftest.py`, `sitecustomize.py`, `.pth`
-  files), edited tests and planted reward files have no effect on verify. Artifacts are copied as bytes, regular
-  files only: a symlink, a directory, a FIFO, a socket or a device named like an artifact is refused, as is a
-  file over the size cap, and the report says why.
+  and the verify files; nothing else the agent wrote reaches it, so planted modules (`unittest/`, `conftest.py`,
+  `sitecustomize.py`, `.pth` files), edited tests and planted reward files have no effect on verify. Artifacts
+  are copied as bytes, regular files only: a symlink, a directory, a FIFO, a socket or a device named like an
+  artifact is refused, as is a file over the size cap, and the report says why.
 """
 
 from __future__ import annotations

@@ -43,12 +43,19 @@ from coding_agent_env.models import (
 from coding_agent_env.reward.score import score
 from coding_agent_env.rollout import events as ev
 from coding_agent_env.rollout.budget import Budget
-from coding_agent_env.rollout.cleanroom import ArtifactCaps, collect_artifacts, furnish, open_clean_room, place_verify_files
+from coding_agent_env.rollout.cleanroom import (
+    ArtifactCaps,
+    collect_artifacts,
+    furnish,
+    open_clean_room,
+    place_verify_files,
+)
 from coding_agent_env.rollout.collect import collect_files
 from coding_agent_env.rollout.commands import CommandRunner
+from coding_agent_env.rollout.limits import resolve_limits
 from coding_agent_env.rollout.redact import Redactor
 from coding_agent_env.rollout.verify import run_verify
-from coding_agent_env.sandbox.base import RelayEndpoint, Sandbox, SandboxSpec
+from coding_agent_env.sandbox.base import RelayEndpoint, Sandbox, SandboxLimits, SandboxSpec
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.settings import Settings
 
@@ -87,8 +94,10 @@ async def run_rollout(
     agent = get_agent(request.agent)
     agent.check_available(settings)
     backend_name = backends.resolve(request.sandbox)
+    limits = resolve_limits(request, settings)
     upstream = resolve_upstream(request, settings) if agent.needs_llm else None
     rollout = _Rollout(request, settings, agent, backends, backend_name, emit)
+    rollout.limits = limits
     rollout.upstream, rollout.relay = upstream, relay
     if cancel is None:
         return await rollout.execute()
@@ -137,6 +146,8 @@ class _Rollout:
         self.llm: RolloutLlm | None = None
         self.sandbox: Sandbox | None = None
         self.spec: SandboxSpec | None = None
+        self.limits: SandboxLimits | None = None
+        self.limits_hit: list[str] = []
         self._resources = AsyncExitStack()
         """What teardown releases, last acquired first: the sandbox, then the LLM access."""
         self.status = RolloutStatus.COMPLETED
@@ -231,6 +242,7 @@ class _Rollout:
             network="none" if relay is None else "llm",
             relay=relay,
             agents_dir=str(agents) if relay is not None and agents.is_dir() else None,
+            limits=self.limits,
             deadline_s=self.budget.total_s,
         )
         self.spec = spec
@@ -341,7 +353,13 @@ class _Rollout:
             await furnish(room, taken.data, self.request.verify_files)
             await self._run_verify(room)
         finally:
-            await shielded(room.close())
+            await shielded(self._close_clean_room(room))
+
+    async def _close_clean_room(self, room: Sandbox) -> None:
+        try:
+            self.limits_hit += [f"in the clean room: {hit}" for hit in await room.limits_hit()]
+        finally:
+            await room.close()
 
     async def _run_verify(self, sandbox: Sandbox) -> None:
         def record(index: int, result: CommandResult) -> None:
@@ -364,9 +382,13 @@ class _Rollout:
         started = time.monotonic()
         try:
             async with asyncio.timeout(self.budget.teardown_s):
-                # The sandbox first, then the LLM access: its token revoked and its turns kept, even when the
-                # sandbox's close failed.
-                await self._resources.aclose()
+                try:
+                    if self.sandbox is not None and not self.sandbox.closed:
+                        self.limits_hit = [*await self.sandbox.limits_hit(), *self.limits_hit]
+                finally:
+                    # The sandbox first, then the LLM access: its token revoked and its turns kept, even when
+                    # the sandbox's close failed.
+                    await self._resources.aclose()
         except (TimeoutError, CodingAgentEnvError, OSError) as exc:
             log.error("rollout %s: teardown failed: %r", self.rollout_id, exc)
             if self.error is None:
@@ -400,6 +422,8 @@ class _Rollout:
             isolation=self.sandbox.isolation if self.sandbox else None,
             network=self.sandbox.network if self.sandbox else None,
             limits=dict(self.sandbox.limits) if self.sandbox else {},
+            limit_scopes=dict(self.sandbox.limit_scopes) if self.sandbox else {},
+            limits_hit=self.limits_hit,
             status=self.status,
             reward=self.reward,
             reward_note=self.reward_note,

@@ -34,10 +34,12 @@ __all__ = [
     "RelayEndpoint",
     "Sandbox",
     "SandboxBackend",
+    "SandboxLimits",
     "SandboxPaths",
     "SandboxSpec",
     "SandboxState",
     "rlimits",
+    "scopes",
 ]
 
 
@@ -60,6 +62,51 @@ class RelayEndpoint:
 
 
 @dataclass(frozen=True)
+class SandboxLimits:
+    """What one sandbox may use. Sandbox-wide: `memory_mb` (all its processes together), `disk_mb` (what it
+    writes), `max_processes`, `cpus` (a share of CPU time; 0: not bounded). Per process (rlimits): `memory_mb`
+    as the data segment, `max_file_mb`, `cpu_s`. A backend enforces what it can and says which in
+    `Sandbox.limits` and `Sandbox.limit_scopes`."""
+
+    memory_mb: int
+    disk_mb: int
+    max_processes: int
+    cpus: float
+    max_file_mb: int
+    cpu_s: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SandboxLimits:
+        return cls(
+            memory_mb=settings.sandbox_memory_mb,
+            disk_mb=settings.sandbox_disk_mb,
+            max_processes=settings.sandbox_max_processes,
+            cpus=settings.sandbox_cpus,
+            max_file_mb=settings.sandbox_max_file_mb,
+            cpu_s=settings.sandbox_cpu_s,
+        )
+
+    def rlimits(self, *, nproc: bool) -> dict[str, int]:
+        """The per-process limits set on every sandboxed command, by `prlimit` name (`data`, `fsize`, `cpu`, and
+        with `nproc` the process limit: only where it really counts the sandbox's own processes)."""
+        limits = {"data": self.memory_mb << 20, "fsize": self.max_file_mb << 20, "cpu": self.cpu_s}
+        if nproc:
+            limits["nproc"] = self.max_processes
+        return limits
+
+
+_SCOPES = {"data": "process", "fsize": "process", "cpu": "process", "nproc": "sandbox", "memory": "sandbox",
+           "pids": "sandbox", "nano_cpus": "sandbox", "disk": "sandbox"}
+
+
+def scopes(limits: Mapping[str, int], **overrides: str) -> dict[str, str]:
+    """Each limit's scope: `process` (an rlimit of every process), `sandbox` (all of the sandbox together; an
+    rlimit on processes counts the sandbox's own only where it is set at all), or what `overrides` say (e.g.
+    Docker's `disk` bounds the `workdir` only)."""
+    return {name: overrides.get(name, _SCOPES.get(name, "sandbox")) for name in limits}
+
+
+@dataclass(frozen=True)
 class SandboxSpec:
     """What a rollout asks of its sandbox. Backends ignore what they cannot use and report it.
 
@@ -72,6 +119,8 @@ class SandboxSpec:
     relay: RelayEndpoint | None = None
     agents_dir: str | None = None
     """Host directory of pre-installed agents to make visible read-only (at `Sandbox.agents_dir`)."""
+    limits: SandboxLimits | None = None
+    """What the sandbox may use; None: the server's settings."""
     deadline_s: float | None = None
     """The rollout's whole deadline. A backend whose sandboxes end by themselves (a remote VM or Job) gives
     them at least this lifetime plus `REMOTE_LIFETIME_MARGIN_S`, so one never ends under a running rollout
@@ -129,19 +178,17 @@ class BackendStatus:
     isolation: str | None
     detail: str = ""
     limits: Mapping[str, int] = field(default_factory=dict)
+    limit_scopes: Mapping[str, str] = field(default_factory=dict)
+    """Each limit's scope (see `scopes`); derived from the names when the backend gives none."""
+
+    def __post_init__(self) -> None:
+        if self.limits and not self.limit_scopes:
+            object.__setattr__(self, "limit_scopes", scopes(self.limits))
 
 
 def rlimits(settings: Settings, *, nproc: bool) -> dict[str, int]:
-    """The per-process limits a backend sets on every sandboxed command, by `prlimit` name (`data`, `fsize`,
-    `cpu`, and with `nproc` the process limit: only where it really counts the sandbox's own processes)."""
-    limits = {
-        "data": settings.sandbox_memory_mb * 1024 * 1024,
-        "fsize": settings.sandbox_max_file_mb * 1024 * 1024,
-        "cpu": settings.sandbox_cpu_s,
-    }
-    if nproc:
-        limits["nproc"] = settings.sandbox_max_processes
-    return limits
+    """`SandboxLimits.rlimits` of the settings' limits."""
+    return SandboxLimits.from_settings(settings).rlimits(nproc=nproc)
 
 
 class SandboxState(enum.Enum):
@@ -189,8 +236,10 @@ class Sandbox(abc.ABC):
     """Network really in effect: `none`, `llm` (only the relay), or `host` (whatever the host or pod reaches,
     e.g. an unisolated fallback or a pod with outbound network)."""
     limits: Mapping[str, int] = MappingProxyType({})
-    """Limits really enforced on the sandbox's processes, by name (`data`, `fsize`, `cpu`, `nproc` rlimits;
-    `memory`, `pids`, `nano_cpus` for a container); empty where the backend enforces none of its own."""
+    """Limits really enforced, by name: `data`, `fsize`, `cpu`, `nproc` (rlimits); `memory`, `disk` (bytes),
+    `pids`, `nano_cpus` (1e9 = one CPU) for the sandbox as a whole; empty where the backend enforces none."""
+    limit_scopes: Mapping[str, str] = MappingProxyType({})
+    """Each of `limits`' scope (see `scopes`)."""
 
     def __init__(self) -> None:
         self._state = SandboxState.OPEN
@@ -264,6 +313,11 @@ class Sandbox(abc.ABC):
     async def list_files(self, path: str, *, max_entries: int) -> tuple[list[FileEntry], bool]:
         """List a directory tree without following symlinks, sorted, at most `max_entries` entries.
         Returns the entries and whether the listing was cut short."""
+
+    async def limits_hit(self) -> list[str]:
+        """Which of the sandbox-wide limits were hit so far, in words (OOM kills, refused forks, a full disk);
+        empty when none or when the backend cannot tell."""
+        return []
 
     @abc.abstractmethod
     async def _close(self) -> None:

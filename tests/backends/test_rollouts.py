@@ -26,10 +26,12 @@ SHADOW_UNITTEST = (
 
 # What each backend really gives the example task (network policy `none`): isolation, network, and the
 # limits it enforces itself.
+_WHOLE = {"memory", "pids", "nano_cpus", "disk"}
+"""Sandbox-wide limits: a local sandbox's control group and tmpfs (as root), a container's own."""
 _IN_EFFECT = {
-    "local": ("bwrap", "none", {"data", "fsize", "cpu", "nproc"}),
-    "local-unisolated": ("none", "host", {"data", "fsize", "cpu"}),  # no netns; as root no nproc either
-    "docker": ("docker", "none", {"memory", "pids", "nano_cpus", "data", "fsize", "cpu"}),
+    "local": ("bwrap", "none", {"data", "fsize", "cpu"} | _WHOLE),  # the group's pids, not RLIMIT_NPROC
+    "local-unisolated": ("none", "host", {"data", "fsize", "cpu"} | _WHOLE),  # no netns
+    "docker": ("docker", "none", {"data", "fsize", "cpu"} | _WHOLE),
     "hf": ("none", "host", {"data", "fsize", "cpu"}),
     "e2b-fake": ("e2b", "none", {"data", "fsize", "cpu"}),
 }
@@ -45,6 +47,8 @@ async def test_oracle_binary_search_passes(kind: str, backend_for: Callable[[str
     isolation, network, limits = _IN_EFFECT[kind]
     assert (result.sandbox, result.isolation, result.network) == (name, isolation, network)
     assert limits <= set(result.limits) and result.limits["data"] == settings.sandbox_memory_mb * 1024 * 1024
+    assert set(result.limit_scopes) == set(result.limits) and not result.limits_hit
+    assert {name for name, scope in result.limit_scopes.items() if scope == "process"} == {"data", "fsize", "cpu"}
     assert "NotImplementedError" not in result.files["search.py"]
 
 

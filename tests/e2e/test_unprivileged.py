@@ -29,7 +29,7 @@ CHILD = r"""
 import asyncio, json, os, sys
 from pathlib import Path
 from coding_agent_env.cli import load_task
-from coding_agent_env.models import RolloutRequest
+from coding_agent_env.models import LimitsRequest, RolloutRequest
 from coding_agent_env.rollout import run_rollout
 from coding_agent_env.agents.install import status
 from coding_agent_env.agents.pi import PI
@@ -43,6 +43,11 @@ async def main() -> None:
     seen = {}
     oracle = await run_rollout(load_task(str(Path("examples/binary_search.yaml"))), settings=settings)
     seen["oracle"] = oracle
+    # Past a watched disk budget (no tmpfs without root): its commands are killed soon after.
+    writer = "for i in $(seq 60); do head -c 10M /dev/zero > f$i; sleep 0.1; done"
+    seen["disk"] = await run_rollout(RolloutRequest(
+        instruction="fill the disk", agent="oracle", solution=[writer], limits=LimitsRequest(disk_mb=64),
+        verify=["test $(du -sm . | cut -f1) -le 400"]), settings=settings)
     with FakeLLMServer(FakeLLM(api_key="sk-laptop")) as fake:
         for agent in sys.argv[3:]:
             fake.app.reset(session(agent, write_file_command("binary_search.py", CORRECT), "id -u"))
@@ -85,6 +90,12 @@ async def test_rollouts_as_an_ordinary_user(settings: Settings, assert_no_leftov
         results = json.loads(done.stdout)
     finally:
         shutil.rmtree(home, ignore_errors=True)
+    disk = results.pop("disk")
+    assert disk["status"] == "agent_failed" and disk["reward"] == 1.0, (disk["error"], disk["verify_results"])
+    assert disk["limits_hit"] == ["disk quota exceeded: the sandbox's disk budget of 64 MB"]
+    # Honest without root: memory and CPU are per process, the disk budget is watched, not a hard limit.
+    assert disk["limit_scopes"] == {"data": "process", "fsize": "process", "cpu": "process", "nproc": "sandbox",
+                                    "disk": "watched"}
     assert set(results) == {"oracle", *agents}
     for name, result in results.items():
         assert (result["status"], result["reward"], result["isolation"]) == ("completed", 1.0, "bwrap"), (

@@ -66,28 +66,28 @@ def test_each_backend_is_configured_from_its_own_variables() -> None:
     settings = Settings.from_env({
         "SANDBOX_BACKENDS": "docker,local,hf,e2b", "BWRAP_PATH": "/opt/bwrap", "SANDBOX_UID_BASE": "5000",
         "SANDBOX_UID_COUNT": "8", "SANDBOX_RELAY_PORT": "9001", "LOCAL_ISOLATION": "none",
-        "DOCKER_HOST": "unix:///d.sock", "DOCKER_IMAGE": "img:1", "DOCKER_HOST_BINDS": "/usr, /opt", "DOCKER_CPUS": "1.5",
+        "DOCKER_HOST": "unix:///d.sock", "DOCKER_IMAGE": "img:1", "DOCKER_HOST_BINDS": "/usr, /opt",
         "DOCKER_RELAY_PORT": "9002", "DOCKER_TRANSPORT": "exec", "HF_SANDBOX_URL": "http://127.0.0.1:1",
         "HF_SANDBOX_TOKEN": "hf-token", "HF_SANDBOX_IMAGE": "py", "E2B_API_KEY": "e2b-key", "E2B_TEMPLATE": "tpl",
     })
     assert settings.sandbox_backends == ("docker", "local", "hf", "e2b") and settings.default_backend == "docker"
     local, docker, hf, e2b = (settings.backend_config(name) for name in ("local", "docker", "hf", "e2b"))
     assert local == LocalConfig(bwrap_path="/opt/bwrap", uid_base=5000, uid_count=8, relay_port=9001, isolation="none")
-    assert docker == DockerConfig(host="unix:///d.sock", image="img:1", host_binds=("/usr", "/opt"), cpus=1.5,
+    assert docker == DockerConfig(host="unix:///d.sock", image="img:1", host_binds=("/usr", "/opt"),
                                   relay_port=9002, transport="exec")
     assert isinstance(hf, HfConfig) and hf.url == "http://127.0.0.1:1" and hf.image == "py"
     assert hf.token is not None and hf.token.get_secret_value() == "hf-token"
     assert isinstance(e2b, E2bConfig) and e2b.template == "tpl"
     assert e2b.api_key is not None and e2b.api_key.get_secret_value() == "e2b-key"
     # A backend that is not enabled reads nothing, and is not there.
-    assert Settings.from_env({"DOCKER_CPUS": "not read"}).sandbox_backends == ("local",)
+    assert Settings.from_env({"DOCKER_RELAY_PORT": "not read"}).sandbox_backends == ("local",)
     with pytest.raises(UnknownBackendError, match="not enabled"):
         Settings.from_env({}).backend_config("docker")
 
 
 def test_an_invalid_backend_value_names_its_variable() -> None:
-    with pytest.raises(SettingsError, match="DOCKER_CPUS"):
-        Settings.from_env({"SANDBOX_BACKENDS": "docker", "DOCKER_CPUS": "many"})
+    with pytest.raises(SettingsError, match="DOCKER_RELAY_PORT"):
+        Settings.from_env({"SANDBOX_BACKENDS": "docker", "DOCKER_RELAY_PORT": "many"})
     with pytest.raises(SettingsError, match="LOCAL_ISOLATION"):
         Settings.from_env({"LOCAL_ISOLATION": "sometimes"})
     with pytest.raises(ValidationError, match="enabled once"):

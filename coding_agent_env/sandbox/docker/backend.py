@@ -3,9 +3,11 @@
 Each sandbox is a container of the request's image (or `DockerConfig.image`), labelled with the rollout id and
 the owning server (`host/pid`, see `reaper`), with the network policy's network (`none` by default; `host`
 only when `Settings.sandbox_allow_host_network`; `llm` = no network plus the relay's unix socket bind-mounted
-and the LLM forwarder started inside once, so processes reach the relay at `relay_url`), a memory limit
-(`sandbox_memory_mb`), a process limit (`sandbox_max_processes`) and a CPU quota (`DockerConfig.cpus`), all
-capabilities dropped but the few its root-run launcher needs, and `no-new-privileges`.
+and the LLM forwarder started inside once, so processes reach the relay at `relay_url`), the sandbox's limits
+(`SandboxLimits`: memory, processes and CPUs of the container as a whole; disk through `storage_opt` where the
+engine's storage driver supports a size, else a tmpfs of the disk budget at the workdir, whose pages count
+against the container's memory, so that is raised by the budget), all capabilities dropped but the few its
+root-run launcher needs, and `no-new-privileges`.
 
 Every command runs through the in-container launcher (`DockerSandbox`, a `LauncherSandbox`): as uid 1000, in
 its own session, under a child subreaper so the whole tree is killed at the timeout, on cancellation, or when
@@ -25,24 +27,28 @@ from typing import Any
 
 import docker
 import docker.errors
+import docker.types
 
 from coding_agent_env.backend_config import DockerConfig
 from coding_agent_env.errors import SandboxError, SandboxUnavailableError
-from coding_agent_env.sandbox.base import BackendStatus, Sandbox, SandboxBackend, SandboxSpec, rlimits
+from coding_agent_env.sandbox.base import BackendStatus, Sandbox, SandboxBackend, SandboxLimits, SandboxSpec, scopes
 from coding_agent_env.sandbox.docker.control import ControlChannel
 from coding_agent_env.sandbox.docker.engine import SDK_ERRORS, call, translate
 from coding_agent_env.sandbox.docker.engine_exec import EngineExec
 from coding_agent_env.sandbox.docker.hostdir import HostDir
-from coding_agent_env.sandbox.docker.layout import AGENTS_DIR, RELAY_SOCKET
+from coding_agent_env.sandbox.docker.layout import AGENTS_DIR, PATHS, RELAY_SOCKET
 from coding_agent_env.sandbox.docker.reaper import LABEL_OWNER, LABEL_ROLLOUT, owner, reap
 from coding_agent_env.sandbox.docker.sandbox import DockerSandbox, discard
 from coding_agent_env.sandbox.docker.transport import DockerTransport
+from coding_agent_env.sandbox.launcher.client import SANDBOX_UID
 from coding_agent_env.settings import Settings
 
 __all__ = ["DockerBackend"]
 
 _CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETUID", "SETGID"]
 """Only the root-run launcher uses these; commands run as uid 1000 and have none."""
+_SIZED_DRIVERS = {"btrfs", "zfs", "devicemapper"}
+"""Storage drivers that take `storage_opt size` (overlay2 too, over xfs with project quotas: tried, see below)."""
 
 
 class DockerBackend(SandboxBackend):
@@ -55,21 +61,36 @@ class DockerBackend(SandboxBackend):
         self._settings = settings
         self._client: docker.DockerClient | None = None
         self._reaped = False
+        self._sized: bool | None = None
+        """Whether the engine bounds a container's writable layer (`storage_opt`); None: not known yet."""
 
     def client(self) -> docker.DockerClient:
         if self._client is None:
             self._client = docker.DockerClient(base_url=self._config.daemon_url)
         return self._client
 
-    def _limits(self) -> tuple[dict[str, int], dict[str, int]]:
-        """(what the container is asked to enforce, the rlimits the launcher sets on every command)."""
-        s = self._settings
-        engine = {"memory": s.sandbox_memory_mb * 1024 * 1024, "pids": s.sandbox_max_processes,
-                  "nano_cpus": int(self._config.cpus * 1e9)}
-        return engine, rlimits(s, nproc=False)
+    def _limits(self, limits: SandboxLimits, sized: bool) -> tuple[dict[str, int], dict[str, int]]:
+        """(what the container is asked to enforce, the rlimits the launcher sets on every command). Without a
+        sized writable layer the workdir's tmpfs pages count against the container's memory: raised by them."""
+        disk = limits.disk_mb << 20
+        engine = {"memory": (limits.memory_mb << 20) + (0 if sized else disk), "pids": limits.max_processes,
+                  "disk": disk}
+        if limits.cpus > 0:
+            engine["nano_cpus"] = round(limits.cpus * 1e9)
+        return engine, limits.rlimits(nproc=False)
+
+    def _is_sized(self) -> bool:
+        """Whether the engine's storage driver can bound a container's writable layer (asked once)."""
+        if self._sized is None:
+            info = self.client().api.info()
+            status = dict(info.get("DriverStatus") or [])
+            driver = info.get("Driver", "")
+            on_xfs = driver == "overlay2" and status.get("Backing Filesystem") == "xfs"
+            self._sized = driver in _SIZED_DRIVERS or on_xfs
+        return self._sized
 
     def check(self) -> BackendStatus:
-        engine, launcher = self._limits()
+        engine, launcher = self._limits(SandboxLimits.from_settings(self._settings), sized=False)
         limits = {**engine, **launcher}
         url = self._config.daemon_url
         socket_path = url.removeprefix("unix://")
@@ -84,7 +105,18 @@ class DockerBackend(SandboxBackend):
             return BackendStatus(self.name, False, None, f"no usable Docker daemon: {err}", limits)
         detail = f"Docker {version.get('Version', '?')}; default image {image!r} "
         detail += "present" if present else "absent (pulled at the first rollout)"
-        return BackendStatus(self.name, True, "docker", detail, limits)
+        try:
+            sized = self._is_sized()
+        except SDK_ERRORS:
+            sized = False
+        engine, launcher = self._limits(SandboxLimits.from_settings(self._settings), sized=sized)
+        limits = {**engine, **launcher}
+        detail += "; disk: the writable layer's size" if sized else "; disk: a tmpfs workdir (the rest unbounded)"
+        return BackendStatus(self.name, True, "docker", detail, limits, self._scopes(limits, sized))
+
+    @staticmethod
+    def _scopes(limits: dict[str, int], sized: bool) -> dict[str, str]:
+        return scopes(limits, **({} if sized else {"disk": "workdir"}))
 
     def _transport(self) -> DockerTransport:
         """The transport for a new sandbox: see `DockerConfig.transport`."""
@@ -111,9 +143,11 @@ class DockerBackend(SandboxBackend):
             await asyncio.shield(self._discard(creating))
             await transport.close()
             raise
-        engine, launcher = self._limits()
+        engine, launcher = self._limits(self._spec_limits(spec), self._sized or False)
         box = DockerSandbox(container_id, transport, api=self.client().api, spec=spec, rlimits=launcher,
-                            container_limits=engine, timeouts=self._config.timeouts, relay_port=self._config.relay_port)
+                            container_limits=engine, timeouts=self._config.timeouts, relay_port=self._config.relay_port,
+                            scopes=self._scopes({**engine, **launcher}, bool(self._sized)),
+                            engine_here=self._config.daemon_url.startswith("unix://"))
         return await box.opened(box.start())
 
     async def _discard(self, creating: asyncio.Future[str]) -> None:
@@ -123,8 +157,13 @@ class DockerBackend(SandboxBackend):
             return  # never created
         await discard(self.client().api, container_id)
 
+    def _spec_limits(self, spec: SandboxSpec) -> SandboxLimits:
+        return spec.limits or SandboxLimits.from_settings(self._settings)
+
     def _create_container(self, spec: SandboxSpec, transport: DockerTransport) -> str:
-        s, c = self._settings, self._config
+        c = self._config
+        sized = self._is_sized()
+        engine, _ = self._limits(self._spec_limits(spec), sized)
         image = spec.image or c.image
         made = transport.container_spec(c.relay_port if spec.network == "llm" else None)
         volumes = {path: {"bind": path, "mode": "ro"} for path in c.host_binds}
@@ -139,10 +178,10 @@ class DockerBackend(SandboxBackend):
             labels={LABEL_ROLLOUT: spec.rollout_id, LABEL_OWNER: owner(), **made.labels},
             network_mode="host" if spec.network == "host" else "none",
             volumes={**volumes, **made.volumes},
-            mem_limit=f"{s.sandbox_memory_mb}m",
-            memswap_limit=f"{s.sandbox_memory_mb}m",
-            pids_limit=s.sandbox_max_processes,
-            nano_cpus=int(c.cpus * 1e9),
+            mem_limit=engine["memory"],
+            memswap_limit=engine["memory"],
+            pids_limit=engine["pids"],
+            nano_cpus=engine.get("nano_cpus", 0),
             cap_drop=["ALL"],
             cap_add=_CAPS,
             security_opt=["no-new-privileges"],
@@ -150,6 +189,14 @@ class DockerBackend(SandboxBackend):
             working_dir="/",
             environment={},
         )
+        if sized:
+            kwargs["storage_opt"] = {"size": f"{engine['disk']}"}
+        else:
+            # An anonymous volume of the local driver, of type tmpfs: removed with the container (`v=True`), and
+            # unlike a `tmpfs` mount reached by the engine's archive API, which the file operations use.
+            options = f"size={engine['disk']},mode=0755,uid={SANDBOX_UID},gid={SANDBOX_UID}"
+            driver = docker.types.DriverConfig("local", {"type": "tmpfs", "device": "tmpfs", "o": options})
+            kwargs["mounts"] = [docker.types.Mount(PATHS.workdir, None, type="volume", driver_config=driver)]
         # The low-level API: `containers.create` would inspect the new container (one more round trip).
         api = self.client().api
         try:
@@ -157,6 +204,12 @@ class DockerBackend(SandboxBackend):
         except docker.errors.ImageNotFound:
             self.client().images.pull(image)
             return _create(api, kwargs)
+        except docker.errors.APIError as exc:
+            if not sized or "storage" not in str(exc).lower():
+                raise
+            # overlay2 over xfs without project quotas: the workdir's tmpfs instead, from now on.
+            self._sized = False
+            return self._create_container(spec, transport)
 
     async def reap_orphans(self) -> int:
         """Remove labelled containers whose owning server (on this host) is gone, with their host dirs."""

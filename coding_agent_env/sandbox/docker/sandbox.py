@@ -11,6 +11,8 @@ then closes the transport (and its host directory).
 
 from __future__ import annotations
 
+import asyncio
+import os
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -18,6 +20,8 @@ from typing import Any
 from coding_agent_env.backend_config import LauncherTimeouts
 from coding_agent_env.errors import SandboxError, SandboxFileError, SandboxFileNotFoundError
 from coding_agent_env.sandbox.base import SandboxSpec
+from coding_agent_env.sandbox.base import scopes as base_scopes
+from coding_agent_env.sandbox.cgroups import limit_hits_of_pid
 from coding_agent_env.sandbox.docker import tar
 from coding_agent_env.sandbox.docker.archive import Archive
 from coding_agent_env.sandbox.docker.engine import call
@@ -28,6 +32,9 @@ from coding_agent_env.sandbox.launcher.client import SANDBOX_UID
 from coding_agent_env.sandbox.launcher.sandbox import LauncherSandbox
 
 __all__ = ["DockerSandbox"]
+
+_FULL_SLACK = 64 * 1024
+"""A workdir with less than this free is full (a write of that size would fail)."""
 
 
 class DockerSandbox(LauncherSandbox):
@@ -49,6 +56,8 @@ class DockerSandbox(LauncherSandbox):
         container_limits: Mapping[str, int],
         timeouts: LauncherTimeouts,
         relay_port: int,
+        scopes: Mapping[str, str] | None = None,
+        engine_here: bool = False,
     ) -> None:
         super().__init__(transport, LAYOUT, PATHS, timeouts=timeouts, rlimits=rlimits, command_uid=SANDBOX_UID)
         self._docker = transport
@@ -56,12 +65,35 @@ class DockerSandbox(LauncherSandbox):
         self._archive = Archive(api, container_id)
         self.id = container_id
         self.limits = MappingProxyType({**container_limits, **rlimits})
+        self.limit_scopes = MappingProxyType(dict(scopes) if scopes is not None else base_scopes(self.limits))
+        self._engine_here = engine_here
+        """The engine runs on this host (a unix socket): its containers' pids and groups are this host's."""
         self.network = spec.network
         self._forward_port = relay_port if spec.network == "llm" else None
         if self._forward_port is not None:
             self.relay_url = f"http://127.0.0.1:{relay_port}/v1"
         if spec.agents_dir is not None:
             self.agents_dir = AGENTS_DIR
+
+    async def limits_hit(self) -> list[str]:
+        """From the container's control-group counters, when its engine runs on this host (else none known)."""
+        if self.closed or not self._engine_here:
+            return []
+        state = (await call("inspect container", self._api.inspect_container, self.id)).get("State") or {}
+        pid = state.get("Pid") or 0
+        return await asyncio.to_thread(self._hits_of, pid) if pid > 0 else []
+
+    def _hits_of(self, pid: int) -> list[str]:
+        hits = limit_hits_of_pid(pid)
+        disk = self.limits.get("disk")
+        try:
+            # The container's own view of its workdir, from this host: its tmpfs (or its sized layer).
+            st = os.statvfs(f"/proc/{pid}/root{PATHS.workdir}")
+        except OSError:
+            return hits
+        if disk and st.f_bavail * st.f_frsize < _FULL_SLACK:
+            hits.append(f"disk quota exceeded: the sandbox's disk budget of {disk >> 20} MB")
+        return hits
 
     async def start(self) -> None:
         """Start the container; ready once its directories exist (and the forwarder listens under `llm`)."""

@@ -21,7 +21,7 @@ from typing import Self
 
 from coding_agent_env.backend_config import LauncherTimeouts
 from coding_agent_env.errors import SandboxError, SandboxFileError, SandboxFileNotFoundError
-from coding_agent_env.sandbox.base import ExecResult, FileEntry, Process, Sandbox, SandboxPaths
+from coding_agent_env.sandbox.base import ExecResult, FileEntry, Process, Sandbox, SandboxPaths, scopes
 from coding_agent_env.sandbox.launcher import client
 from coding_agent_env.sandbox.launcher.client import InnerLayout, OutputCap
 from coding_agent_env.sandbox.launcher.transport import Ran, Transport
@@ -51,6 +51,7 @@ class LauncherSandbox(Sandbox):
         super().__init__()
         self._transport = transport
         self.limits = MappingProxyType(dict(rlimits))
+        self.limit_scopes = MappingProxyType(scopes(self.limits))
         self._rlimit_args = client.rlimit_args(rlimits)
         self.layout, self.paths = layout, paths
         self._timeouts = timeouts

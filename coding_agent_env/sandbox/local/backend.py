@@ -23,6 +23,12 @@ spawn while another runs gets a namespace of its own for it. Without root, each 
 bwrap, and a small forwarder started inside pipes the port to the relay's unix socket, bind-mounted at
 /run/llm.sock.
 
+Sandbox-wide limits (`SandboxLimits`): as root, each sandbox gets a control group of its own (memory, processes,
+CPU; see `cgroup`), which every command joins before it starts, and its root is a tmpfs of its disk budget
+(`disk`); close() kills the group, so nothing it started survives. Without root, the process limit counts the
+sandbox's own (its user namespace), memory and CPU are per-process rlimits only, and the disk budget is
+watched (the sandbox's commands are killed once it is passed); `limits` and `limit_scopes` say which.
+
 Where bubblewrap cannot create namespaces (e.g. in an unprivileged container), or where the operator chose
 `LocalConfig.isolation="none"`, commands run as plain subprocesses in the host directory and `isolation` says
 `none`. Which of these modes runs is probed once (`probe`) and is then one `Launch` strategy (`launch`).
@@ -34,14 +40,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import tempfile
 import threading
+from pathlib import Path
 
 from coding_agent_env.backend_config import LocalConfig
 from coding_agent_env.errors import SandboxError, SandboxUnavailableError
-from coding_agent_env.sandbox.base import BackendStatus, Sandbox, SandboxBackend, SandboxSpec, rlimits
+from coding_agent_env.sandbox.base import (
+    BackendStatus,
+    Sandbox,
+    SandboxBackend,
+    SandboxLimits,
+    SandboxSpec,
+    scopes,
+)
+from coding_agent_env.sandbox.local.cgroup import Cgroups
+from coding_agent_env.sandbox.local.disk import mount_tmpfs, unmount
 from coding_agent_env.sandbox.local.launch import Launch
 from coding_agent_env.sandbox.local.probe import probe
-from coding_agent_env.sandbox.local.provision import DirWork, Provisioner, reap
+from coding_agent_env.sandbox.local.provision import Bounds, DirWork, Provisioner, reap
 from coding_agent_env.sandbox.local.sandbox import LocalSandbox
 from coding_agent_env.sandbox.local.uids import UidPool
 from coding_agent_env.settings import Settings
@@ -64,14 +81,36 @@ class LocalBackend(SandboxBackend):
         self._as_root = os.geteuid() == 0
         self._reaped = False
         self._uids = UidPool(config.uid_base, config.uid_count) if self._as_root else None
+        self._bounds = Bounds()
         self._dirs = dirs or DirWork()
 
     def _probe(self) -> Launch:
         with self._probe_lock:
             if self._launch is None:
+                self._bounds = _discover_bounds(self._settings.state_dir) if self._as_root else Bounds()
                 self._launch = probe(self._config, self._settings, as_root=self._as_root)
-                log.info("local sandbox isolation: %s", self._launch.detail)
+                log.info("local sandbox isolation: %s; %s", self._launch.detail, self._bounds_detail())
             return self._launch
+
+    def _bounds_detail(self) -> str:
+        bounds = self._bounds
+        group = bounds.cgroups.detail if bounds.cgroups is not None else "no control group (per-process rlimits)"
+        disk = "a tmpfs root of the disk budget" if bounds.tmpfs else "a watched disk budget"
+        return f"sandbox-wide limits: {group}, {disk}"
+
+    def _limits(self, launch: Launch, limits: SandboxLimits, own_uid: bool) -> tuple[dict[str, int], dict[str, int]]:
+        """(the rlimits every command gets, all limits enforced by name)."""
+        # With a control group its pids limit bounds the whole sandbox; RLIMIT_NPROC, hit first, would hide that.
+        process = limits.rlimits(nproc=launch.nproc_counts(own_uid) and self._bounds.cgroups is None)
+        wide: dict[str, int] = {"disk": limits.disk_mb << 20}
+        if self._bounds.cgroups is not None:
+            wide.update(memory=self._bounds.cgroup_limits(limits).memory_bytes, pids=limits.max_processes)
+            if limits.cpus > 0:
+                wide["nano_cpus"] = round(limits.cpus * 1e9)
+        return process, {**process, **wide}
+
+    def _scopes(self, enforced: dict[str, int]) -> dict[str, str]:
+        return scopes(enforced, **({} if self._bounds.tmpfs else {"disk": "watched"}))
 
     def _refusal(self, launch: Launch) -> str | None:
         """Why no sandbox can be made here under this config (isolation required but unavailable), or None."""
@@ -84,8 +123,9 @@ class LocalBackend(SandboxBackend):
         refusal = self._refusal(launch)
         if refusal is not None:
             return BackendStatus(self.name, False, None, refusal)
-        limits = rlimits(self._settings, nproc=launch.nproc_counts(self._as_root))
-        return BackendStatus(self.name, True, launch.isolation, launch.detail, limits)
+        _, limits = self._limits(launch, SandboxLimits.from_settings(self._settings), self._as_root)
+        detail = f"{launch.detail}; {self._bounds_detail()}"
+        return BackendStatus(self.name, True, launch.isolation, detail, limits, self._scopes(limits))
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         launch = self._launch or await asyncio.to_thread(self._probe)
@@ -106,14 +146,17 @@ class LocalBackend(SandboxBackend):
         port = self._config.relay_port
         reserve = port if relay is not None and relay.serve is not None else None
         uid = self._uids.take() if self._uids is not None else None
-        provisioner = Provisioner(self._settings.state_dir, self._dirs, with_netns=launch.own_netns)
+        limits = spec.limits or SandboxLimits.from_settings(self._settings)
+        provisioner = Provisioner(
+            self._settings.state_dir, self._dirs, with_netns=launch.own_netns, bounds=self._bounds, limits=limits
+        )
         made = await provisioner.make(spec.rollout_id, uid, reserve, release=lambda: self._release(uid))
         self._dirs.live += 1  # on the loop, as is every change of it
+        process, enforced = self._limits(launch, limits, uid is not None)
         return LocalSandbox(
-            launch, made.root, uid,
-            limits=rlimits(self._settings, nproc=launch.nproc_counts(uid is not None)),
+            launch, made, uid,
+            limits=process, enforced=enforced, scopes=self._scopes(enforced), disk_budget=limits.disk_mb << 20,
             relay=relay, relay_port=port, agents_source=spec.agents_dir, release=self._release, dirs=self._dirs,
-            netns=made.netns, reserved=made.reserved,
         )
 
     def _release(self, uid: int | None) -> None:
@@ -121,5 +164,22 @@ class LocalBackend(SandboxBackend):
             self._uids.give(uid)
 
     async def reap_orphans(self) -> int:
-        """Remove sandbox directories whose server process is gone."""
+        """Remove sandbox directories (and control groups) whose server process is gone."""
+        groups = self._bounds.cgroups
+        if groups is not None:
+            await asyncio.to_thread(groups.reap)
         return await asyncio.to_thread(reap, self._settings.state_dir)
+
+
+def _discover_bounds(state_dir: Path) -> Bounds:
+    """As root: the control groups this server may make, and whether it may mount a tmpfs (tried once)."""
+    cgroups = Cgroups.discover()
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="tmpfs-probe-", dir=state_dir) as trial:
+            mount_tmpfs(Path(trial), 1 << 20, None)
+            tmpfs = unmount(Path(trial))
+    except OSError as exc:
+        log.warning("no tmpfs per sandbox here (%s): disk budgets are watched, not enforced by the kernel", exc)
+        tmpfs = False
+    return Bounds(cgroups, tmpfs)

@@ -2,12 +2,14 @@
 
 As root, every command used to start as `nsenter --net=NS -S uid -G uid -- bwrap ... -- prlimit ... -- CMD`:
 two programs exec'd besides bwrap and the command, about a millisecond each, for work that is a handful of
-system calls. `cae-enter NETNS UID GID DATA FSIZE CPU NPROC BWRAP [ARG...]` does that work in one exec and
-becomes bwrap: it joins the network namespace NETNS (a path, or `-` to stay), sets the four rlimits (soft =
-hard, as `prlimit --name=value` does) while still root, drops supplementary groups, switches gid and uid (real,
-effective and saved) and execs bwrap, which gains no capability from it (not setuid). The limits are thus set
-on bwrap instead of on the command inside: every sandboxed process inherits them all the same, and
-RLIMIT_NPROC, set before the uid switch, is checked at the switch and at every later fork of that uid.
+system calls. `cae-enter NETNS UID GID DATA FSIZE CPU NPROC CGROUPS BWRAP [ARG...]` does that work in one exec
+and becomes bwrap: it moves itself into the sandbox's control groups (CGROUPS: the files to write `0` to, see
+`cgroup.SandboxCgroup.procs`, joined by `:`, or `-`), joins the network namespace NETNS (a path, or `-` to stay), sets the four rlimits (soft = hard,
+as `prlimit --name=value` does; `-` leaves one as it is) while still root, drops supplementary groups,
+switches gid and uid (real, effective and saved) and execs bwrap, which gains no capability from it (not
+setuid). The limits are thus set on bwrap instead of on the command inside: every sandboxed process inherits
+them all the same, and RLIMIT_NPROC, set before the uid switch, is checked at the switch and at every later
+fork of that uid.
 
 It is compiled from the source below once per server process, with the host's C compiler (`cc`; the CI
 installs gcc), into a sealed in-memory file; where there is no compiler, callers keep nsenter and prlimit.
@@ -22,7 +24,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 __all__ = ["argv", "build"]
 
@@ -57,16 +59,31 @@ static int number(const char *text, unsigned long long *out) {
     return 0;
 }
 
-/* cae-enter NETNS UID GID DATA FSIZE CPU NPROC PROGRAM [ARG...] */
+/* Each path is a group's `tasks` (v1) or `cgroup.procs` (v2) file: writing 0 moves the caller in. */
+static int join_cgroups(char *list) {
+    if (strcmp(list, "-") == 0) return 0;
+    for (char *path = strtok(list, ":"); path != NULL; path = strtok(NULL, ":")) {
+        int fd = open(path, O_WRONLY | O_CLOEXEC);
+        if (fd < 0) return -1;
+        ssize_t wrote = write(fd, "0\n", 2);
+        close(fd);
+        if (wrote != 2) return -1;
+    }
+    return 0;
+}
+
+/* cae-enter NETNS UID GID DATA FSIZE CPU NPROC CGROUPS PROGRAM [ARG...] */
 int main(int argc, char **argv) {
     static const int resources[] = {RLIMIT_DATA, RLIMIT_FSIZE, RLIMIT_CPU, RLIMIT_NPROC};
     unsigned long long uid, gid, value;
-    if (argc < 9) {
-        fprintf(stderr, "usage: cae-enter NETNS UID GID DATA FSIZE CPU NPROC PROGRAM [ARG...]\n");
+    if (argc < 10) {
+        fprintf(stderr, "usage: cae-enter NETNS UID GID DATA FSIZE CPU NPROC CGROUPS PROGRAM [ARG...]\n");
         return 126;
     }
     if (number(argv[2], &uid) != 0 || number(argv[3], &gid) != 0 || uid == 0 || gid == 0)
         return fail("uid/gid");
+    /* First: everything from here on, bwrap and the command included, is in the sandbox's groups. */
+    if (join_cgroups(argv[8]) != 0) return fail("join cgroup");
     if (strcmp(argv[1], "-") != 0) {
         int fd = open(argv[1], O_RDONLY | O_CLOEXEC);
         if (fd < 0) return fail("open network namespace");
@@ -74,6 +91,7 @@ int main(int argc, char **argv) {
         close(fd);
     }
     for (int i = 0; i < 4; i++) {
+        if (strcmp(argv[4 + i], "-") == 0) continue; /* not set: the caller bounds it otherwise */
         if (number(argv[4 + i], &value) != 0) return fail("limit");
         struct rlimit limit = {(rlim_t)value, (rlim_t)value};
         if (setrlimit(resources[i], &limit) != 0) return fail("setrlimit");
@@ -81,17 +99,24 @@ int main(int argc, char **argv) {
     if (setgroups(0, NULL) != 0) return fail("setgroups");
     if (setresgid((gid_t)gid, (gid_t)gid, (gid_t)gid) != 0) return fail("setresgid");
     if (setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid) != 0) return fail("setresuid");
-    execv(argv[8], argv + 8);
+    execv(argv[9], argv + 9);
     return fail("exec");
 }
 """
 LIMITS = ("data", "fsize", "cpu", "nproc")
 """The rlimits the helper sets, in its argument order (names as in `prlimit`)."""
+_UNSET = "-"
+"""A limit the helper leaves as it is (the process limit, where the sandbox's control group bounds it)."""
 
 
-def argv(helper: str, netns: str | None, uid: int, limits: Mapping[str, int]) -> list[str]:
-    """The helper's argv up to (not including) the program it becomes; `limits` must name all of LIMITS."""
-    return [helper, netns or "-", str(uid), str(uid), *(str(limits[name]) for name in LIMITS)]
+def argv(
+    helper: str, netns: str | None, uid: int, limits: Mapping[str, int], cgroups: Sequence[str] = ()
+) -> list[str]:
+    """The helper's argv up to (not including) the program it becomes; a limit of LIMITS not in `limits` is
+    left as it is (`-`);
+    `cgroups` are the files that move the helper into the sandbox's groups (paths without `:`)."""
+    joined = ":".join(cgroups) if cgroups else "-"
+    return [helper, netns or "-", str(uid), str(uid), *(str(limits.get(name, _UNSET)) for name in LIMITS), joined]
 
 
 def build() -> str | None:

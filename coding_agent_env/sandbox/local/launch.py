@@ -30,14 +30,15 @@ from coding_agent_env.sandbox.local.proc import HostCredentials
 
 __all__ = [
     "AGENTS_MOUNT",
+    "SUBDIRS",
     "Box",
-    "Command",
     "Bwrap",
     "BwrapEnter",
     "BwrapNsenter",
+    "Command",
     "Launch",
-    "SUBDIRS",
     "Unisolated",
+    "cgroup_join",
     "host_dirs",
     "namespace_args",
 ]
@@ -56,6 +57,16 @@ exec "$@"
 """Starts the relay forwarder in the spawned command's own network namespace (`--detach` returns once it
 listens: no readiness polling), then becomes the command. Only constants and positional arguments: nothing is
 interpolated."""
+_CGROUP_JOIN = 'while [ "$1" != -- ]; do echo 0 > "$1" || exit 126; shift; done; shift; exec "$@"'
+"""Moves the shell into each group named before `--` (it writes `0`: itself), then becomes the rest: what the
+command starts is in the groups from its first instruction. For strategies without the compiled helper."""
+
+
+def cgroup_join(box: Box) -> list[str]:
+    """The argv prefix that joins the sandbox's control groups first (nothing when it has none)."""
+    if not box.cgroup_procs:
+        return []
+    return ["/bin/sh", "-c", _CGROUP_JOIN, "cae-cgroup", *box.cgroup_procs, "--"]
 
 
 def host_dirs(root: Path) -> dict[str, Path]:
@@ -76,6 +87,9 @@ class Box:
     relay: RelayEndpoint | None = None
     relay_port: int = 0
     agents_source: str | None = None
+    cgroup_procs: tuple[str, ...] = ()
+    """The files that move a process into the sandbox's control groups, which every command joins first (as
+    root)."""
 
     @property
     def hosts(self) -> dict[str, Path]:
@@ -184,7 +198,8 @@ class Unisolated(Launch):
     def command(
         self, box: Box, argv: Sequence[str], cwd: str, *, fresh: bool, netns: int | None, forwarder: bool = False
     ) -> Command:
-        return Command([*_prlimit(box.limits), *argv], str(box.mounts.host_path(cwd)), HostCredentials(box.uid, box.uid))
+        head = [*cgroup_join(box), *_prlimit(box.limits)]
+        return Command([*head, *argv], str(box.mounts.host_path(cwd)), HostCredentials(box.uid, box.uid))
 
     def kills_by_uid(self, box: Box) -> bool:
         return box.uid is not None
@@ -201,6 +216,12 @@ class Bwrap(Launch):
     def command(
         self, box: Box, argv: Sequence[str], cwd: str, *, fresh: bool, netns: int | None, forwarder: bool = False
     ) -> Command:
+        inner = self._bwrap(box, argv, cwd, fresh=fresh, netns=netns, forwarder=forwarder)
+        return Command([*self._root_launcher(box, netns), *inner], None, self._creds(box))
+
+    def _bwrap(
+        self, box: Box, argv: Sequence[str], cwd: str, *, fresh: bool, netns: int | None, forwarder: bool
+    ) -> list[str]:
         paths, hosts = BWRAP_PATHS, box.hosts
         binds: list[str] = ["--bind", str(hosts["workdir"]), paths.workdir]
         if box.agents_source is not None:
@@ -215,13 +236,13 @@ class Bwrap(Launch):
             binds += ["--tmpfs", paths.home, "--tmpfs", paths.tmp]
         else:
             binds += ["--bind", str(hosts["home"]), paths.home, "--bind", str(hosts["tmp"]), paths.tmp]
-        head = [*self._root_launcher(box, netns), self.bwrap, *namespace_args(share_net=netns is not None)]
-        head += [*self.system_args, *binds, "--chdir", cwd]
-        return Command([*head, "--", *self._prlimit(box), *argv], None, self._creds(box))
+        head = [self.bwrap, *namespace_args(share_net=netns is not None), *self.system_args, *binds, "--chdir", cwd]
+        return [*head, "--", *self._prlimit(box), *argv]
 
     def _root_launcher(self, box: Box, netns: int | None) -> list[str]:
-        """What starts bwrap as the sandbox's uid (in `netns`); nothing: the server's spawn does."""
-        return []
+        """What starts bwrap as the sandbox's uid (in `netns`), after joining its control groups; here the
+        server's spawn switches the uid."""
+        return cgroup_join(box)
 
     def _prlimit(self, box: Box) -> tuple[str, ...]:
         return _prlimit(box.limits)
@@ -248,13 +269,14 @@ class BwrapNsenter(_RootLaunched):
     def _root_launcher(self, box: Box, netns: int | None) -> list[str]:
         assert box.uid is not None
         joined = [f"--net={join_path(netns)}"] if netns is not None else []
-        return [self.program, *joined, "-S", str(box.uid), "-G", str(box.uid), "--"]
+        return [*cgroup_join(box), self.program, *joined, "-S", str(box.uid), "-G", str(box.uid), "--"]
 
 
 class BwrapEnter(_RootLaunched):
     def _root_launcher(self, box: Box, netns: int | None) -> list[str]:
         assert box.uid is not None
-        return enter.argv(self.program, join_path(netns) if netns is not None else None, box.uid, box.limits)
+        netns_path = join_path(netns) if netns is not None else None
+        return enter.argv(self.program, netns_path, box.uid, box.limits, box.cgroup_procs)
 
     def _prlimit(self, box: Box) -> tuple[str, ...]:
         return ()  # set on bwrap itself by the helper, inherited by everything inside

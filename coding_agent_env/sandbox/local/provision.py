@@ -1,12 +1,14 @@
-"""Making and removing a local sandbox's host root (and, with a root launcher, its network namespace).
+"""Making and removing a local sandbox's host root (and, with a root launcher, its network namespace), and what
+bounds it as a whole (`Bounds`: its control group, its root a tmpfs of its disk budget).
 
 A sandbox root is `STATE_DIR/<server pid>-<rollout>-<random>/` with the `SUBDIRS`, owned by the sandbox's uid
-as root. Roots whose server process is gone are orphans, removed by `reap`.
+as root. Roots whose server process is gone are orphans, removed by `reap` (unmounted first).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import os
@@ -20,11 +22,14 @@ from typing import TypeVar
 
 from coding_agent_env.errors import SandboxError
 from coding_agent_env.pids import pid_alive
+from coding_agent_env.sandbox.base import SandboxLimits
 from coding_agent_env.sandbox.local import netns
+from coding_agent_env.sandbox.local.cgroup import CgroupLimits, Cgroups, SandboxCgroup
+from coding_agent_env.sandbox.local.disk import mount_tmpfs, unmount
 from coding_agent_env.sandbox.local.hostfs import remove_tree
 from coding_agent_env.sandbox.local.launch import SUBDIRS
 
-__all__ = ["DirWork", "Made", "Provisioner", "close_namespace", "reap"]
+__all__ = ["Bounds", "DirWork", "Made", "Provisioner", "close_namespace", "reap", "remove_root"]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -64,22 +69,52 @@ class DirWork:
 
 
 @dataclass(frozen=True)
+class Bounds:
+    """How a backend bounds each sandbox as a whole (as root): `cgroups` to make its control group in (None:
+    none can be made here), `tmpfs` whether its root is a tmpfs of its disk budget."""
+
+    cgroups: Cgroups | None = None
+    tmpfs: bool = False
+
+    def cgroup_limits(self, limits: SandboxLimits) -> CgroupLimits:
+        """The group's bounds: a tmpfs root's pages are charged to it, so its memory is raised by the disk
+        budget (each budget then holds on its own)."""
+        disk = limits.disk_mb << 20 if self.tmpfs else 0
+        return CgroupLimits((limits.memory_mb << 20) + disk, limits.max_processes, limits.cpus)
+
+
+@dataclass(frozen=True)
 class Made:
     """A provisioned sandbox: its root, its network namespace (our descriptor) and the socket reserving the
-    relay port in it, when made."""
+    relay port in it, when made; its control group and whether its root is a tmpfs."""
 
     root: Path
     netns: int | None = None
     reserved: socket.socket | None = None
+    cgroup: SandboxCgroup | None = None
+    tmpfs: bool = False
+
+    def undo(self) -> None:
+        """Remove what was made (its processes are gone, or were never started)."""
+        if self.netns is not None:
+            close_namespace(self.netns, self.reserved)
+        remove_root(self.root, self.tmpfs)
+        if self.cgroup is not None:
+            self.cgroup.remove()
 
 
 class Provisioner:
     """Makes sandbox roots under `state_dir`, with a network namespace each when `with_netns`."""
 
-    def __init__(self, state_dir: Path, dirs: DirWork, *, with_netns: bool) -> None:
+    def __init__(
+        self, state_dir: Path, dirs: DirWork, *, with_netns: bool, bounds: Bounds | None = None,
+        limits: SandboxLimits | None = None,
+    ) -> None:
         self._state = state_dir
         self._dirs = dirs
         self._with_netns = with_netns
+        self._bounds = bounds or Bounds()
+        self._limits = limits
 
     async def make(
         self, rollout_id: str, uid: int | None, reserve_port: int | None, *, release: Callable[[], None]
@@ -103,70 +138,83 @@ class Provisioner:
     def _in_thread(self, rollout_id: str, uid: int | None, reserve_port: int | None) -> Made:
         """On a worker thread. The kernel makes the namespace while this thread makes the directories."""
         if not self._with_netns:
-            return Made(self.make_root(rollout_id, uid))
+            return self.make_root(rollout_id, uid)
         finish = netns.begin_netns(reserve_port)
         try:
-            root = self.make_root(rollout_id, uid)
+            made = self.make_root(rollout_id, uid)
         except BaseException:
             _finish_quietly(finish)
             raise
-        return Made(root, *_claim_netns(finish))
+        return dataclasses.replace(made, **_claim_netns(finish))
 
     async def _on_loop(self, rollout_id: str, uid: int | None, reserve_port: int | None) -> Made:
         """`_in_thread` with the directories made on the event loop (`DirWork`); the loop awaits the
         namespace's thread rather than blocking on it (making a namespace can wait on a kernel lock)."""
         make_root = functools.partial(self.make_root, rollout_id, uid)
         if not self._with_netns:
-            return Made(self._dirs.timed(make_root))
+            return self._dirs.timed(make_root)
         loop = asyncio.get_running_loop()
         ready = loop.create_future()
         finish = netns.begin_netns(reserve_port, on_done=functools.partial(_wake, loop, ready))
         try:
-            root = self._dirs.timed(make_root)
+            made = self._dirs.timed(make_root)
         except BaseException:
             await ready
             _finish_quietly(finish)
             raise
         await ready
-        return Made(root, *_claim_netns(finish))
+        return dataclasses.replace(made, **_claim_netns(finish))
 
-    def make_root(self, rollout_id: str, uid: int | None) -> Path:
+    def make_root(self, rollout_id: str, uid: int | None) -> Made:
+        """The sandbox's root with its subdirectories, its tmpfs and control group where `Bounds` say."""
         self._state.mkdir(parents=True, exist_ok=True)
         os.chmod(self._state, 0o711)  # sandbox uids must traverse to their own (0700) root
         safe = "".join(c for c in rollout_id if c.isalnum())[:12] or "rollout"
         # Resolved here, once, so the sandbox's file operations need not resolve it again.
         root = Path(os.path.realpath(self._state)) / f"{os.getpid()}-{safe}-{secrets.token_hex(4)}"
+        bounds, limits = self._bounds, self._limits
+        made = Made(root, tmpfs=bounds.tmpfs and limits is not None)
         try:
             root.mkdir(mode=0o700)
+            if made.tmpfs:
+                assert limits is not None
+                mount_tmpfs(root, limits.disk_mb << 20, uid)
             for sub in SUBDIRS.values():
                 (root / sub).mkdir(mode=0o755)
                 if uid is not None:
                     os.chown(root / sub, uid, uid)
             if uid is not None:
                 os.chown(root, uid, uid)
-        except OSError as exc:
-            remove_tree(root)
-            raise SandboxError(f"cannot create sandbox directory: {exc.strerror}") from exc
-        return root
+            if bounds.cgroups is not None and limits is not None:
+                cgroup = bounds.cgroups.make(root.name, bounds.cgroup_limits(limits))
+                if cgroup is None:
+                    raise SandboxError("cannot make the sandbox's control group (see the server log)")
+                made = dataclasses.replace(made, cgroup=cgroup)
+                if uid is not None:
+                    cgroup.give_to(uid)  # commands the server spawns as the uid join it themselves
+        except BaseException as exc:
+            made.undo()
+            if isinstance(exc, OSError):
+                raise SandboxError(f"cannot create sandbox directory: {exc.strerror}") from exc
+            raise
+        return made
 
 
 def _undo(release: Callable[[], None], made: asyncio.Future[Made]) -> None:
     """A make() cancelled while its work ran: remove what it made, once it is done, then release."""
     if not made.cancelled() and made.exception() is None:
-        done = made.result()
-        if done.netns is not None:
-            close_namespace(done.netns, done.reserved)
-        remove_tree(done.root)
+        made.result().undo()
     release()
 
 
-def _claim_netns(finish: Callable[[], tuple[int, socket.socket | None]]) -> tuple[int | None, socket.socket | None]:
+def _claim_netns(finish: Callable[[], tuple[int, socket.socket | None]]) -> dict[str, object]:
     try:
-        return finish()
+        fd, reserved = finish()
     except OSError as exc:
         # Each command's bwrap then makes its own namespace: slower, just as isolated.
         log.warning("no network namespace for a sandbox, each command makes its own: %s", exc)
-        return None, None
+        return {}
+    return {"netns": fd, "reserved": reserved}
 
 
 def _finish_quietly(finish: Callable[[], tuple[int, socket.socket | None]]) -> None:
@@ -200,6 +248,17 @@ def reap(state: Path) -> int:
         pid_text = entry.name.split("-", 1)[0]
         if not pid_text.isdigit() or pid_alive(int(pid_text)):
             continue
-        remove_tree(entry)
+        remove_root(entry, tmpfs=True)
         reaped += 1
     return reaped
+
+
+def remove_root(root: Path, tmpfs: bool) -> None:
+    """Remove a sandbox root; one that may be a tmpfs is unmounted first (which frees all it holds)."""
+    if tmpfs and unmount(root):
+        try:
+            root.rmdir()
+            return
+        except OSError:
+            pass  # something under the mount point itself: remove it as any tree
+    remove_tree(root)

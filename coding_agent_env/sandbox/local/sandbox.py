@@ -2,8 +2,13 @@
 
 Files are read and written on the host, confined to the sandbox's directories (`hostfs`). Commands are host
 processes (`proc`): each in a new session, killed by process group, under bubblewrap the whole PID namespace
-with its leader. `close()` kills every command still running, stops serving the relay, removes the root and
-gives the uid back.
+with its leader; as root, each joins the sandbox's control group first. `close()` kills every command still
+running and then whatever is left in the control group, stops serving the relay, removes the root (a tmpfs:
+unmounted) and the group, and gives the uid back.
+
+Disk budget: a tmpfs root refuses writes past it (ENOSPC); without one, a watch measures the sandbox's
+directories every `_WATCH_S` and kills its running commands while the budget is passed. Either way
+`limits_hit()` then says `disk quota exceeded`.
 """
 
 from __future__ import annotations
@@ -11,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-import socket
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -19,15 +23,21 @@ from types import MappingProxyType
 from coding_agent_env.errors import SandboxError
 from coding_agent_env.sandbox.base import ExecResult, FileEntry, Process, RelayEndpoint, Sandbox
 from coding_agent_env.sandbox.local import proc
+from coding_agent_env.sandbox.local.cgroup import SandboxCgroup
+from coding_agent_env.sandbox.local.disk import tmpfs_usage, tree_usage
 from coding_agent_env.sandbox.local.hostfs import HostMounts, remove_if_empty, remove_tree
 from coding_agent_env.sandbox.local.launch import SUBDIRS, Box, Launch, host_dirs
-from coding_agent_env.sandbox.local.provision import DirWork
+from coding_agent_env.sandbox.local.provision import DirWork, Made, remove_root
 from coding_agent_env.sandbox.local.relay import RelayServing
 
 __all__ = ["LocalSandbox"]
 
 _REAP_S = 5.0
 """How long close() waits for killed children to be reaped (SIGKILL is prompt; this bounds a stuck one)."""
+_WATCH_S = 1.0
+"""How often a watched disk budget is measured."""
+_FULL_SLACK = 64 * 1024
+"""A tmpfs with less than this free is full (a write of that size would fail)."""
 
 
 class LocalSandbox(Sandbox):
@@ -38,23 +48,30 @@ class LocalSandbox(Sandbox):
     def __init__(
         self,
         launch: Launch,
-        root: Path,
+        made: Made,
         uid: int | None,
         *,
         limits: Mapping[str, int],
+        enforced: Mapping[str, int],
+        scopes: Mapping[str, str],
+        disk_budget: int,
         relay: RelayEndpoint | None,
         relay_port: int,
         agents_source: str | None,
         release: Callable[[int | None], None],
         dirs: DirWork,
-        netns: int | None = None,
-        reserved: socket.socket | None = None,
     ) -> None:
         super().__init__()
+        root, reserved = made.root, made.reserved
         self._launch = launch
         self._release = release
         self._dirs = dirs
-        self._netns = netns
+        self._netns = made.netns
+        self._cgroup = made.cgroup
+        self._tmpfs = made.tmpfs
+        self._disk_budget = disk_budget
+        self._disk_over = False
+        self._watch: asyncio.Task[None] | None = None
         self._closing: asyncio.Future[None] | None = None
         self._children: dict[int, proc.Child] = {}
         """Running children by process group: what close() kills and reaps."""
@@ -68,8 +85,10 @@ class LocalSandbox(Sandbox):
             (uid, uid) if uid is not None else None,
             canonical=True,  # `root` comes from the provisioner, resolved
         )
-        self._box = Box(root, uid, limits, self.shell, mounts, relay, relay_port, agents_source)
-        self.limits = MappingProxyType(dict(limits))
+        procs = made.cgroup.procs if made.cgroup is not None else ()
+        self._box = Box(root, uid, limits, self.shell, mounts, relay, relay_port, agents_source, procs)
+        self.limits = MappingProxyType(dict(enforced))
+        self.limit_scopes = MappingProxyType(dict(scopes))
         self.network = launch.network(relay)
         self.relay_url = launch.relay_url(relay, relay_port) if relay is not None else None
         self.agents_dir = launch.agents_dir(agents_source) if agents_source is not None else None
@@ -81,6 +100,8 @@ class LocalSandbox(Sandbox):
         )
         if self._serving is None and reserved is not None:
             reserved.close()
+        if not self._tmpfs:
+            self._watch = asyncio.ensure_future(self._watch_disk())
 
     @property
     def host_uid(self) -> int | None:
@@ -113,7 +134,7 @@ class LocalSandbox(Sandbox):
         fresh_dir = self._launch.fresh_home(self._box) if fresh else None
         try:
             command = self._launch.command(self._box, argv, cwd or self.paths.workdir, fresh=fresh, netns=self._netns)
-            return await proc.run_capped(
+            result = await proc.run_capped(
                 command.argv,
                 env=self._env(env, fresh_dir),
                 cwd=command.cwd,
@@ -122,6 +143,8 @@ class LocalSandbox(Sandbox):
                 max_output_bytes=max_output_bytes,
                 track=self._children,
             )
+            self._note_full_disk()
+            return result
         except OSError as exc:
             raise SandboxError(f"cannot start command: {exc.strerror}") from exc
         finally:
@@ -187,7 +210,32 @@ class LocalSandbox(Sandbox):
         self._check_open()
         return await asyncio.to_thread(self._box.mounts.list, path, max_entries)
 
+    async def limits_hit(self) -> list[str]:
+        self._note_full_disk()
+        hits = self._cgroup.hits() if self._cgroup is not None else []
+        if self._disk_over:
+            hits.append(f"disk quota exceeded: the sandbox's disk budget of {self._disk_budget >> 20} MB")
+        return hits
+
+    def _note_full_disk(self) -> None:
+        """A tmpfs root that is (nearly) full: the budget was reached (what failed with ENOSPC says so too)."""
+        if self._tmpfs and not self._disk_over and not self.closed:
+            used, size = tmpfs_usage(self._box.root)
+            self._disk_over = size - used < _FULL_SLACK
+
+    async def _watch_disk(self) -> None:
+        """The watched budget (no tmpfs): measure every `_WATCH_S`; while it is passed, kill what runs."""
+        while True:
+            await asyncio.sleep(_WATCH_S)
+            used = await asyncio.to_thread(tree_usage, self._box.root)
+            if used > self._disk_budget:
+                self._disk_over = True
+                for child in list(self._children.values()):
+                    child.kill_tree()
+
     async def _close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
         # Before any await: even a close cancelled at once has killed.
         killed = [child.kill_tree() for child in self._children.values()]
         if self._netns is not None:
@@ -206,12 +254,27 @@ class LocalSandbox(Sandbox):
         if self._serving is not None:
             await self._serving.close()
         box = self._box
-        if self._launch.kills_by_uid(box):
+        if self._cgroup is not None:
+            # Whatever is left in the group: under bubblewrap nothing (its namespaces went with the commands),
+            # unisolated what left its process group. Usually empty at once: a few file reads.
+            cgroup = self._cgroup
+            if cgroup.pids():
+                await asyncio.to_thread(cgroup.kill, deadline_s=_REAP_S)
+        elif self._launch.kills_by_uid(box):
             # Unisolated processes may have left their group (setsid): end everything of this uid.
             await proc.kill_all_of_uid(proc.HostCredentials(box.uid, box.uid))
         try:
-            if not await self._dirs.run(functools.partial(remove_if_empty, box.root, SUBDIRS.values())):
+            if self._tmpfs:
+                await self._dirs.run(functools.partial(remove_root, box.root, True))  # unmounting frees it all
+            elif not await self._dirs.run(functools.partial(remove_if_empty, box.root, SUBDIRS.values())):
                 await asyncio.to_thread(remove_tree, box.root)  # what the sandbox left: unbounded
         finally:
+            if self._cgroup is not None and not self._cgroup.remove():
+                await asyncio.to_thread(_kill_and_remove, self._cgroup)
             self._dirs.live -= 1
             self._release(box.uid)
+
+
+def _kill_and_remove(cgroup: SandboxCgroup) -> None:
+    if cgroup.kill(deadline_s=_REAP_S):
+        cgroup.remove()

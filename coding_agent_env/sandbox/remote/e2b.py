@@ -23,7 +23,7 @@ import e2b
 
 from coding_agent_env.backend_config import E2bConfig
 from coding_agent_env.errors import SandboxError, SandboxFileNotFoundError, SandboxUnavailableError
-from coding_agent_env.sandbox.base import BackendStatus, Sandbox, SandboxBackend, SandboxSpec, rlimits
+from coding_agent_env.sandbox.base import BackendStatus, Sandbox, SandboxBackend, SandboxLimits, SandboxSpec, rlimits
 from coding_agent_env.sandbox.launcher.client import OutputCap
 from coding_agent_env.sandbox.launcher.transport import Ran
 from coding_agent_env.sandbox.remote.base import RemoteSandbox, RemoteTransport
@@ -77,10 +77,11 @@ class E2bBackend(SandboxBackend):
             )
         except e2b.SandboxException as exc:
             raise _translate(exc, "create E2B sandbox") from exc
+        process_limits = (spec.limits or SandboxLimits.from_settings(s)).rlimits(nproc=False)
         # The VM's end would kill and remove everything too; tidying first keeps close deterministic.
         box = RemoteSandbox(E2bEngine(vm), f"{c.root}/{vm.sandbox_id}", backend=self.name, sandbox_id=str(vm.sandbox_id),
                             isolation="e2b", network="host" if spec.network == "host" else "none",
-                            timeouts=c.timeouts, rlimits=rlimits(s, nproc=False), tidy=True)
+                            timeouts=c.timeouts, rlimits=process_limits, tidy=True)
         return await box.opened(box.install())
 
 

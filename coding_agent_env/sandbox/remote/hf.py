@@ -28,7 +28,7 @@ from hf_sandbox import Sandbox as HfClient
 
 from coding_agent_env.backend_config import HfConfig
 from coding_agent_env.errors import SandboxError, SandboxFileNotFoundError, SandboxUnavailableError
-from coding_agent_env.sandbox.base import BackendStatus, Sandbox, SandboxBackend, SandboxSpec, rlimits
+from coding_agent_env.sandbox.base import BackendStatus, Sandbox, SandboxBackend, SandboxLimits, SandboxSpec, rlimits
 from coding_agent_env.sandbox.launcher.client import OutputCap
 from coding_agent_env.sandbox.launcher.transport import Ran
 from coding_agent_env.sandbox.remote.base import RemoteSandbox, RemoteTransport, remote_layout
@@ -94,10 +94,11 @@ class HfBackend(SandboxBackend):
                               timeout=f"{spec.lifetime_s(s.remote_sandbox_lifetime_s)}s")
             root, job, sandbox_id = _JOB_ROOT, True, sdk.job_id
         engine = HfEngine(sdk, job=job, run_dir=remote_layout(root)[1].run_dir, lifetime_s=s.remote_sandbox_lifetime_s)
+        process_limits = (spec.limits or SandboxLimits.from_settings(s)).rlimits(nproc=False)
         # A pod (or the attached server's host) has outbound network whatever the policy.
         box = RemoteSandbox(engine, root, backend=self.name, sandbox_id=sandbox_id,
                             isolation="hf-job" if job else "none", network="host", timeouts=c.timeouts,
-                            rlimits=rlimits(s, nproc=False), tidy=not job)
+                            rlimits=process_limits, tidy=not job)
         return await box.opened(box.install())
 
 

@@ -1,0 +1,50 @@
+"""What the kernel's control-group counters say a sandbox ran into: OOM kills at its memory limit and forks
+refused at its process limit. Shared by the backends whose sandboxes are control groups on this host (a local
+sandbox's own group, a container of a local Docker engine)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+__all__ = ["limit_hits", "limit_hits_of_pid"]
+
+_ROOT = Path("/sys/fs/cgroup")
+
+
+def limit_hits(version: int, memory: Path, pids: Path) -> list[str]:
+    """The limits hit by the group whose `memory` and `pids` directories are given (the same one in v2)."""
+    if version == 2:
+        oom, forks = _counter(memory / "memory.events", "oom_kill"), _counter(pids / "pids.events", "max")
+    else:
+        oom, forks = _counter(memory / "memory.oom_control", "oom_kill"), _counter(pids / "pids.events", "max")
+    found = []
+    if oom:
+        found.append(f"out of memory: {oom} process(es) killed at the sandbox's memory limit")
+    if forks:
+        found.append(f"process limit: {forks} fork(s) refused at the sandbox's process limit")
+    return found
+
+
+def limit_hits_of_pid(pid: int) -> list[str]:
+    """`limit_hits` of the group process `pid` of this host is in (nothing when it cannot be read)."""
+    groups: dict[str, str] = {}
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            for controller in controllers.split(",") if controllers else [""]:
+                groups[controller] = path.lstrip("/")
+    if "memory" in groups and "pids" in groups:
+        return limit_hits(1, _ROOT / "memory" / groups["memory"], _ROOT / "pids" / groups["pids"])
+    if "" in groups and (_ROOT / "cgroup.controllers").is_file():
+        return limit_hits(2, _ROOT / groups[""], _ROOT / groups[""])
+    return []
+
+
+def _counter(path: Path, key: str) -> int:
+    with contextlib.suppress(OSError, ValueError):
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    return 0
