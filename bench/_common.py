@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from coding_agent_env.sandbox.local.provision import remove_root
 from coding_agent_env.settings import LocalConfig, Settings
 
 
@@ -31,6 +32,9 @@ def bench_settings(uid_count: int = 4096) -> Iterator[Settings]:
     try:
         yield Settings(state_dir=state, backends=(LocalConfig(uid_base=500_000, uid_count=uid_count),))
     finally:
+        # Roots of sandboxes a failed run left open are tmpfs mounts (as root): unmounted, then removed.
+        for root in list(state.iterdir()) if state.is_dir() else []:
+            remove_root(root, tmpfs=True)
         shutil.rmtree(state, ignore_errors=True)
 
 
