@@ -24,6 +24,7 @@ from coding_agent_env.aio import shielded
 from coding_agent_env.errors import SandboxFileError
 from coding_agent_env.models import ArtifactReport
 from coding_agent_env.sandbox.base import FileEntry, Sandbox, SandboxBackend, SandboxSpec
+from coding_agent_env.settings import Settings
 
 __all__ = ["ArtifactCaps", "Artifacts", "collect_artifacts", "furnish", "open_clean_room", "place_verify_files"]
 
@@ -44,6 +45,15 @@ class ArtifactCaps:
     max_total_bytes: int
     max_listing: int
     """Entries of the workspace listed to match patterns against; beyond it, unmatched patterns say so."""
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ArtifactCaps:
+        return cls(
+            max_files=settings.artifact_max_files,
+            max_file_bytes=settings.artifact_max_file_bytes,
+            max_total_bytes=settings.artifact_max_total_bytes,
+            max_listing=settings.artifact_max_listing,
+        )
 
 
 @dataclass

@@ -31,30 +31,21 @@ from coding_agent_env.errors import AgentError, CodingAgentEnvError, RelayError,
 from coding_agent_env.llm import Relay, RolloutLlm, SharedRelay, Upstream, access, resolve_upstream
 from coding_agent_env.models import (
     AgentEvents,
-    ArtifactReport,
     CommandResult,
     ErrorInfo,
     RolloutRequest,
     RolloutResult,
     RolloutStatus,
     Timings,
-    VerifyContext,
 )
-from coding_agent_env.reward.score import score
 from coding_agent_env.rollout import events as ev
 from coding_agent_env.rollout.budget import Budget
-from coding_agent_env.rollout.cleanroom import (
-    ArtifactCaps,
-    collect_artifacts,
-    furnish,
-    open_clean_room,
-    place_verify_files,
-)
 from coding_agent_env.rollout.collect import collect_files
 from coding_agent_env.rollout.commands import CommandRunner
 from coding_agent_env.rollout.limits import resolve_limits
 from coding_agent_env.rollout.redact import Redactor
-from coding_agent_env.rollout.verify import run_verify
+from coding_agent_env.rollout.setup import run_setup
+from coding_agent_env.rollout.verification import CleanRoomSetupFailed, Verification, VerifyPlan, verify_task
 from coding_agent_env.sandbox.base import RelayEndpoint, Sandbox, SandboxLimits, SandboxSpec
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.settings import Settings
@@ -158,9 +149,7 @@ class _Rollout:
         self.agent_log_tail = ""
         self.agent_events: AgentEvents | None = None
         self.setup_results: list[CommandResult] = []
-        self.verify_results: list[CommandResult] = []
-        self.verify_context: VerifyContext | None = None
-        self.artifacts: ArtifactReport | None = None
+        self.verification = Verification()
         self.files: dict[str, str] = {}
         self.files_omitted: list[str] = []
         self.timings: dict[str, float] = {}
@@ -269,26 +258,14 @@ class _Rollout:
         return self.llm.sandbox_relay
 
     async def _setup(self) -> None:
-        commands = self._commands()
-        for index, cmd in enumerate(self.request.setup):
-            result = await commands.run(cmd, fresh=False)
+        def record(index: int, result: CommandResult) -> None:
             self.setup_results.append(result)
             self.emit(ev.CommandFinished(rollout_id=self.rollout_id, phase="setup", index=index, result=result))
-            if not result.ok:
-                why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
-                self.fail(RolloutStatus.SETUP_FAILED, "setup", "SetupCommandFailed", f"setup command {index} {why}")
-                raise _StageFailed
 
-    async def _setup_clean_room(self, room: Sandbox) -> None:
-        """The task's setup again, in the clean room (results not repeated in the result: they passed once)."""
-        commands = self._commands(room)
-        for index, cmd in enumerate(self.request.setup):
-            result = await commands.run(cmd, fresh=False)
-            if not result.ok:
-                why = "timed out" if result.timed_out else f"exited with {result.exit_code}"
-                message = f"setup command {index} {why} in the clean room: {result.stderr[-500:]}"
-                self.fail(RolloutStatus.SETUP_FAILED, "verify", "CleanRoomSetupFailed", message)
-                raise _StageFailed
+        failure = await run_setup(self._commands(), self.request.setup, on_result=record)
+        if failure is not None:
+            self.fail(RolloutStatus.SETUP_FAILED, "setup", "SetupCommandFailed", failure.message)
+            raise _StageFailed
 
     async def _agent(self) -> None:
         sandbox = self._open_sandbox()
@@ -330,46 +307,27 @@ class _Rollout:
             self.agent_log_tail = ""
 
     async def _verify(self) -> None:
-        sandbox = self._open_sandbox()
-        if not self.request.artifacts:
-            self.verify_context = "workspace"
-            await place_verify_files(sandbox, self.request.verify_files)
-            await self._run_verify(sandbox)
-            return
-        self.verify_context = "clean_room"
-        settings = self.settings
-        caps = ArtifactCaps(
-            max_files=settings.artifact_max_files,
-            max_file_bytes=settings.artifact_max_file_bytes,
-            max_total_bytes=settings.artifact_max_total_bytes,
-            max_listing=settings.artifact_max_listing,
-        )
-        taken = await collect_artifacts(sandbox, self.request.artifacts, caps)
-        self.artifacts = taken.report
         assert self.spec is not None, "verify ran before provision"
-        room = await open_clean_room(self.backends.get(self.backend), self.spec, files=self.request.files)
-        try:
-            await self._setup_clean_room(room)
-            await furnish(room, taken.data, self.request.verify_files)
-            await self._run_verify(room)
-        finally:
-            await shielded(self._close_clean_room(room))
 
-    async def _close_clean_room(self, room: Sandbox) -> None:
-        try:
-            self.limits_hit += [f"in the clean room: {hit}" for hit in await room.limits_hit()]
-        finally:
-            await room.close()
-
-    async def _run_verify(self, sandbox: Sandbox) -> None:
         def record(index: int, result: CommandResult) -> None:
-            self.verify_results.append(result)
             self.emit(ev.CommandFinished(rollout_id=self.rollout_id, phase="verify", index=index, result=result))
 
-        outcome = await run_verify(self._commands(sandbox), self.request.verify, on_result=record)
-        scored = score(outcome.results, outcome.reward_text)
-        self.reward = scored.reward
-        self.reward_note = outcome.reward_problem or scored.note
+        plan = VerifyPlan(
+            task=self.request,
+            backend=self.backends.get(self.backend),
+            spec=self.spec,
+            settings=self.settings,
+            runner=self._commands,
+            on_result=record,
+        )
+        try:
+            await verify_task(self._open_sandbox(), plan, self.verification)
+        except CleanRoomSetupFailed as exc:
+            self.fail(RolloutStatus.SETUP_FAILED, "verify", "CleanRoomSetupFailed", exc.message)
+            raise _StageFailed from None
+        finally:
+            self.limits_hit += self.verification.limits_hit
+        self.reward, self.reward_note = self.verification.reward, self.verification.reward_note
 
     async def _collect(self) -> None:
         collected = await collect_files(self._open_sandbox(), self.settings)
@@ -429,9 +387,9 @@ class _Rollout:
             reward_note=self.reward_note,
             agent_exit_code=self.agent_exit_code,
             setup_results=self.setup_results,
-            verify_results=self.verify_results,
-            verify_context=self.verify_context,
-            artifacts=self.artifacts,
+            verify_results=self.verification.results,
+            verify_context=self.verification.context,
+            artifacts=self.verification.artifacts,
             files=self.files,
             files_omitted=self.files_omitted,
             turns=self.llm.turns() if self.llm is not None else [],

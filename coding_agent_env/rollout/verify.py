@@ -9,7 +9,7 @@ turning it into a reward is `reward.score`'s job.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from coding_agent_env.errors import SandboxFileError, SandboxFileNotFoundError
@@ -35,9 +35,14 @@ def verifier_dir(sandbox: Sandbox) -> str:
 
 
 async def run_verify(
-    runner: CommandRunner, commands: Sequence[str], *, on_result: Callable[[int, CommandResult], None]
+    runner: CommandRunner,
+    commands: Sequence[str],
+    *,
+    on_result: Callable[[int, CommandResult], None],
+    env: Mapping[str, str] | None = None,
 ) -> VerifyOutcome:
-    """Run `commands` in order (each one's result to `on_result` as it ends), then read the reward file."""
+    """Run `commands` in order (each one's result to `on_result` as it ends), then read the reward file.
+    `env` is added to each command's environment (`REWARD_FILE` is verify's own and always wins)."""
     sandbox = runner.sandbox
     directory = verifier_dir(sandbox)
     reward_file = f"{directory}/reward.txt"
@@ -45,7 +50,7 @@ async def run_verify(
     await sandbox.mkdir(directory)
     results: list[CommandResult] = []
     for index, cmd in enumerate(commands):
-        result = await runner.run(cmd, fresh=True, env={"REWARD_FILE": reward_file})
+        result = await runner.run(cmd, fresh=True, env={**(env or {}), "REWARD_FILE": reward_file})
         results.append(result)
         on_result(index, result)
     try:

@@ -1,0 +1,120 @@
+"""Verify a task once every process the agent started is dead, and score it: one path for rollouts and
+interactive episodes.
+
+Where verify runs follows the task (see `cleanroom`): with declared `artifacts`, in a clean room (a fresh
+sandbox of the same backend and image with the task's files, set up again, the artifacts and the hidden
+`verify_files`), closed again shielded; otherwise in the agent's workspace with the `verify_files` written
+over it. `run_verify` clears the reward file first and runs each command in a fresh context; `reward.score`
+turns the outcome into the reward.
+
+`Verification` is filled as verify goes, so a caller whose deadline cuts verify short still reports what ran
+(the context, the artifacts taken, the results so far). A clean room whose setup fails raises
+`CleanRoomSetupFailed` (the episode is then invalid: the caller reports it, reward null).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from coding_agent_env.aio import shielded
+from coding_agent_env.models import ArtifactReport, CommandResult, RolloutRequest, VerifyContext
+from coding_agent_env.reward.score import score
+from coding_agent_env.rollout.cleanroom import (
+    ArtifactCaps,
+    collect_artifacts,
+    furnish,
+    open_clean_room,
+    place_verify_files,
+)
+from coding_agent_env.rollout.commands import CommandRunner
+from coding_agent_env.rollout.setup import run_setup
+from coding_agent_env.rollout.verify import run_verify
+from coding_agent_env.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
+from coding_agent_env.settings import Settings
+
+__all__ = ["CleanRoomSetupFailed", "Verification", "VerifyPlan", "verify_task"]
+
+
+class CleanRoomSetupFailed(Exception):
+    """The task's setup failed when run again in the clean room; `message` says which command and how."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass
+class Verification:
+    """What verify did so far."""
+
+    context: VerifyContext | None = None
+    artifacts: ArtifactReport | None = None
+    results: list[CommandResult] = dataclasses.field(default_factory=list)
+    reward: float | None = None
+    reward_note: str | None = None
+    limits_hit: list[str] = dataclasses.field(default_factory=list)
+    """Limits the clean room ran into (its own sandbox's; the caller adds its own)."""
+
+
+@dataclass(frozen=True)
+class VerifyPlan:
+    """What verify needs from its caller."""
+
+    task: RolloutRequest
+    backend: SandboxBackend
+    """The backend of the agent's sandbox (a clean room is made by it)."""
+    spec: SandboxSpec
+    """The agent's sandbox's spec (a clean room is made like it, without network)."""
+    settings: Settings
+    runner: Callable[[Sandbox], CommandRunner]
+    """The task-command runner for a sandbox (deadline, output cap, redaction)."""
+    on_result: Callable[[int, CommandResult], None]
+    """Each verify command's result as it ends."""
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Added to each verify command's environment (beside `REWARD_FILE`)."""
+    prepare: Callable[[Sandbox], Awaitable[None]] | None = None
+    """Called with the sandbox verify will run in, just before it does (e.g. to write a final answer)."""
+
+
+async def verify_task(sandbox: Sandbox, plan: VerifyPlan, out: Verification) -> None:
+    """Verify the task whose agent worked in `sandbox` (none of its processes alive), filling `out`."""
+    if not plan.task.artifacts:
+        out.context = "workspace"
+        await place_verify_files(sandbox, plan.task.verify_files)
+        await _run(sandbox, plan, out)
+        return
+    out.context = "clean_room"
+    taken = await collect_artifacts(sandbox, plan.task.artifacts, ArtifactCaps.from_settings(plan.settings))
+    out.artifacts = taken.report
+    room = await open_clean_room(plan.backend, plan.spec, files=plan.task.files)
+    try:
+        failure = await run_setup(plan.runner(room), plan.task.setup)
+        if failure is not None:
+            raise CleanRoomSetupFailed(f"{failure.message} in the clean room: {failure.result.stderr[-500:]}")
+        await furnish(room, taken.data, plan.task.verify_files)
+        await _run(room, plan, out)
+    finally:
+        await shielded(_close_room(room, out))
+
+
+async def _close_room(room: Sandbox, out: Verification) -> None:
+    try:
+        out.limits_hit += [f"in the clean room: {hit}" for hit in await room.limits_hit()]
+    finally:
+        await room.close()
+
+
+async def _run(sandbox: Sandbox, plan: VerifyPlan, out: Verification) -> None:
+    if plan.prepare is not None:
+        await plan.prepare(sandbox)
+
+    def record(index: int, result: CommandResult) -> None:
+        out.results.append(result)
+        plan.on_result(index, result)
+
+    outcome = await run_verify(plan.runner(sandbox), plan.task.verify, on_result=record, env=plan.env)
+    scored = score(outcome.results, outcome.reward_text)
+    out.reward = scored.reward
+    out.reward_note = outcome.reward_problem or scored.note
