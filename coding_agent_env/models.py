@@ -14,7 +14,7 @@ import posixpath
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from coding_agent_env.settings import WireLimits
 
@@ -36,6 +36,7 @@ __all__ = [
     "TurnMessage",
     "Usage",
     "VerifyContext",
+    "validation_summary",
 ]
 
 AGENT_NAMES: tuple[str, ...] = ("opencode", "pi", "terminus", "oracle", "nop")
@@ -420,3 +421,10 @@ class RolloutResult(_Wire):
 def request_fields_schema() -> dict[str, Any]:
     """JSON schema of the request's fields (the `run_rollout` tool's input schema)."""
     return RolloutRequest.model_json_schema()
+
+
+def validation_summary(exc: ValidationError) -> str:
+    """One line naming each bad field and why, without echoing the values (they may hold secrets)."""
+    parts = [f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}" for err in exc.errors()[:5]]
+    more = f" (and {exc.error_count() - 5} more)" if exc.error_count() > 5 else ""
+    return "; ".join(parts) + more

@@ -61,6 +61,8 @@ class WireLimits:
     MAX_URL_CHARS: ClassVar[int] = 2048
     MAX_AGENT_TIMEOUT_S: ClassVar[float] = 4 * 3600.0
     MAX_COMMAND_TIMEOUT_S: ClassVar[float] = 3600.0
+    MAX_FINAL_ANSWER_BYTES: ClassVar[int] = 1 * _MIB
+    """An interactive episode's final answer, in UTF-8."""
 
 
 class LlmEndpoint(BaseModel):
@@ -186,6 +188,20 @@ class Settings(BaseModel):
     artifact_max_listing: int = Field(default=100_000, ge=1)
     """Caps on the declared artifacts a clean room takes from the agent's workspace (regular files; what is over
     a cap is refused and reported), and on the workspace entries listed to match their patterns."""
+
+    episode_timeout_s: float = Field(default=3600.0, gt=0)
+    """Total deadline of an interactive episode, from `reset` (provision and setup included) to its final
+    answer's verify; at it the episode ends (`expired`) and its sandbox is torn down."""
+
+    episode_idle_timeout_s: float = Field(default=600.0, gt=0)
+    """An interactive episode with no call for this long ends (`expired`) and its sandbox is torn down."""
+
+    episode_max_output_bytes: int = Field(default=16 * 1024, ge=256)
+    """Bytes of a `terminal` command's output an episode returns: its first and last halves, and how much was
+    left out between."""
+
+    episode_max_history: int = Field(default=100, ge=0)
+    """Commands an episode's `state` lists (the latest; each shortened)."""
 
     max_concurrent_envs: int = 8
     """Sessions (WebSocket, JSON-RPC, MCP, UI) alive at once."""

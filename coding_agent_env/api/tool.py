@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from coding_agent_env.errors import RequestError
-from coding_agent_env.models import RolloutRequest, RolloutResult, request_fields_schema
+from coding_agent_env.models import RolloutRequest, RolloutResult, request_fields_schema, validation_summary
 from coding_agent_env.session import Session, SessionClosedError
 
 __all__ = [
@@ -50,13 +50,6 @@ def tool_descriptor(schema_key: str) -> dict[str, Any]:
 
     Built once (schema generation is the costly part of a `list_tools`); callers must not mutate it."""
     return {"name": TOOL_NAME, "description": TOOL_DESCRIPTION, schema_key: request_fields_schema()}
-
-
-def validation_summary(exc: ValidationError) -> str:
-    """One line naming each bad field and why, without echoing the values (they may hold secrets)."""
-    parts = [f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}" for err in exc.errors()[:5]]
-    more = f" (and {exc.error_count() - 5} more)" if exc.error_count() > 5 else ""
-    return "; ".join(parts) + more
 
 
 def parse_arguments(name: str, arguments: Any) -> RolloutRequest:

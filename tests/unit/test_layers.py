@@ -1,4 +1,4 @@
-"""Imports go one way (DESIGN.md "Layout"): api -> session -> rollout -> agents / reward / llm / sandbox, never
+"""Imports go one way (DESIGN.md "Layout"): api -> session -> rollout / episode -> agents / reward / llm / sandbox, never
 back up, and no module imports itself back through others. Read from the source, every import counted (also
 those under TYPE_CHECKING and inside functions); importing a module's own parent packages is not an edge."""
 
@@ -22,7 +22,8 @@ ALLOWED = {
     "llm": LEAVES | {"sandbox"},
     "agents": LEAVES | {"sandbox", "llm"},
     "rollout": LEAVES | {"sandbox", "llm", "agents", "reward"},
-    "session": LEAVES | {"rollout", "llm", "sandbox"},  # it hands the app's relay and sandbox backends down
+    "episode": LEAVES | {"sandbox", "agents", "reward", "rollout"},  # shares the rollout's commands and verify
+    "session": LEAVES | {"rollout", "episode", "llm", "sandbox"},  # it hands the app's relay and sandbox backends down
 }
 """What each layer may import besides itself."""
 

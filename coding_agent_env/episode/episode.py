@@ -1,0 +1,326 @@
+"""One interactive episode: reset(task) -> terminal commands in a persistent shell -> final answer -> verify.
+
+    start:        provision -> files -> setup          (first setup failure: setup_failed, torn down)
+    terminal:     one command in the persistent shell  (cwd and exported variables kept between commands)
+    final_answer: answer to $FINAL_ANSWER_FILE -> verify -> score -> teardown
+
+Contract:
+- `Episode.start` raises `RequestError` only for a task this server will not run (unknown backend, limits over
+  the caps), before anything is made. Whatever goes wrong after that is the episode's status and `error`.
+- Each command is one sandbox exec of Terminus's runner (`agents.terminus.sandbox_shell`), as the sandbox's
+  user, under the task's `command_timeout_s` (its whole tree killed at it), its output bounded in the sandbox
+  (`episode_max_output_bytes`). Processes a command leaves in the background end with it, so between calls no
+  process of the episode is alive: the final answer's verify runs after every process the episode started is
+  dead, in a fresh context, with the reward file cleared first, through the rollout's own verify path
+  (`rollout.verification`: hidden verify files, the clean room when artifacts are declared, the same reward
+  rule). The answer is written where verify reads it, `$FINAL_ANSWER_FILE`.
+- Calls run one at a time (`EpisodeBusyError`); after the episode ended each is refused (`EpisodeDoneError`).
+- Deadlines: the episode's total (`episode_timeout_s`, from start) bounds every stage and command; a watchdog
+  ends it at that deadline or after `episode_idle_timeout_s` without a call (`expired`). Provision, setup and
+  verify each also have their own stage budget (`rollout.budget`).
+- Teardown (the sandbox closed) runs once, shielded from cancellation, bounded by `teardown_timeout_s`;
+  `close()` cancels a call in flight first and is idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from coding_agent_env.agents.terminus.sandbox_shell import SandboxShell
+from coding_agent_env.aio import shielded
+from coding_agent_env.episode.errors import EpisodeBusyError, EpisodeDoneError
+from coding_agent_env.episode.report import CommandRecord, EpisodeReport, EpisodeStatus, TerminalResult
+from coding_agent_env.errors import CodingAgentEnvError, SandboxError
+from coding_agent_env.models import CommandResult, ErrorInfo, RolloutRequest
+from coding_agent_env.rollout.budget import Budget
+from coding_agent_env.rollout.commands import CommandRunner
+from coding_agent_env.rollout.limits import resolve_limits
+from coding_agent_env.rollout.redact import Redactor
+from coding_agent_env.rollout.setup import run_setup
+from coding_agent_env.rollout.verification import CleanRoomSetupFailed, Verification, VerifyPlan, verify_task
+from coding_agent_env.sandbox.base import Sandbox, SandboxSpec
+from coding_agent_env.sandbox.registry import Backends
+from coding_agent_env.settings import Settings
+
+__all__ = ["Episode"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_INFRA_ERRORS = (SandboxError, OSError)
+"""Failures of our machinery: the episode ends as infra_error, reward null."""
+_SHOWN_COMMAND_CHARS = 200
+
+
+class Episode:
+    """See the module docstring. Lives on one event loop; build it with `Episode.start`."""
+
+    def __init__(self, task: RolloutRequest, *, settings: Settings, backends: Backends, episode_id: str | None) -> None:
+        self.task = task
+        self.settings = settings
+        self.backends = backends
+        self.backend = backends.resolve(task.sandbox)
+        self.limits = resolve_limits(task, settings)
+        self.id = episode_id if episode_id is not None else uuid.uuid4().hex
+        self.budget = Budget.for_request(task, settings)
+        loop = asyncio.get_running_loop()
+        self.deadline = loop.time() + settings.episode_timeout_s
+        self.last_active = loop.time()
+        self.status = EpisodeStatus.RUNNING
+        self.error: ErrorInfo | None = None
+        self.step_count = 0
+        self.sandbox: Sandbox | None = None
+        self.spec: SandboxSpec | None = None
+        self.shell: SandboxShell | None = None
+        self.setup_results: list[CommandResult] = []
+        self.verification = Verification()
+        self.limits_hit: list[str] = []
+        self.history: deque[CommandRecord] = deque(maxlen=settings.episode_max_history)
+        self.commands_run = 0
+        self.redact = Redactor([])
+        self._call: asyncio.Task[object] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._teardown_task: asyncio.Task[None] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+
+    @classmethod
+    async def start(
+        cls, task: RolloutRequest, *, settings: Settings, backends: Backends, episode_id: str | None = None
+    ) -> Episode:
+        """Provision, write the files, run setup. The returned episode is running, or done (setup_failed,
+        infra_error) with its sandbox gone. Cancelled meanwhile, it tears down and re-raises."""
+        episode = cls(task, settings=settings, backends=backends, episode_id=episode_id)
+        try:
+            await episode._stage(episode.budget.provision_s, episode._provision())
+            await episode._stage(episode.budget.setup_s, episode._setup())
+        except TimeoutError:
+            why = "provision or setup passed its deadline"
+            await episode._end(EpisodeStatus.INFRA_ERROR, "start", "StageTimeout", why)
+        except _INFRA_ERRORS as exc:
+            await episode._end(EpisodeStatus.INFRA_ERROR, "start", type(exc).__name__, str(exc))
+        except asyncio.CancelledError:
+            await episode._end(EpisodeStatus.CANCELLED, "start", "Cancelled", "the episode was cancelled")
+            raise
+        if episode.status is EpisodeStatus.RUNNING:
+            episode._watchdog = asyncio.ensure_future(episode._watch())
+        return episode
+
+    @property
+    def done(self) -> bool:
+        return self.status is not EpisodeStatus.RUNNING
+
+    @property
+    def busy(self) -> bool:
+        return self._call is not None and not self._call.done()
+
+    async def close(self) -> None:
+        """End the episode now (`cancelled` unless it had already ended): a call in flight is cancelled (its
+        command's tree killed), then the sandbox is torn down. Idempotent."""
+        call = self._call
+        if call is not None and not call.done() and call is not asyncio.current_task():
+            call.cancel()
+            await asyncio.wait({call})
+        await self._end(EpisodeStatus.CANCELLED, "episode", "Cancelled", "the episode was closed")
+
+    # -- calls -----------------------------------------------------------------------------------------
+
+    async def terminal(self, command: str) -> TerminalResult:
+        """Run one command in the persistent shell. `EpisodeDoneError` if the episode has ended (also when
+        its deadline passes during the command), `EpisodeBusyError` if a call is running."""
+        return await self._exclusive(self._terminal(command))
+
+    async def final_answer(self, answer: str) -> EpisodeReport:
+        """End the agent's phase with `answer`, verify, score and tear down; the report (done, with the
+        reward, or null when verify could not score it)."""
+        return await self._exclusive(self._final_answer(answer))
+
+    async def _terminal(self, command: str) -> TerminalResult:
+        assert self.shell is not None, "a running episode has a shell"
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout_at(self.deadline):
+                outcome = await self.shell.run(command, timeout_s=self.task.command_timeout_s)
+        except TimeoutError:
+            await self._end(EpisodeStatus.EXPIRED, "terminal", "EpisodeTimeout", "the episode's deadline passed")
+            raise EpisodeDoneError(self.id, self.status.value, "its deadline passed during the command") from None
+        except _INFRA_ERRORS as exc:
+            await self._end(EpisodeStatus.INFRA_ERROR, "terminal", type(exc).__name__, str(exc))
+            raise EpisodeDoneError(self.id, self.status.value, "the sandbox failed") from None
+        self.commands_run += 1
+        shown = command if len(command) <= _SHOWN_COMMAND_CHARS else command[:_SHOWN_COMMAND_CHARS] + "..."
+        self.history.append(CommandRecord(command=self.redact.text(shown), exit_code=outcome.exit_code,
+                                          timed_out=outcome.timed_out))
+        return TerminalResult(output=self.redact.text(outcome.output), exit_code=outcome.exit_code,
+                              timed_out=outcome.timed_out,
+                              duration_s=round(time.monotonic() - started, 6))
+
+    async def _final_answer(self, answer: str) -> EpisodeReport:
+        sandbox = self._open_sandbox()
+        assert self.spec is not None
+        answer_path = f"{sandbox.paths.logs}/final_answer.txt"
+
+        async def write_answer(target: Sandbox) -> None:
+            await target.remove(answer_path)
+            await target.write_text(answer_path, answer)
+
+        plan = VerifyPlan(
+            task=self.task, backend=self.backends.get(self.backend), spec=self.spec, settings=self.settings,
+            runner=self._commands, on_result=lambda index, result: None,
+            env={"FINAL_ANSWER_FILE": answer_path}, prepare=write_answer,
+        )
+        try:
+            await self._stage(self.budget.verify_s, verify_task(sandbox, plan, self.verification))
+        except CleanRoomSetupFailed as exc:
+            await self._end(EpisodeStatus.SETUP_FAILED, "verify", "CleanRoomSetupFailed", exc.message)
+        except TimeoutError:
+            await self._end(EpisodeStatus.INFRA_ERROR, "verify", "StageTimeout", "the verify stage passed its deadline")
+        except _INFRA_ERRORS as exc:
+            await self._end(EpisodeStatus.INFRA_ERROR, "verify", type(exc).__name__, str(exc))
+        else:
+            await self._end(EpisodeStatus.COMPLETED, "", "", "")
+        finally:
+            self.limits_hit += self.verification.limits_hit
+        return self.report()
+
+    async def _exclusive(self, work: Awaitable[T]) -> T:
+        """Run one call: refused when ended or busy; cancelling the caller cancels it (and waits for it)."""
+        if self.done:
+            _close_unawaited(work)
+            raise EpisodeDoneError(self.id, self.status.value, self.error.message if self.error else None)
+        if self.busy:
+            _close_unawaited(work)
+            raise EpisodeBusyError(self.id)
+        self.touch()
+        self.step_count += 1
+        task = asyncio.ensure_future(work)
+        self._call = task  # type: ignore[assignment]
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.cancel()
+            await asyncio.wait({task})
+            raise
+        finally:
+            self.touch()
+
+    # -- stages ----------------------------------------------------------------------------------------
+
+    async def _stage(self, budget_s: float, work: Awaitable[None]) -> None:
+        """`work` under its own budget and the episode's deadline, whichever comes first."""
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout_at(min(loop.time() + budget_s, self.deadline)):
+            await work
+
+    async def _provision(self) -> None:
+        spec = SandboxSpec(
+            rollout_id=f"episode-{uuid.uuid4().hex}", image=self.task.image, network="none", limits=self.limits,
+            deadline_s=self.settings.episode_timeout_s + self.settings.teardown_timeout_s,
+        )
+        self.spec = spec
+        self.sandbox = await self.backends.get(self.backend).create(spec)
+        for path, text in self.task.files.items():
+            await self.sandbox.write_text(path, text)
+        shell_dir = f"{self.sandbox.paths.logs}/agent"
+        await self.sandbox.mkdir(shell_dir)
+        self.shell = SandboxShell(self.sandbox, shell_dir, max_output_bytes=self.settings.episode_max_output_bytes)
+
+    async def _setup(self) -> None:
+        failure = await run_setup(self._commands(self._open_sandbox()), self.task.setup,
+                                  on_result=lambda index, result: self.setup_results.append(result))
+        if failure is not None:
+            await self._end(EpisodeStatus.SETUP_FAILED, "setup", "SetupCommandFailed", failure.message)
+
+    def _commands(self, sandbox: Sandbox) -> CommandRunner:
+        return CommandRunner(sandbox, self.task.command_timeout_s, self.settings.max_output_bytes, self.redact)
+
+    def _open_sandbox(self) -> Sandbox:
+        assert self.sandbox is not None, "used before provision"
+        return self.sandbox
+
+    # -- ending ----------------------------------------------------------------------------------------
+
+    def touch(self) -> None:
+        self.last_active = asyncio.get_running_loop().time()
+
+    async def _watch(self) -> None:
+        """End the episode at its deadline, or once idle too long (never during a call: the deadline bounds
+        calls themselves)."""
+        loop = asyncio.get_running_loop()
+        idle_s = self.settings.episode_idle_timeout_s
+        while not self.done:
+            call = self._call
+            if call is not None and not call.done():
+                await asyncio.wait({call})
+                continue
+            wake = min(self.deadline, self.last_active + idle_s)
+            if loop.time() >= wake:
+                why = "deadline" if loop.time() >= self.deadline else f"idle timeout ({idle_s:g}s)"
+                await self._end(EpisodeStatus.EXPIRED, "episode", "EpisodeExpired", f"the episode's {why} passed")
+                return
+            await asyncio.sleep(wake - loop.time())
+
+    async def _end(self, status: EpisodeStatus, stage: str, kind: str, message: str) -> None:
+        """Record how the episode ended (the first end wins) and tear it down, shielded, once."""
+        if not self.done:
+            self.status = status
+            if kind:
+                self.error = ErrorInfo(type=kind, stage=stage, message=self.redact.text(message))
+            if status is not EpisodeStatus.COMPLETED:
+                self.verification.reward = None
+            log.info("episode %s ended: %s", self.id, status.value)
+        if self._teardown_task is None:
+            self._teardown_task = asyncio.ensure_future(self._teardown())
+        await shielded(self._teardown_task)
+
+    async def _teardown(self) -> None:
+        watchdog = self._watchdog
+        if watchdog is not None and watchdog is not asyncio.current_task():
+            watchdog.cancel()
+        sandbox = self.sandbox
+        if sandbox is None:
+            return
+        try:
+            async with asyncio.timeout(self.settings.teardown_timeout_s):
+                try:
+                    if not sandbox.closed:
+                        self.limits_hit = [*await sandbox.limits_hit(), *self.limits_hit]
+                finally:
+                    await sandbox.close()
+        except (TimeoutError, CodingAgentEnvError, OSError) as exc:
+            log.error("episode %s: teardown failed: %r", self.id, exc)
+            if self.error is None:
+                self.error = ErrorInfo(type=type(exc).__name__, stage="teardown", message=self.redact.text(str(exc)))
+
+    # -- report ----------------------------------------------------------------------------------------
+
+    def report(self) -> EpisodeReport:
+        sandbox = self.sandbox
+        dropped = self.commands_run - len(self.history)
+        return EpisodeReport(
+            episode_id=self.id, task_id=self.task.task_id, status=self.status, done=self.done,
+            step_count=self.step_count, sandbox=self.backend,
+            sandbox_id=sandbox.id if sandbox else None,
+            isolation=sandbox.isolation if sandbox else None,
+            network=sandbox.network if sandbox else None,
+            limits=dict(sandbox.limits) if sandbox else {},
+            limit_scopes=dict(sandbox.limit_scopes) if sandbox else {},  # type: ignore[arg-type]
+            limits_hit=self.limits_hit,
+            reward=self.verification.reward if self.status is EpisodeStatus.COMPLETED else None,
+            reward_note=self.verification.reward_note,
+            setup_results=self.setup_results, verify_results=self.verification.results,
+            verify_context=self.verification.context, artifacts=self.verification.artifacts,
+            commands=list(self.history), commands_dropped=dropped, error=self.error,
+        )
+
+
+def _close_unawaited(work: Awaitable[object]) -> None:
+    close: Callable[[], None] | None = getattr(work, "close", None)
+    if close is not None:
+        close()

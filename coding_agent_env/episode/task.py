@@ -1,0 +1,62 @@
+"""`reset`'s task arguments -> the task of an interactive episode.
+
+An episode's task is a `RolloutRequest`'s task fields (`instruction`, `files`, `setup`, `verify`,
+`verify_files`, `artifacts`, `sandbox`, `image`, `command_timeout_s`, `limits`, `task_id`), validated by the
+same model (so the same caps, path rules and limits), plus the names upstream `terminus_env` accepts:
+`setup_scripts` / `verify_scripts` (a string or a list of strings; blank entries dropped) for `setup` /
+`verify`, and `sandbox_backend` for `sandbox`. Giving both names of one field is an error, as is any other
+key. The agent fields (agent, endpoint, key, model) do not belong to an episode: the trainer is the agent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from coding_agent_env.episode.errors import TaskArgumentsError
+from coding_agent_env.models import RolloutRequest, validation_summary
+
+__all__ = ["TASK_FIELDS", "UPSTREAM_ALIASES", "is_task", "parse_task"]
+
+TASK_FIELDS = frozenset({
+    "instruction", "files", "setup", "verify", "verify_files", "artifacts", "sandbox", "image",
+    "command_timeout_s", "limits", "task_id",
+})
+UPSTREAM_ALIASES = {"setup_scripts": "setup", "verify_scripts": "verify", "sandbox_backend": "sandbox"}
+"""terminus_env's names -> ours."""
+_SCRIPT_LISTS = frozenset({"setup_scripts", "verify_scripts"})
+
+
+def is_task(arguments: Mapping[str, Any]) -> bool:
+    """Whether `reset`'s arguments ask for an episode (any task field or alias); a bare reset does not."""
+    return any(key in TASK_FIELDS or key in UPSTREAM_ALIASES for key in arguments)
+
+
+def parse_task(arguments: Mapping[str, Any]) -> RolloutRequest:
+    """The episode's task (as a `RolloutRequest` with agent `nop`), or `TaskArgumentsError` naming each bad
+    field (never its value)."""
+    unknown = sorted(str(key) for key in arguments if key not in TASK_FIELDS and key not in UPSTREAM_ALIASES)
+    if unknown:
+        raise TaskArgumentsError(f"unknown task field(s): {', '.join(unknown[:10])}")
+    fields: dict[str, Any] = {key: value for key, value in arguments.items() if key in TASK_FIELDS}
+    for alias, name in UPSTREAM_ALIASES.items():
+        if alias not in arguments:
+            continue
+        if name in fields:
+            raise TaskArgumentsError(f"give either {name} or {alias}, not both")
+        value = arguments[alias]
+        fields[name] = _script_list(alias, value) if alias in _SCRIPT_LISTS else value
+    try:
+        return RolloutRequest.model_validate({**fields, "agent": "nop"})
+    except ValidationError as exc:
+        raise TaskArgumentsError(f"invalid task: {validation_summary(exc)}") from None
+
+
+def _script_list(alias: str, value: Any) -> list[str]:
+    """A string or a list of strings, blank entries dropped (as upstream does)."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise TaskArgumentsError(f"{alias} must be a string or a list of strings")
+    return [item for item in items if item.strip()]
