@@ -16,7 +16,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from coding_agent_env.api.tool import TOOL_NAME, ToolCallFailed, run_tool, tool_descriptor, tool_result_dict
+from coding_agent_env.api.terminal import TERMINAL_TOOL, is_known_tool, run_terminal, session_tools
+from coding_agent_env.api.tool import ToolCallFailed, run_tool, tool_result_dict
 from coding_agent_env.api.wire import JsonRpcRequest, rpc_error, rpc_result
 from coding_agent_env.session import Session, SessionKind, SessionManager
 from coding_agent_env.session.errors import CapacityError, SessionClosedError, UnknownSessionError
@@ -90,20 +91,22 @@ def _session_for(params: dict[str, Any], ctx: RpcContext) -> Session | None:
 
 
 async def _tools_list(params: dict[str, Any], ctx: RpcContext) -> dict[str, Any]:
-    _session_for(params, ctx)
-    return {"tools": [tool_descriptor("inputSchema")]}
+    return {"tools": session_tools(_session_for(params, ctx), "inputSchema")}
 
 
 async def _tools_call(params: dict[str, Any], ctx: RpcContext) -> dict[str, Any]:
     name = params.get("name")
     if not isinstance(name, str):
         raise _RpcFailure(INVALID_PARAMS, "Missing 'name' in params")
-    if name != TOOL_NAME:
+    if not is_known_tool(name):
         raise _RpcFailure(INTERNAL_ERROR, f"Unknown tool: '{name}'")
     session = _session_for(params, ctx)
     arguments = params.get("arguments", {})
     if session is not None:
         return await _call_in(session, name, arguments)
+    if name == TERMINAL_TOOL:
+        raise _RpcFailure(INTERNAL_ERROR, "Error calling tool 'terminal': it needs a session_id (a session whose "
+                          "reset started an episode)")
     try:
         temporary = ctx.manager.create(SessionKind.HTTP)
     except CapacityError as exc:
@@ -115,13 +118,15 @@ async def _tools_call(params: dict[str, Any], ctx: RpcContext) -> dict[str, Any]
 
 
 async def _call_in(session: Session, name: str, arguments: Any) -> dict[str, Any]:
+    arguments = {} if arguments is None else arguments
     try:
-        result = await run_tool(session, name, {} if arguments is None else arguments)
+        if name == TERMINAL_TOOL:
+            return (await run_terminal(session, arguments)).result
+        return tool_result_dict(await run_tool(session, name, arguments))
     except ToolCallFailed as exc:
         raise _RpcFailure(INTERNAL_ERROR, exc.message) from None
     except SessionClosedError as exc:  # like an unknown session_id: this session is no longer usable
         raise _RpcFailure(INVALID_PARAMS, str(exc)) from None
-    return tool_result_dict(result)
 
 
 async def _session_create(params: dict[str, Any], ctx: RpcContext) -> dict[str, Any]:

@@ -1,4 +1,6 @@
-"""Real MCP at `/mcp`: the official SDK's `MCPServer` over Streamable HTTP, with the one `run_rollout` tool.
+"""Real MCP at `/mcp`: the official SDK's `MCPServer` over Streamable HTTP, with the `run_rollout` tool and
+an interactive episode's two: `start_episode` (the task arguments `reset` takes) and `terminal` (a command,
+or the final answer that ends and scores the episode), in the caller's MCP session.
 
 `McpEndpoint` wraps the SDK's ASGI app so MCP sessions share the server's capacity: an `initialize` without
 an `Mcp-Session-Id` takes a slot (or gets JSON-RPC `-32000` at capacity), the id the SDK assigns is bound to
@@ -24,8 +26,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coding_agent_env import __version__
 from coding_agent_env.api.asgi import header, replay, send_json
+from coding_agent_env.api.terminal import episode_observation, run_terminal
 from coding_agent_env.api.tool import TOOL_DESCRIPTION, TOOL_NAME, ToolCallFailed, run_tool
 from coding_agent_env.api.wire import rpc_error
+from coding_agent_env.episode.task import task_schema
+from coding_agent_env.episode.terminal import TERMINAL_DESCRIPTION, TERMINAL_SCHEMA, TERMINAL_TOOL
+from coding_agent_env.errors import RequestError
 from coding_agent_env.models import RolloutRequest, RolloutResult, request_fields_schema
 from coding_agent_env.session import Session, SessionKind, SessionManager
 from coding_agent_env.session.errors import CapacityError, SessionClosedError, UnknownSessionError
@@ -34,6 +40,11 @@ from coding_agent_env.settings import Settings
 __all__ = ["McpEndpoint", "SESSION_HEADER"]
 
 SESSION_HEADER = "mcp-session-id"
+START_EPISODE_DESCRIPTION = (
+    "Start an interactive episode in this MCP session (ending its previous one): a fresh sandbox with the task's "
+    "files, set up by its setup commands. Then call `terminal` with one command at a time, and finally with "
+    "`final_answer`, which verifies and scores the episode."
+)
 _SERVER_ERROR = -32000
 
 
@@ -43,9 +54,8 @@ class McpEndpoint:
     def __init__(self, manager: SessionManager, settings: Settings) -> None:
         self.manager = manager
         self._bound: dict[str, str] = {}
-        self.server = MCPServer(
-            name="coding_agent_env", version=__version__, tools=[self._tool()], log_level="WARNING"
-        )
+        tools = [self._tool(), self._start_episode_tool(), self._terminal_tool()]
+        self.server = MCPServer(name="coding_agent_env", version=__version__, tools=tools, log_level="WARNING")
         self.app: ASGIApp = self.server.streamable_http_app(
             streamable_http_path="/mcp",
             session_idle_timeout=settings.session_idle_timeout_s,
@@ -78,6 +88,41 @@ class McpEndpoint:
         run_rollout.__annotations__ = {"ctx": Context, "return": RolloutResult}
         tool = Tool.from_function(run_rollout, name=TOOL_NAME, description=TOOL_DESCRIPTION, structured_output=True)
         return tool.model_copy(update={"parameters": request_fields_schema()})
+
+    def _start_episode_tool(self) -> Tool:
+        async def start_episode(ctx: Context, **arguments: Any) -> CallToolResult:
+            session = self._session_of(ctx)
+            task = {name: value for name, value in arguments.items() if value is not None}
+            try:
+                episode = await session.start_episode(task)
+            except SessionClosedError as exc:
+                raise ToolError(f"{exc} (start a new MCP session)") from None
+            except RequestError as exc:
+                raise ToolError(f"Error calling tool 'start_episode': {exc}") from None
+            observation = episode_observation(episode)["observation"]
+            return CallToolResult(content=[TextContent(type="text", text=observation["text"])],
+                                  structured_content=observation)
+
+        schema = task_schema()
+        names = list(schema["properties"])
+        return _keyword_tool(start_episode, "start_episode", START_EPISODE_DESCRIPTION, schema, names)
+
+    def _terminal_tool(self) -> Tool:
+        async def terminal(ctx: Context, **arguments: Any) -> CallToolResult:
+            session = self._session_of(ctx)
+            given = {name: value for name, value in arguments.items() if value is not None}
+            try:
+                outcome = await run_terminal(session, given)
+            except ToolCallFailed as exc:
+                raise ToolError(exc.message) from None
+            except SessionClosedError as exc:
+                raise ToolError(f"{exc} (start a new MCP session)") from None
+            result = outcome.result
+            return CallToolResult(content=[TextContent(type="text", text=result["content"][0]["text"])],
+                                  structured_content=result["data"])
+
+        return _keyword_tool(terminal, TERMINAL_TOOL, TERMINAL_DESCRIPTION, TERMINAL_SCHEMA,
+                             ["command", "final_answer"])
 
     def _session_of(self, ctx: Context) -> Session:
         request = ctx.request_context.request
@@ -137,6 +182,16 @@ class McpEndpoint:
         except UnknownSessionError:
             return False
         return True
+
+
+def _keyword_tool(function: Any, name: str, description: str, schema: dict[str, Any], names: list[str]) -> Tool:
+    """A tool taking `names` as optional keyword arguments (None when not given), described by `schema`."""
+    params = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context)]
+    params += [inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, annotation=Any, default=None) for key in names]
+    function.__signature__ = inspect.Signature(params, return_annotation=CallToolResult)
+    function.__annotations__ = {"ctx": Context, "return": CallToolResult}
+    tool = Tool.from_function(function, name=name, description=description)
+    return tool.model_copy(update={"parameters": schema})
 
 
 def _call_result(result: RolloutResult) -> CallToolResult:

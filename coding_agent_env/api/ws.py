@@ -24,8 +24,9 @@ from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from coding_agent_env.api.jsonrpc import PARSE_ERROR, SERVER_ERROR, RpcContext, dispatch
-from coding_agent_env.api.step import step
+from coding_agent_env.api.step import reset, step
 from coding_agent_env.api.wire import WS_ENVELOPES, loads_bounded, rpc_error
+from coding_agent_env.errors import RequestError
 from coding_agent_env.session import Session, SessionKind, SessionManager
 from coding_agent_env.session.errors import CapacityError, SessionClosedError, SessionError
 from coding_agent_env.settings import Settings
@@ -142,6 +143,8 @@ class _Connection:
             return error_frame("VALIDATION_ERROR", "Invalid message", errors=errors)
         except SessionClosedError as exc:
             return _Last(error_frame("SESSION_ERROR", str(exc)))
+        except RequestError as exc:  # a call this server will not run (bad task arguments, say): that call's error
+            return error_frame("EXECUTION_ERROR", str(exc))
         except Exception as exc:  # the one except-site: a bug must not kill the connection
             log.exception("ws session %s: %s failed", self.session.id, kind)
             return error_frame("EXECUTION_ERROR", f"{type(exc).__name__}: {exc}")
@@ -152,9 +155,7 @@ class _Connection:
         if kind == "state":
             return {"type": "state", "data": self.session.snapshot()}
         if kind == "reset":
-            episode_id = message.data.get("episode_id")
-            self.session.reset(None if episode_id is None else str(episode_id))
-            return {"type": "observation", "data": {"observation": {}, "reward": None, "done": False}}
+            return {"type": "observation", "data": await reset(self.session, message.data)}
         if kind == "mcp":
             return {"type": "mcp", "data": await dispatch(message.data, self.rpc)}
         return {"type": "observation", "data": await step(self.session, message.data)}

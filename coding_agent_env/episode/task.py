@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from coding_agent_env.episode.errors import TaskArgumentsError
 from coding_agent_env.models import RolloutRequest, validation_summary
 
-__all__ = ["TASK_FIELDS", "UPSTREAM_ALIASES", "is_task", "parse_task"]
+__all__ = ["TASK_FIELDS", "UPSTREAM_ALIASES", "is_task", "parse_task", "task_schema"]
 
 TASK_FIELDS = frozenset({
     "instruction", "files", "setup", "verify", "verify_files", "artifacts", "sandbox", "image",
@@ -60,3 +60,18 @@ def _script_list(alias: str, value: Any) -> list[str]:
     if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
         raise TaskArgumentsError(f"{alias} must be a string or a list of strings")
     return [item for item in items if item.strip()]
+
+
+def task_schema() -> dict[str, Any]:
+    """JSON schema of the task arguments (what an MCP client's `start_episode` takes)."""
+    full = RolloutRequest.model_json_schema()
+    properties = {name: spec for name, spec in full["properties"].items() if name in TASK_FIELDS}
+    scripts = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+    properties["setup_scripts"] = {**scripts, "description": "Upstream's name for setup (blank entries dropped)."}
+    properties["verify_scripts"] = {**scripts, "description": "Upstream's name for verify (blank entries dropped)."}
+    properties["sandbox_backend"] = {"type": "string", "description": "Upstream's name for sandbox."}
+    schema: dict[str, Any] = {"type": "object", "properties": properties, "required": ["instruction"],
+                              "additionalProperties": False}
+    if "$defs" in full:
+        schema["$defs"] = full["$defs"]
+    return schema

@@ -9,10 +9,11 @@ from coding_agent_env.session.errors import (
     UnknownSessionError,
 )
 from coding_agent_env.session.manager import SessionManager
-from coding_agent_env.session.session import Session, SessionKind, SessionState
+from coding_agent_env.session.session import NoEpisodeError, Session, SessionKind, SessionState
 
 __all__ = [
     "CapacityError",
+    "NoEpisodeError",
     "Session",
     "SessionAttachedError",
     "SessionBusyError",

@@ -2,8 +2,9 @@
 
 A session is created by the manager for a WebSocket, a JSON-RPC `openenv/session/create`, an MCP client or
 the UI. It counts `step`s, remembers the last rollout's reward and status, and runs one rollout at a time.
-`close()` cancels a running rollout (the pipeline tears its sandbox down before the cancellation returns)
-and is idempotent.
+It also holds at most one interactive episode (`start_episode`, then `terminal` calls): starting another, or
+closing the session, ends the one before (its sandbox torn down). `close()` cancels a running rollout (the
+pipeline tears its sandbox down before the cancellation returns), closes the episode, and is idempotent.
 
 Lifecycle: OPEN -> (CLOSING ->) CLOSED. Only an OPEN session runs a rollout; `run` in any other state raises
 `SessionClosedError`, so a reference kept past a close (a WebSocket at shutdown, a call racing a close)
@@ -17,8 +18,17 @@ import asyncio
 import time
 import uuid
 from enum import Enum
+from collections.abc import Mapping
 from typing import Any
 
+from coding_agent_env.episode import (
+    Episode,
+    EpisodeError,
+    EpisodeReport,
+    TerminalResult,
+    parse_task,
+    parse_terminal,
+)
 from coding_agent_env.llm import SharedRelay
 from coding_agent_env.models import RolloutRequest, RolloutResult
 from coding_agent_env.rollout import run_rollout
@@ -27,7 +37,14 @@ from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.session.errors import SessionBusyError, SessionClosedError
 from coding_agent_env.settings import Settings
 
-__all__ = ["Session", "SessionKind", "SessionState"]
+__all__ = ["NoEpisodeError", "Session", "SessionKind", "SessionState"]
+
+
+class NoEpisodeError(EpisodeError):
+    """A `terminal` call in a session with no episode: `reset` with a task starts one."""
+
+    def __init__(self) -> None:
+        super().__init__("no episode in this session: call reset with a task (instruction, setup, verify, ...) first")
 
 
 class SessionKind(str, Enum):
@@ -69,6 +86,7 @@ class Session:
         self.attached = False
         self.last_active = time.monotonic()
         self._rollout: asyncio.Task[RolloutResult] | None = None
+        self.episode: Episode | None = None
         self._relay = relay
         self._backends = backends
 
@@ -87,15 +105,19 @@ class Session:
         self.step_count += 1
 
     def snapshot(self) -> dict[str, Any]:
-        """The `state` payload: episode_id, step_count, rollouts_completed, last_reward, last_status."""
+        """The `state` payload: episode_id, step_count, rollouts_completed, last_reward, last_status, and
+        `episode` (its report) once an interactive episode was started."""
         self.touch()
-        return {
+        state: dict[str, Any] = {
             "episode_id": self.episode_id,
             "step_count": self.step_count,
             "rollouts_completed": self.rollouts_completed,
             "last_reward": self.last_reward,
             "last_status": self.last_status,
         }
+        if self.episode is not None:
+            state["episode"] = self.episode.report().model_dump(mode="json")
+        return state
 
     def touch(self) -> None:
         self.last_active = time.monotonic()
@@ -114,9 +136,14 @@ class Session:
     def busy(self) -> bool:
         return self._rollout is not None and not self._rollout.done()
 
+    @property
+    def live_episode(self) -> Episode | None:
+        """The episode taking `terminal` calls, if any."""
+        return self.episode if self.episode is not None and not self.episode.done else None
+
     def idle_for(self, now: float) -> float:
         """Seconds since the last activity; 0 while a rollout runs or a WebSocket is attached."""
-        if self.busy or self.attached:
+        if self.busy or self.attached or (self.episode is not None and self.episode.busy):
             return 0.0
         return now - self.last_active
 
@@ -130,8 +157,7 @@ class Session:
 
         Cancelling the caller cancels the rollout (its sandbox is torn down first); setting `cancel` ends it
         early with status `cancelled` instead. `emit` receives the rollout's progress events."""
-        if self.state is not SessionState.OPEN:
-            raise SessionClosedError(self.id, closing=self.state is SessionState.CLOSING)
+        self._check_open()
         if self.busy:
             raise SessionBusyError(self.id)
         self.touch()
@@ -153,10 +179,59 @@ class Session:
         self.last_status = result.status.value
         return result
 
+    # -- interactive episodes --------------------------------------------------------------------------
+
+    async def start_episode(self, arguments: Mapping[str, Any], episode_id: str | None = None) -> Episode:
+        """End this session's episode if any, then start one for the task `arguments` (reset's kwargs:
+        `TaskArgumentsError`, or a `RequestError` for a task this server will not run; `SessionClosedError`).
+        The episode returned is running, or already done (its setup failed)."""
+        self._check_open()
+        task = parse_task(arguments)
+        backends = self._backends
+        if backends is None:
+            raise RuntimeError("a session runs episodes only with the app's sandbox backends (SessionManager's)")
+        await self.end_episode()
+        self.reset(episode_id)
+        episode = await Episode.start(task, settings=self.settings, backends=backends, episode_id=self.episode_id)
+        self.episode = episode
+        self.touch()
+        return episode
+
+    async def terminal(self, arguments: Any) -> TerminalResult | EpisodeReport:
+        """One `terminal` call in this session's episode: a command's result, or for a final answer the
+        episode's report. `EpisodeError`s (no episode, bad arguments, busy, ended) and `SessionClosedError`."""
+        self._check_open()
+        call = parse_terminal(arguments)
+        if self.episode is None:
+            raise NoEpisodeError()
+        self.touch()
+        try:
+            if call.command is not None:
+                return await self.episode.terminal(call.command)
+            assert call.final_answer is not None
+            report = await self.episode.final_answer(call.final_answer)
+        finally:
+            self.touch()
+        self.last_reward, self.last_status = report.reward, report.status.value
+        return report
+
+    async def end_episode(self) -> None:
+        """Close this session's episode, if any (torn down; idempotent)."""
+        episode, self.episode = self.episode, None
+        if episode is not None:
+            await episode.close()
+
+    def _check_open(self) -> None:
+        if self.state is not SessionState.OPEN:
+            raise SessionClosedError(self.id, closing=self.state is SessionState.CLOSING)
+
     async def close(self) -> None:
-        """Mark closed and cancel a running rollout, waiting for its teardown. Idempotent."""
+        """Mark closed, cancel a running rollout and close the episode, waiting for their teardown. Idempotent."""
         self.state = SessionState.CLOSED
-        await self._cancel_rollout()
+        try:
+            await self._cancel_rollout()
+        finally:
+            await self.end_episode()
 
     async def _cancel_rollout(self) -> None:
         task = self._rollout

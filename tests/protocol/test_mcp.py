@@ -12,10 +12,10 @@ from coding_agent_env.models import RolloutRequest, RolloutResult
 from tests.protocol.live import LiveServer, wait_until
 
 
-async def test_official_client_lists_one_tool_and_runs_a_rollout(server: LiveServer, oracle_task: dict) -> None:
+async def test_official_client_lists_the_tools_and_runs_a_rollout(server: LiveServer, oracle_task: dict) -> None:
     async with Client(f"{server.http}/mcp") as client:
         tools = (await client.list_tools()).tools
-        assert [tool.name for tool in tools] == ["run_rollout"]
+        assert [tool.name for tool in tools] == ["run_rollout", "start_episode", "terminal"]
         schema = tools[0].input_schema
         assert schema["properties"].keys() == RolloutRequest.model_json_schema()["properties"].keys()
         assert schema["properties"]["agent"]["default"] == "opencode"
@@ -43,7 +43,7 @@ async def test_mcp_sessions_count_against_capacity(make_server: Any) -> None:
     close = {"jsonrpc": "2.0", "method": "openenv/session/close", "params": {"session_id": session_id}, "id": 2}
     httpx.post(f"{server.http}/mcp", json=close)
     async with Client(f"{server.http}/mcp") as client:
-        assert len((await client.list_tools()).tools) == 1
+        assert len((await client.list_tools()).tools) == 3
 
 
 def test_unknown_mcp_session_is_404(server: LiveServer) -> None:

@@ -1,0 +1,193 @@
+"""Interactive episodes over the Gym API: WS `/ws` reset/step/state, and JSON-RPC attached over WS (Gen B)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from mcp import Client
+import pytest
+from websockets.sync.client import ClientConnection, connect
+
+from coding_agent_env.settings import Settings, WireLimits
+from tests.helpers import leftovers, sandbox_processes
+from tests.protocol.live import LiveServer, wait_until
+from tests.protocol.test_ws import ask
+
+TASK: dict[str, Any] = {
+    "instruction": "Put 42 in answer.txt, then answer 42.",
+    "setup_scripts": "mkdir -p work",
+    "verify_scripts": ["", "test \"$(cat \"$FINAL_ANSWER_FILE\")\" = 42", "grep -qx 42 work/answer.txt"],
+    "sandbox_backend": "local",
+}
+
+
+@pytest.fixture
+def live(make_server: Callable[..., LiveServer], settings: Settings) -> LiveServer:
+    return make_server(state_dir=settings.state_dir, backends=settings.backends)
+
+
+def terminal(command: str = "", final_answer: str = "") -> dict[str, Any]:
+    """As upstream sends it: both keys, one empty."""
+    arguments = {"command": command, "final_answer": final_answer}
+    return {"type": "step", "data": {"type": "call_tool", "tool_name": "terminal", "arguments": arguments}}
+
+
+def tool_names(ws: ClientConnection) -> list[str]:
+    reply = ask(ws, {"type": "step", "data": {"type": "list_tools"}})
+    return [tool["name"] for tool in reply["data"]["observation"]["tools"]]
+
+
+def test_an_episode_over_ws(live: LiveServer, settings: Settings) -> None:
+    with connect(live.ws) as ws:
+        assert tool_names(ws) == ["run_rollout"]
+        opened = ask(ws, {"type": "reset", "data": {"seed": 1, "episode_id": "ep-7", **TASK}})["data"]
+        assert opened["done"] is False and opened["reward"] is None
+        observation = opened["observation"]
+        assert observation["instruction"] == TASK["instruction"]
+        assert observation["episode"]["status"] == "running" and observation["episode"]["episode_id"] == "ep-7"
+        assert [r["cmd"] for r in observation["episode"]["setup_results"]] == ["mkdir -p work"]
+        assert [t["name"] for t in observation["tools"]] == ["run_rollout", "terminal"]
+        assert observation["text"].startswith(TASK["instruction"])
+        assert tool_names(ws) == ["run_rollout", "terminal"]
+        step = ask(ws, terminal("cd work && echo 42 > answer.txt && export X=7"))["data"]
+        assert step["done"] is False and step["observation"]["error"] is None
+        result = step["observation"]["result"]
+        assert result["data"]["exit_code"] == 0 and result["content"][0]["text"] == "[exit code 0]"
+        again = ask(ws, terminal("echo $X $(cat answer.txt); pwd"))["data"]["observation"]["result"]["data"]
+        assert again["output"].splitlines()[0] == "7 42" and again["output"].rstrip().endswith("/work")
+        state = ask(ws, {"type": "state"})["data"]
+        assert state["episode_id"] == "ep-7" and state["step_count"] == 3
+        episode = state["episode"]
+        assert episode["status"] == "running" and episode["isolation"] == "bwrap" and episode["network"] == "none"
+        assert [c["exit_code"] for c in episode["commands"]] == [0, 0] and episode["sandbox_id"]
+        final = ask(ws, terminal(final_answer="42"))["data"]
+        assert final["done"] is True and final["reward"] == 1.0
+        text = final["observation"]["result"]["content"][0]["text"]
+        assert text == "Episode completed: 2/2 verify commands passed; reward 1"
+        assert final["observation"]["result"]["data"]["status"] == "completed"
+        after = ask(ws, terminal("true"))["data"]["observation"]["error"]
+        assert after["error_type"] == "execution_error" and "has ended (completed)" in after["message"]
+        assert tool_names(ws) == ["run_rollout"]
+        assert ask(ws, {"type": "state"})["data"]["last_reward"] == 1.0
+        assert not leftovers(settings)
+
+
+def test_bad_input_is_that_calls_error(live: LiveServer, settings: Settings) -> None:
+    with connect(live.ws) as ws:
+        before = ask(ws, terminal("ls"))["data"]["observation"]["error"]
+        assert before["error_type"] == "execution_error" and "call reset with a task" in before["message"]
+        bad_reset = ask(ws, {"type": "reset", "data": {"setup_scripts": 5, "instruction": "x"}})
+        assert bad_reset["type"] == "error" and bad_reset["data"]["code"] == "EXECUTION_ERROR"
+        assert "setup_scripts must be a string or a list" in bad_reset["data"]["message"]
+        assert "Traceback" not in bad_reset["data"]["message"]
+        wrong = ask(ws, {"type": "reset", "data": {"instruction": "x", "api_key": "sk-SECRET-123456"}})
+        assert "unknown task field(s): api_key" in wrong["data"]["message"] and "SECRET" not in json.dumps(wrong)
+        over = ask(ws, {"type": "reset", "data": {"instruction": "x", "limits": {"memory_mb": 10**7}}})
+        assert "SANDBOX_MEMORY_MB" in over["data"]["message"]
+        assert ask(ws, {"type": "reset", "data": TASK})["data"]["done"] is False
+        for arguments, kind, words in [
+            (terminal("ls", "42")["data"]["arguments"], "invalid_args", "not both"),
+            ({"command": "", "final_answer": ""}, "invalid_args", "both are empty"),
+            ({"command": 5}, "invalid_args", "command must be a string, not int"),
+            ({"command": "echo a\x00b"}, "invalid_args", "NUL"),
+            ({"command": "x" * (WireLimits.MAX_COMMAND_BYTES + 1)}, "invalid_args", "longer than"),
+        ]:
+            frame = {"type": "step", "data": {"type": "call_tool", "tool_name": "terminal", "arguments": arguments}}
+            error = ask(ws, frame)["data"]["observation"]["error"]
+            assert error["error_type"] == kind and words in error["message"], error
+        unknown = ask(ws, {"type": "step", "data": {"type": "call_tool", "tool_name": "shell", "arguments": {}}})
+        assert unknown["data"]["observation"]["error"]["error_type"] == "tool_not_found"
+        # The episode is still usable.
+        ok = ask(ws, terminal("echo fine"))["data"]["observation"]["result"]["data"]
+        assert ok["output"] == "fine\n" and ok["exit_code"] == 0
+    wait_until(lambda: live.sessions.active == 0 and not leftovers(settings), what="the episode torn down")
+
+
+def test_setup_failure_and_a_second_reset(live: LiveServer, settings: Settings) -> None:
+    with connect(live.ws) as ws:
+        failed = ask(ws, {"type": "reset", "data": {**TASK, "setup_scripts": ["exit 4"]}})["data"]
+        assert failed["done"] is True and failed["reward"] is None
+        assert failed["observation"]["episode"]["status"] == "setup_failed"
+        assert failed["observation"]["episode"]["setup_results"][0]["exit_code"] == 4
+        assert [t["name"] for t in failed["observation"]["tools"]] == ["run_rollout"]
+        assert not leftovers(settings)
+        first = ask(ws, {"type": "reset", "data": TASK})["data"]["observation"]["episode"]["sandbox_id"]
+        second = ask(ws, {"type": "reset", "data": TASK})["data"]["observation"]["episode"]["sandbox_id"]
+        assert first != second and len([p for p in settings.state_dir.iterdir() if p.name != "relay"]) == 1
+        ask(ws, {"type": "reset"})  # a bare reset ends it too
+        assert tool_names(ws) == ["run_rollout"] and not leftovers(settings)
+
+
+def test_disconnect_mid_command_tears_down(live: LiveServer, settings: Settings) -> None:
+    with connect(live.ws) as ws:
+        ask(ws, {"type": "reset", "data": TASK})
+        ws.send(json.dumps(terminal("sleep 60")))
+        wait_until(lambda: any("sleep 60" in p for p in sandbox_processes(settings)), what="the command running")
+    wait_until(lambda: live.sessions.active == 0 and not leftovers(settings), what="the episode torn down")
+
+
+def test_gen_b_attached_jsonrpc(live: LiveServer, settings: Settings) -> None:
+    """OpenEnv Gen B's way: session over HTTP, reset over the attached WS, tools over HTTP JSON-RPC."""
+    with httpx.Client(base_url=live.http, timeout=60) as http:
+        def rpc(method: str, **params: Any) -> dict[str, Any]:
+            return http.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).json()
+
+        session_id = rpc("openenv/session/create")["result"]["session_id"]
+        with connect(f"{live.ws}?session_id={session_id}") as ws:
+            assert [t["name"] for t in rpc("tools/list", session_id=session_id)["result"]["tools"]] == ["run_rollout"]
+            ask(ws, {"type": "reset", "data": TASK})
+            tools = rpc("tools/list", session_id=session_id)["result"]["tools"]
+            assert [t["name"] for t in tools] == ["run_rollout", "terminal"] and "inputSchema" in tools[1]
+            ran = rpc("tools/call", session_id=session_id, name="terminal",
+                      arguments={"command": "echo 42 > work/answer.txt; echo done", "final_answer": ""})
+            assert ran["result"]["data"]["output"] == "done\n"
+            final = rpc("tools/call", session_id=session_id, name="terminal",
+                        arguments={"command": "", "final_answer": "42"})
+            assert final["result"]["content"][0]["text"] == "Episode completed: 2/2 verify commands passed; reward 1"
+            assert ask(ws, {"type": "state"})["data"]["episode"]["reward"] == 1.0
+            ended = rpc("tools/call", session_id=session_id, name="terminal", arguments={"command": "ls"})
+            assert ended["error"]["code"] == -32603 and "has ended" in ended["error"]["message"]
+            stateless = rpc("tools/call", name="terminal", arguments={"command": "ls"})
+            assert "needs a session_id" in stateless["error"]["message"]
+        assert rpc("openenv/session/close", session_id=session_id)["result"]["closed"] is True
+    assert not leftovers(settings)
+
+
+def test_shutdown_tears_down_live_episodes(make_server: Callable[..., LiveServer], settings: Settings) -> None:
+    server = make_server(state_dir=settings.state_dir, backends=settings.backends)
+    with connect(server.ws) as ws:
+        ask(ws, {"type": "reset", "data": TASK})
+        assert leftovers(settings)  # the episode's sandbox exists
+        server.stop()
+    assert not leftovers(settings)
+
+
+async def test_an_episode_through_the_official_mcp_client(live: LiveServer, settings: Settings) -> None:
+    async with Client(f"{live.http}/mcp") as client:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+        assert tools["terminal"].input_schema["properties"].keys() == {"command", "final_answer"}
+        assert {"instruction", "setup_scripts", "verify_scripts", "sandbox_backend", "limits"} <= set(
+            tools["start_episode"].input_schema["properties"])
+        early = await client.call_tool("terminal", {"command": "ls", "final_answer": ""})
+        assert early.is_error and "call reset with a task" in early.content[0].text
+        started = await client.call_tool("start_episode", TASK)
+        assert not started.is_error and started.structured_content["episode"]["status"] == "running"
+        assert started.content[0].text.startswith(TASK["instruction"])
+        bad = await client.call_tool("start_episode", {"instruction": "x", "setup_scripts": 1})
+        assert bad.is_error and "setup_scripts must be" in bad.content[0].text
+        # The failed start left the running episode alone.
+        ran = await client.call_tool("terminal", {"command": "echo 42 > work/answer.txt; echo ok", "final_answer": ""})
+        assert not ran.is_error and ran.structured_content["output"] == "ok\n"
+        assert ran.content[0].text == "ok\n[exit code 0]"
+        both = await client.call_tool("terminal", {"command": "ls", "final_answer": "42"})
+        assert both.is_error and "not both" in both.content[0].text
+        final = await client.call_tool("terminal", {"command": "", "final_answer": "42"})
+        assert final.structured_content["reward"] == 1.0 and final.structured_content["done"] is True
+        assert final.content[0].text == "Episode completed: 2/2 verify commands passed; reward 1"
+        assert not leftovers(settings)
+        await client.call_tool("start_episode", TASK)  # left live: the session's end tears it down
+        assert leftovers(settings)
+    wait_until(lambda: live.sessions.active == 0 and not leftovers(settings), what="the MCP session's episode gone")
