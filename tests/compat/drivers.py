@@ -19,6 +19,12 @@ TASK: dict[str, Any] = {
     "verify": ["grep -qx hi hello.txt"],
 }
 TIMEOUT_S = 600
+EPISODE: dict[str, Any] = {
+    "instruction": "Write 42 to work/answer.txt, then answer 42.",
+    "setup_scripts": "mkdir -p work",
+    "verify_scripts": ["", 'test "$(cat "$FINAL_ANSWER_FILE")" = 42', "grep -qx 42 work/answer.txt"],
+}
+COMMAND = "cd work && echo 42 > answer.txt && pwd"
 
 
 def mcp_tool_client(url: str, production: bool) -> dict[str, Any]:
@@ -63,6 +69,38 @@ def generic_step_loop(url: str) -> dict[str, Any]:
             "rollouts_completed": state["rollouts_completed"]}
 
 
+def episode_mcp_tool_client(url: str, production: bool) -> dict[str, Any]:
+    """An interactive episode as upstream's terminus harness drives it: reset with the task, then `terminal`
+    calls with both keys (one empty)."""
+    from openenv.core.mcp_client import MCPToolClient
+
+    client = MCPToolClient(base_url=url, message_timeout_s=TIMEOUT_S)
+    if not production:
+        client.use_production_mode = False
+    with client.sync() as env:
+        opened = env.reset(episode_id="compat-episode", **EPISODE)
+        names = [tool.name for tool in env.list_tools()]
+        ran = env.call_tool("terminal", command=COMMAND, final_answer="")
+        final = env.call_tool("terminal", command="", final_answer="42")
+        state = env.state()
+    return {"opened_done": opened.done, "names": names, "ran": ran, "final": final,
+            "episode_id": state.episode_id, "step_count": state.step_count}
+
+
+def episode_generic(url: str) -> dict[str, Any]:
+    from openenv.core.generic_client import GenericEnvClient
+
+    with GenericEnvClient(base_url=url, message_timeout_s=TIMEOUT_S).sync() as env:
+        opened = env.reset(episode_id="compat-generic-episode", **EPISODE)
+        step = {"type": "call_tool", "tool_name": "terminal"}
+        ran = env.step({**step, "arguments": {"command": COMMAND, "final_answer": ""}})
+        final = env.step({**step, "arguments": {"command": "", "final_answer": "42"}})
+        state = env.state()
+    return {"opened_done": opened.done, "instruction": opened.observation["instruction"],
+            "ran": ran.observation["result"]["data"], "final": final.observation["result"]["data"],
+            "reward": final.reward, "done": final.done, "state_episode": state["episode"]}
+
+
 def main() -> None:
     mode, url = sys.argv[1], sys.argv[2]
     if mode == "mcp-production":
@@ -73,6 +111,12 @@ def main() -> None:
         out = asyncio.run(mcp_tool_client_async(url))
     elif mode == "generic":
         out = generic_step_loop(url)
+    elif mode == "episode-mcp-production":
+        out = episode_mcp_tool_client(url, production=True)
+    elif mode == "episode-mcp-ws":
+        out = episode_mcp_tool_client(url, production=False)
+    elif mode == "episode-generic":
+        out = episode_generic(url)
     else:
         raise SystemExit(f"unknown mode {mode}")
     print(json.dumps(out))

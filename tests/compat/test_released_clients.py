@@ -52,3 +52,28 @@ def test_openenv_validate_url(gen_b: Path, live_url: str) -> None:
     openenv = gen_b.parent / "openenv"
     done = subprocess.run([str(openenv), "validate", "--url", live_url], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+@pytest.mark.parametrize(("client", "mode"), [
+    ("gen_a", "episode-mcp-ws"), ("gen_b", "episode-mcp-ws"), ("gen_b", "episode-mcp-production"),
+])
+def test_an_interactive_episode_through_mcp_tool_client(request: pytest.FixtureRequest, live_url: str,
+                                                         client: str, mode: str) -> None:
+    out = drive(request.getfixturevalue(client), mode, live_url)
+    assert out["opened_done"] is False and out["names"] == ["run_rollout", "terminal"]
+    assert (out["ran"]["output"], out["ran"]["exit_code"]) == ("/workspace/work\n", 0)
+    final = out["final"]
+    assert (final["status"], final["reward"], final["done"], final["step_count"]) == ("completed", 1.0, True, 2)
+    assert [r["exit_code"] for r in final["verify_results"]] == [0, 0] and final["isolation"] == "bwrap"
+    # Gen B's production mode sends its tools over HTTP JSON-RPC (not counted as WS steps).
+    assert (out["episode_id"], out["step_count"]) == ("compat-episode", 0 if mode.endswith("production") else 3)
+
+
+@pytest.mark.parametrize("client", ["gen_a", "gen_b"])
+def test_an_interactive_episode_through_the_generic_client(request: pytest.FixtureRequest, live_url: str,
+                                                           client: str) -> None:
+    out = drive(request.getfixturevalue(client), "episode-generic", live_url)
+    assert out["opened_done"] is False and out["instruction"].startswith("Write 42")
+    assert out["ran"]["exit_code"] == 0 and out["ran"]["output"].rstrip().endswith("/work")
+    assert (out["reward"], out["done"], out["final"]["status"]) == (1.0, True, "completed")
+    assert out["state_episode"]["status"] == "completed" and out["state_episode"]["reward"] == 1.0
