@@ -77,3 +77,23 @@ def test_an_interactive_episode_through_the_generic_client(request: pytest.Fixtu
     assert out["ran"]["exit_code"] == 0 and out["ran"]["output"].rstrip().endswith("/work")
     assert (out["reward"], out["done"], out["final"]["status"]) == (1.0, True, "completed")
     assert out["state_episode"]["status"] == "completed" and out["state_episode"]["reward"] == 1.0
+
+
+def test_openenv_white_box_loop_drives_an_episode(gen_b: Path, live_url: str) -> None:
+    """openenv 0.10's own `MCPHarnessAdapter.run_white_box` and `build_harness_rollout_func` drive episodes
+    through `coding_agent_env.harness` (a scripted model step stands in for the trainer's model)."""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([str(gen_b), str(DRIVERS.with_name("harness_driver.py")), live_url],
+                          capture_output=True, text=True, timeout=600,
+                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["opening"][0]["role"] == "user" and out["opening"][0]["content"].startswith("Write 42")
+    assert "Setup: 1 command(s) passed." in out["opening"][0]["content"]
+    assert out["done"] is True and out["completion_ids"] == [100, 101, 102, 103]
+    assert out["tool_messages"][0] == "[exit code 0]"
+    assert "not both" in out["tool_messages"][1] and out["errors"][1] and not out["errors"][2]
+    assert out["tool_messages"][2] == "42\n/workspace/work\n[exit code 0]"
+    assert out["tool_messages"][3] == "Episode completed: 2/2 verify commands passed; reward 1"
+    assert (out["env_reward"], out["verify_done"], out["metrics"]["status"]) == (1.0, True, "completed")
+    assert out["trl"] == [[1.0], [0.0]]  # the wrong answer, with nothing written: both verify commands fail

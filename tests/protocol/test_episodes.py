@@ -11,6 +11,7 @@ from mcp import Client
 import pytest
 from websockets.sync.client import ClientConnection, connect
 
+from coding_agent_env.harness import EpisodeSessionFactory, HarnessError
 from coding_agent_env.settings import Settings, WireLimits
 from tests.helpers import leftovers, sandbox_processes
 from tests.protocol.live import LiveServer, wait_until
@@ -191,3 +192,26 @@ async def test_an_episode_through_the_official_mcp_client(live: LiveServer, sett
         await client.call_tool("start_episode", TASK)  # left live: the session's end tears it down
         assert leftovers(settings)
     wait_until(lambda: live.sessions.active == 0 and not leftovers(settings), what="the MCP session's episode gone")
+
+
+def test_the_trainer_side_session(live: LiveServer, settings: Settings) -> None:
+    factory = EpisodeSessionFactory(live.http, defaults={"command_timeout_s": 30}, message_timeout_s=60)
+    with pytest.raises(HarnessError, match="EXECUTION_ERROR: unknown task field"):
+        factory.create({**TASK, "bogus": 1})
+    wait_until(lambda: live.sessions.active == 0, what="the refused session closed")
+    session = factory.create(TASK, episode_id="trainer-1")
+    assert session.episode_id == "trainer-1" and [t.name for t in session.list_tools()] == ["terminal"]
+    with pytest.raises(KeyError):
+        session.call_tool("run_rollout", {})
+    with pytest.raises(KeyError):
+        session.call_tool("reset", {})
+    assert session.verify([]).env_reward is None  # never scored
+    refused = session.call_tool("terminal", {"command": 3})
+    assert refused.error and "must be a string" in refused.data and not refused.done
+    ran = session.call_tool("terminal", {"command": "echo hi", "final_answer": ""})
+    assert ran.data == "hi\n[exit code 0]" and "reward" not in ran.metadata
+    session.close()
+    session.close()
+    wait_until(lambda: live.sessions.active == 0 and not leftovers(settings), what="the episode torn down")
+    with pytest.raises(HarnessError, match="closed"):
+        session.call_tool("terminal", {"command": "ls"})
