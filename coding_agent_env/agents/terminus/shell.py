@@ -37,12 +37,14 @@ __all__ = [
 ]
 
 SHOW = r"""
-__size=$(stat -c %s -- "$__out" 2>/dev/null) || __size=0
-if [ "$__size" -le $((2 * __keep)) ]; then cat -- "$__out" 2>/dev/null
-else head -c "$__keep" -- "$__out"; printf '\n[... %s bytes of output left out ...]\n' $((__size - 2 * __keep))
-     tail -c "$__keep" -- "$__out"; fi
+if [ ! -s "$__out" ]; then :
+elif __size=$(stat -c %s -- "$__out" 2>/dev/null) && [ "$__size" -gt $((2 * __keep)) ]; then
+     head -c "$__keep" -- "$__out"; printf '\n[... %s bytes of output left out ...]\n' $((__size - 2 * __keep))
+     tail -c "$__keep" -- "$__out"
+else cat -- "$__out" 2>/dev/null; fi
 """
-"""Prints the output file `$__out` within `2 * $__keep` bytes (and the note)."""
+"""Prints the output file `$__out` within `2 * $__keep` bytes (and the note). An empty one costs no process
+(no `stat`, no `cat`: about two milliseconds of a command with no output)."""
 
 SHELL = r"""
 if [ -f "$1" ]; then . "$1" >/dev/null 2>&1; fi
