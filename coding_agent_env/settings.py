@@ -207,7 +207,8 @@ class Settings(BaseModel):
     """Sessions (WebSocket, JSON-RPC, MCP, UI) alive at once."""
 
     session_idle_timeout_s: float = Field(default=300.0, gt=0)
-    """HTTP-created (JSON-RPC) and MCP sessions with no activity for this long are closed and their slot freed."""
+    """HTTP-created (JSON-RPC), MCP and UI sessions with no activity for this long are closed and their slot freed
+    (a UI session is busy while its rollout runs; one holding an episode whose browser went away is closed)."""
 
     session_reap_interval_s: float = Field(default=5.0, gt=0)
     """How often the idle reaper looks for idle sessions."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
@@ -29,6 +30,8 @@ from coding_agent_env.api.ui_form import (
     endpoint_choices,
     preset_texts,
 )
+from coding_agent_env.api.ui_episodes import UiEpisodes
+from coding_agent_env.api.ui_interactive import interactive_tab
 from coding_agent_env.api.ui_presets import PRESETS
 from coding_agent_env.api.ui_run import Progress, UiRuns
 from coding_agent_env.errors import CodingAgentEnvError, RequestError
@@ -36,7 +39,7 @@ from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.session import SessionManager
 from coding_agent_env.settings import Settings
 
-__all__ = ["WEB_PATH", "mount_web"]
+__all__ = ["WEB_PATH", "WebTab", "mount_web"]
 
 WEB_PATH = "/web"
 
@@ -57,9 +60,24 @@ _THEME = gr.themes.Soft(
 _FORM_FIELDS = tuple(Form.__dataclass_fields__)
 
 
-def mount_web(app: FastAPI, manager: SessionManager) -> UiRuns:
-    """Mount the tab on `app`; returns the `UiRuns` whose `stop()` the app's shutdown must await."""
+@dataclass(frozen=True)
+class WebTab:
+    """What the mounted tab runs: rollouts and interactive episodes. `stop()` ends them (server shutdown)."""
+
+    runs: UiRuns
+    episodes: UiEpisodes
+
+    async def stop(self) -> None:
+        try:
+            await self.runs.stop()
+        finally:
+            await self.episodes.stop()
+
+
+def mount_web(app: FastAPI, manager: SessionManager) -> WebTab:
+    """Mount the tab on `app`; returns the `WebTab` whose `stop()` the app's shutdown must await."""
     runs = UiRuns(manager)
+    episodes = UiEpisodes(manager)
 
     @app.get("/", include_in_schema=False)
     @app.get(WEB_PATH, include_in_schema=False)
@@ -67,13 +85,13 @@ def mount_web(app: FastAPI, manager: SessionManager) -> UiRuns:
         return RedirectResponse(f"{WEB_PATH}/", status_code=307)
 
     def mount() -> None:
-        blocks = build_blocks(runs, manager.settings, manager.backends)
+        blocks = build_blocks(runs, manager.settings, manager.backends, episodes)
         gr.mount_gradio_app(
             app, blocks, path=WEB_PATH, ssr_mode=False, mcp_server=False, footer_links=[], theme=_THEME, css=_CSS
         )
 
     _with_running_loop(mount)
-    return runs
+    return WebTab(runs, episodes)
 
 
 def _with_running_loop(build: Callable[[], None]) -> None:
@@ -106,41 +124,58 @@ def _sandbox_choices(backends: Backends) -> list[tuple[str, str]]:
     return choices
 
 
-def build_blocks(runs: UiRuns, settings: Settings, backends: Backends) -> gr.Blocks:
-    """The tab's layout and its three events: preset -> editors, Run (streaming), Cancel."""
+def build_blocks(
+    runs: UiRuns, settings: Settings, backends: Backends, episodes: UiEpisodes | None = None
+) -> gr.Blocks:
+    """Two tabs: "Rollout" (preset -> editors, Run (streaming), Cancel) and, with `episodes`, "Interactive"
+    (`ui_interactive`)."""
     with gr.Blocks(title="coding-agent-env", analytics_enabled=False) as blocks:
-        gr.Markdown(
-            "# coding-agent-env\nRun one coding-agent rollout: sandbox → setup → agent → verify → reward. "
-            "The `oracle` agent runs the task's reference solution and needs no LLM."
-        )
-        with gr.Row():
-            with gr.Column(scale=3):
-                form = _task_editors()
-            with gr.Column(scale=2):
-                form.update(_run_options(settings, backends))
-        with gr.Row():
-            run_btn = gr.Button("Run", variant="primary", elem_id="run")
-            cancel_btn = gr.Button("Cancel", variant="stop", elem_id="cancel")
-        out = _result_view()
-        editors = [form[name] for name in EDITORS]
-        form["preset"].change(
-            lambda name: list(preset_texts(PRESETS[name]).values()), inputs=form["preset"], outputs=editors
-        )
-        inputs = {form[name] for name in _FORM_FIELDS}
-
-        async def run(values: dict[gr.components.Component, Any], request: gr.Request) -> AsyncIterator[dict[Any, Any]]:
-            by_name = {name: values[form[name]] for name in _FORM_FIELDS}
-            async for update in _run_updates(runs, request.session_hash or "", by_name, out):
-                yield update
-
-        async def cancel(request: gr.Request) -> str:
-            if runs.cancel(request.session_hash or ""):
-                return render.message_html("Cancelling: the sandbox is being torn down…", kind="info")
-            return render.message_html("Nothing is running.", kind="info")
-
-        run_btn.click(run, inputs=inputs, outputs=list(out.values()), concurrency_limit=None)
-        cancel_btn.click(cancel, outputs=out["cancel_note"], concurrency_limit=None, queue=False)
+        gr.Markdown("# coding-agent-env")
+        with gr.Tab("Rollout", elem_id="tab-rollout"):
+            _rollout_tab(runs, settings, backends)
+        if episodes is not None:
+            with gr.Tab("Interactive", elem_id="tab-interactive"):
+                gr.Markdown(
+                    "Be the agent: start an episode from a preset, run commands in its sandbox (a persistent "
+                    "shell), then submit a final answer to verify and score it."
+                )
+                interactive_tab(episodes, _sandbox_choices(backends))
     return blocks
+
+
+def _rollout_tab(runs: UiRuns, settings: Settings, backends: Backends) -> None:
+    """The rollout tab's layout and its three events: preset -> editors, Run (streaming), Cancel."""
+    gr.Markdown(
+        "Run one coding-agent rollout: sandbox → setup → agent → verify → reward. "
+        "The `oracle` agent runs the task's reference solution and needs no LLM."
+    )
+    with gr.Row():
+        with gr.Column(scale=3):
+            form = _task_editors()
+        with gr.Column(scale=2):
+            form.update(_run_options(settings, backends))
+    with gr.Row():
+        run_btn = gr.Button("Run", variant="primary", elem_id="run")
+        cancel_btn = gr.Button("Cancel", variant="stop", elem_id="cancel")
+    out = _result_view()
+    editors = [form[name] for name in EDITORS]
+    form["preset"].change(
+        lambda name: list(preset_texts(PRESETS[name]).values()), inputs=form["preset"], outputs=editors
+    )
+    inputs = {form[name] for name in _FORM_FIELDS}
+
+    async def run(values: dict[gr.components.Component, Any], request: gr.Request) -> AsyncIterator[dict[Any, Any]]:
+        by_name = {name: values[form[name]] for name in _FORM_FIELDS}
+        async for update in _run_updates(runs, request.session_hash or "", by_name, out):
+            yield update
+
+    async def cancel(request: gr.Request) -> str:
+        if runs.cancel(request.session_hash or ""):
+            return render.message_html("Cancelling: the sandbox is being torn down…", kind="info")
+        return render.message_html("Nothing is running.", kind="info")
+
+    run_btn.click(run, inputs=inputs, outputs=list(out.values()), concurrency_limit=None)
+    cancel_btn.click(cancel, outputs=out["cancel_note"], concurrency_limit=None, queue=False)
 
 
 def _task_editors() -> dict[str, Any]:

@@ -204,9 +204,13 @@ class Episode:
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
-            task.cancel()
-            await asyncio.wait({task})
-            raise
+            caller = asyncio.current_task()
+            if caller is None or caller.cancelling():  # our caller is cancelled: so is the call
+                task.cancel()
+                await asyncio.wait({task})
+                raise
+            # Only the call was: close() ended the episode under it.
+            raise EpisodeDoneError(self.id, EpisodeStatus.CANCELLED.value, "it was closed during the call") from None
         finally:
             self.touch()
 

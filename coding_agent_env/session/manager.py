@@ -7,7 +7,7 @@ Contract:
 - `close(id)` frees the slot at once and cancels the session's rollout (teardown is awaited). Idempotent.
 - `attach(id)` binds a WebSocket to an HTTP-created session (`SessionAttachedError` if one already is);
   `detach` unbinds it, closing the session if an `openenv/session/close` arrived meanwhile.
-- `reap_idle()` closes HTTP-created and MCP sessions idle longer than `settings.session_idle_timeout_s`;
+- `reap_idle()` closes HTTP-created, MCP and UI sessions idle longer than `settings.session_idle_timeout_s`;
   `start()` runs it periodically until `stop()`, which also closes every session.
 
 All methods run on the server's event loop; the table is only touched there, between awaits.
@@ -30,8 +30,9 @@ __all__ = ["SessionManager"]
 
 log = logging.getLogger(__name__)
 
-_REAPED_KINDS = (SessionKind.HTTP, SessionKind.MCP)
-"""Kinds with no connection whose end would close them: only the idle timeout does."""
+_REAPED_KINDS = (SessionKind.HTTP, SessionKind.MCP, SessionKind.UI)
+"""Kinds with no connection whose end would close them: only the idle timeout does (a UI session running a
+rollout is never idle; one holding an interactive episode whose browser went away is reaped)."""
 
 
 class SessionManager:

@@ -44,6 +44,7 @@ class UiServer:
     def __init__(self, state_dir: Path, log_path: Path, **env: str) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.state_dir = state_dir
         self.log_path = log_path
         environ = {**os.environ, "STATE_DIR": str(state_dir), "GRADIO_ANALYTICS_ENABLED": "False", **env}
         argv = [sys.executable, "-m", "uvicorn", "server.app:app", "--host", "127.0.0.1", "--port", str(self.port)]

@@ -147,3 +147,39 @@ def test_opencode_preset_through_a_custom_endpoint(page, ui_server: UiServer) ->
     page.get_by_role("tab", name="Turns").click()
     turns = re.search(r"(\d+) turns · prompt tokens (\d+)", page.locator("#turns-view").inner_text())
     assert turns is not None and int(turns[1]) >= 2 and int(turns[2]) > 0, "the relay recorded no turns"
+
+
+def test_interactive_episode(page, ui_server: UiServer) -> None:  # noqa: ANN001
+    """The Interactive tab: start fizzbuzz, type the solution, answer, see PASS; then Cancel tears a second
+    episode down (its sleeping command included)."""
+    _open(page, ui_server)
+    page.get_by_role("tab", name="Interactive").click()
+    _pick(page, "ep-preset", "fizzbuzz")
+    expect(page.locator("#ep-instruction textarea")).to_have_value(re.compile("FizzBuzz"))
+    page.locator("#ep-start").click()
+    expect(page.locator("#ep-status")).to_contain_text("Episode running")
+    command = page.locator("#ep-command textarea")
+    command.fill(PRESETS["fizzbuzz"].solution[0])
+    page.locator("#ep-run").click()
+    expect(page.locator("#ep-transcript textarea")).to_have_value(re.compile(r"\[exit code 0\]"))
+    command.fill("python3 fizzbuzz.py | sed -n 15p")
+    command.press("Enter")
+    expect(page.locator("#ep-transcript textarea")).to_have_value(re.compile(r"sed -n 15p\nFizzBuzz\n\[exit code 0\]"))
+    page.locator("#ep-answer textarea").fill("done")
+    page.locator("#ep-submit").click()
+    badge = page.locator("#ep-status .cae-result")
+    badge.wait_for()
+    assert badge.get_attribute("data-verdict") == "PASS" and "reward 1" in badge.inner_text()
+    command.fill("ls")
+    page.locator("#ep-run").click()
+    expect(page.locator("#ep-status")).to_contain_text("has ended (completed)")
+    # A second episode, cancelled while a command sleeps.
+    page.locator("#ep-start").click()
+    expect(page.locator("#ep-status")).to_contain_text("Episode running")
+    command.fill(f"sleep {SLEEP_MARK}")
+    page.locator("#ep-run").click()
+    _wait_for(lambda: bool(_processes_with(SLEEP_MARK)), "the command's sleep to start")
+    page.locator("#ep-cancel").click()
+    expect(page.locator("#ep-status")).to_contain_text("cancelled")
+    _wait_for(lambda: not _processes_with(SLEEP_MARK), "the sleep to be killed")
+    _wait_for(lambda: not [p for p in ui_server.state_dir.iterdir() if p.name != "relay"], "the sandbox removed")
