@@ -215,3 +215,21 @@ def test_the_trainer_side_session(live: LiveServer, settings: Settings) -> None:
     wait_until(lambda: live.sessions.active == 0 and not leftovers(settings), what="the episode torn down")
     with pytest.raises(HarnessError, match="closed"):
         session.call_tool("terminal", {"command": "ls"})
+
+
+def test_an_episode_holds_its_sessions_slot(make_server: Callable[..., LiveServer], settings: Settings) -> None:
+    server = make_server(state_dir=settings.state_dir, backends=settings.backends, max_concurrent_envs=1)
+    with connect(server.ws) as ws:
+        ask(ws, {"type": "reset", "data": TASK})
+        with connect(server.ws) as second:
+            refused = json.loads(second.recv(timeout=10))
+            assert refused["data"]["code"] == "CAPACITY_REACHED"
+        create = {"jsonrpc": "2.0", "id": 1, "method": "openenv/session/create"}
+        assert httpx.post(f"{server.http}/mcp", json=create).json()["error"]["code"] == -32000
+        # Over the same socket's `mcp` envelope, the episode's terminal is a tool of this session.
+        listed = ask(ws, {"type": "mcp", "data": {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}})
+        assert [t["name"] for t in listed["data"]["result"]["tools"]] == ["run_rollout", "terminal"]
+        call = {"name": "terminal", "arguments": {"command": "echo via-mcp"}}
+        ran = ask(ws, {"type": "mcp", "data": {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": call}})
+        assert ran["data"]["result"]["data"]["output"] == "via-mcp\n"
+    wait_until(lambda: server.sessions.active == 0 and not leftovers(settings), what="the episode torn down")
