@@ -6,7 +6,8 @@ import os
 import shutil
 import statistics
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,6 +23,23 @@ def pct(samples: list[float], q: float) -> float:
 def describe(name: str, samples: list[float]) -> str:
     ms = [s * 1000 for s in samples]
     return f"{name:34} p50 {pct(ms, 0.5):7.2f} ms   p99 {pct(ms, 0.99):7.2f} ms   mean {statistics.mean(ms):7.2f} ms"
+
+
+async def measure(cases: dict[str, Callable[[], Awaitable[None]]], n: int) -> dict[str, list[float]]:
+    """Each case `n` times (after a few warm-ups), interleaved so machine noise hits every case alike; prints
+    each case's percentiles and returns the samples (seconds)."""
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(min(5, n)):
+        for case in cases.values():
+            await case()
+    for _ in range(n):
+        for name, case in cases.items():
+            t0 = time.perf_counter()
+            await case()
+            samples[name].append(time.perf_counter() - t0)
+    for name, values in samples.items():
+        print(describe(name, values))
+    return samples
 
 
 @contextmanager

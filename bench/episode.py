@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import bench_settings, describe, pct, raw_bwrap_argv, uid_pool_end, which_bwrap  # noqa: E402
+from bench._common import bench_settings, measure, pct, raw_bwrap_argv, uid_pool_end, which_bwrap  # noqa: E402
 from coding_agent_env.episode import Episode, parse_task  # noqa: E402
 from coding_agent_env.sandbox import Backends  # noqa: E402
 from coding_agent_env.settings import Settings  # noqa: E402
@@ -51,18 +51,8 @@ async def latency(settings: Settings, backends: Backends, n: int) -> None:
             cases["raw bwrap `bash -c true`, as a uid"] = lambda: spawn(raw, user=uid, group=uid, extra_groups=[])
         cases["episode terminal step `true`"] = step
         cases["episode terminal step `echo hi`"] = echo  # with output: shown by `cat`, one process more
-        samples: dict[str, list[float]] = {name: [] for name in cases}
-        for _ in range(5):
-            for case in cases.values():
-                await case()
-        for _ in range(n):  # interleaved so machine noise hits every case alike
-            for name, case in cases.items():
-                started = time.perf_counter()
-                await case()
-                samples[name].append(time.perf_counter() - started)
+        samples = await measure(cases, n)
     await episode.close()
-    for name, values in samples.items():
-        print(describe(name, values))
     for step_case in [name for name in samples if name.startswith("episode")]:
         ours = pct(samples[step_case], 0.5)
         for ref in [name for name in samples if name.startswith("raw")]:

@@ -15,12 +15,11 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Awaitable, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import bench_settings, describe, pct, raw_bwrap_argv, uid_pool_end, which_bwrap  # noqa: E402
+from bench._common import bench_settings, measure, pct, raw_bwrap_argv, uid_pool_end, which_bwrap  # noqa: E402
 from coding_agent_env.sandbox import Backends, SandboxSpec  # noqa: E402
 from coding_agent_env.settings import DockerConfig, Settings  # noqa: E402
 
@@ -67,21 +66,6 @@ def docker_cases(settings: Settings, backends: list[Backends]) -> dict[str, Call
 
     return {"raw docker run --rm `true`": lambda: spawn(raw, env=dict(os.environ)),
             "docker sandbox create+exec+close": ours}
-
-
-async def measure(cases: dict[str, Callable[[], Awaitable[None]]], n: int) -> dict[str, list[float]]:
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(min(5, n)):
-        for case in cases.values():
-            await case()
-    for _ in range(n):  # interleaved so machine noise hits every case alike
-        for name, case in cases.items():
-            t0 = time.perf_counter()
-            await case()
-            samples[name].append(time.perf_counter() - t0)
-    for name, values in samples.items():
-        print(describe(name, values))
-    return samples
 
 
 async def main(n: int, docker_only: bool) -> None:

@@ -33,6 +33,7 @@ from coding_agent_env.errors import CodingAgentEnvError
 from coding_agent_env.models import RolloutRequest, RolloutResult
 from coding_agent_env.rollout.budget import Budget
 from coding_agent_env.settings import Settings
+from coding_agent_env.urls import ws_url
 
 __all__ = ["ClientError", "CodingAgentEnv", "EpisodeState", "ServerError", "SyncCodingAgentEnv", "ToolCallError"]
 
@@ -70,17 +71,6 @@ class EpisodeState(BaseModel):
     rollouts_completed: int = 0
     last_reward: float | None = None
     last_status: str | None = None
-
-
-def ws_url(base_url: str) -> str:
-    """`http(s)://host[/prefix]` or `ws(s)://...` or a bare host -> the `/ws` URL."""
-    base = base_url.rstrip("/")
-    for plain, secure in (("http://", "ws://"), ("https://", "wss://")):
-        if base.startswith(plain):
-            base = secure + base[len(plain):]
-    if not base.startswith(("ws://", "wss://")):
-        base = "ws://" + base
-    return base + "/ws"
 
 
 class CodingAgentEnv:

@@ -37,6 +37,7 @@ from websockets.exceptions import WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
 from coding_agent_env.errors import CodingAgentEnvError
+from coding_agent_env.urls import ws_url
 
 __all__ = ["EpisodeSession", "EpisodeSessionFactory", "HarnessError", "HarnessTool", "ToolResult", "VerifyResult"]
 
@@ -76,17 +77,6 @@ class VerifyResult:
     done: bool = False
     metrics: dict[str, Any] = field(default_factory=dict)
     artifacts: dict[str, Any] = field(default_factory=dict)
-
-
-def ws_url(base_url: str) -> str:
-    """`http(s)://host[:port][/prefix]` (or ws(s)://) -> the `/ws` URL."""
-    url = base_url.rstrip("/")
-    for plain, secure in (("http://", "ws://"), ("https://", "wss://")):
-        if url.startswith(plain):
-            url = secure + url[len(plain):]
-    if not url.startswith(("ws://", "wss://")):
-        url = "ws://" + url
-    return f"{url}/ws"
 
 
 class EpisodeSessionFactory:

@@ -17,7 +17,7 @@ LEAVES = {path.stem for path in PACKAGE.glob("*.py")} - ENTRY_POINTS - {"__init_
 """Root modules every layer may use (errors, settings, models, helpers)."""
 ALLOWED = {
     "gate": {"errors", "models", "settings"},
-    "harness": {"errors"},  # trainer-side: imports where openenv and TRL are (standard library and websockets)
+    "harness": {"errors", "urls"},  # trainer-side: imports where openenv and TRL are (standard library and websockets)
     "reward": {"errors", "models", "settings"},
     "sandbox": LEAVES,
     "llm": LEAVES | {"sandbox"},
