@@ -109,16 +109,22 @@ async def test_output_is_bounded_head_and_tail(backend_for: Callable[[str], Targ
     await episode.close()
 
 
-async def test_a_background_writer_cannot_forge_the_reward(backend_for: Callable[[str], Target],
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_background_writer_cannot_forge_the_reward(kind: str, backend_for: Callable[[str], Target],
                                                            assert_no_leftovers: None) -> None:
-    """INTEGRITY 25: a process the agent left running would write reward 1 over and over; it is dead before
-    verify clears the reward file, so the honest reward stands."""
-    episode = await start(backend_for("local"), {**TASK, "verify_scripts": "false"})
-    planted = ("nohup setsid bash -c 'while :; do mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt;"
-               " echo 1 > \"$FINAL_ANSWER_FILE\" 2>/dev/null; sleep 0.01; done' >/dev/null 2>&1 & disown; echo ok")
-    assert (await episode.terminal(planted)).output.strip() == "ok"
+    """INTEGRITY 25: a process the agent left running would write reward 1 (and the answer) over and over; it
+    is dead before verify clears the reward file, so the honest reward stands."""
+    verify = ['test "$(cat "$FINAL_ANSWER_FILE")" = x', "false"]
+    episode = await start(backend_for(kind), {**TASK, "verify_scripts": verify})
+    assert episode.sandbox is not None
+    logs = episode.sandbox.paths.logs
+    planted = (f"nohup setsid bash -c 'while :; do mkdir -p {logs}/verifier; echo 1 > {logs}/verifier/reward.txt;"
+               f" echo 1 > {logs}/final_answer.txt; sleep 0.01; done' >/dev/null 2>&1 & disown; echo ok;"
+               f" until [ -s {logs}/verifier/reward.txt ]; do sleep 0.01; done; cat {logs}/verifier/reward.txt")
+    assert (await episode.terminal(planted)).output == "ok\n1\n"  # the writer runs
     final = await episode.final_answer("x")
-    assert final.reward == 0.0 and final.verify_results[0].exit_code == 1
+    assert final.reward == 0.5 and [r.exit_code for r in final.verify_results] == [0, 1]
+    assert final.reward_note is None
 
 
 async def test_artifacts_verify_in_a_clean_room(backend_for: Callable[[str], Target],

@@ -233,3 +233,27 @@ def test_an_episode_holds_its_sessions_slot(make_server: Callable[..., LiveServe
         ran = ask(ws, {"type": "mcp", "data": {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": call}})
         assert ran["data"]["result"]["data"]["output"] == "via-mcp\n"
     wait_until(lambda: server.sessions.active == 0 and not leftovers(settings), what="the episode torn down")
+
+
+def test_episodes_ended_every_way_over_ws_leave_nothing(make_server: Callable[..., LiveServer],
+                                                         settings: Settings) -> None:
+    """40 episodes over WS, ended by final answer, disconnect, a `close` frame, a second reset, the idle
+    timeout; nothing of any is left."""
+    server = make_server(state_dir=settings.state_dir, backends=settings.backends, episode_idle_timeout_s=0.3)
+    ended = []
+    for index in range(40):
+        way = index % 5
+        with connect(server.ws) as ws:
+            ask(ws, {"type": "reset", "data": TASK})
+            ask(ws, terminal("sleep 300 & echo 42 > work/answer.txt"))
+            if way == 0:
+                ended.append(ask(ws, terminal(final_answer="42"))["data"]["reward"])
+            elif way == 2:
+                ws.send(json.dumps({"type": "close"}))
+            elif way == 3:
+                ask(ws, {"type": "reset", "data": TASK})
+            elif way == 4:
+                wait_until(lambda: ask(ws, {"type": "state"})["data"]["episode"]["status"] == "expired",
+                           what="the idle timeout")
+    assert ended == [1.0] * 8
+    wait_until(lambda: server.sessions.active == 0 and not leftovers(settings), what="every episode torn down")
