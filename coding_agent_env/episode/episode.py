@@ -90,6 +90,13 @@ class Episode:
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
+    @staticmethod
+    def check(task: RolloutRequest, *, settings: Settings, backends: Backends) -> None:
+        """`RequestError` if this server will not run `task` (its backend is not enabled, its limits are over
+        the caps): what `start` would refuse before making anything."""
+        backends.resolve(task.sandbox)
+        resolve_limits(task, settings)
+
     @classmethod
     async def start(
         cls, task: RolloutRequest, *, settings: Settings, backends: Backends, episode_id: str | None = None

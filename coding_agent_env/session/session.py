@@ -190,6 +190,7 @@ class Session:
         backends = self._backends
         if backends is None:
             raise RuntimeError("a session runs episodes only with the app's sandbox backends (SessionManager's)")
+        Episode.check(task, settings=self.settings, backends=backends)  # a refused task leaves the live one be
         await self.end_episode()
         self.reset(episode_id)
         episode = await Episode.start(task, settings=self.settings, backends=backends, episode_id=self.episode_id)

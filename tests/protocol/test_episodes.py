@@ -179,6 +179,10 @@ async def test_an_episode_through_the_official_mcp_client(live: LiveServer, sett
         assert started.content[0].text.startswith(TASK["instruction"])
         bad = await client.call_tool("start_episode", {"instruction": "x", "setup_scripts": 1})
         assert bad.is_error and "setup_scripts must be" in bad.content[0].text
+        over = await client.call_tool("start_episode", {"instruction": "x", "limits": {"max_processes": 10**6}})
+        assert over.is_error and "SANDBOX_MAX_PROCESSES" in over.content[0].text
+        elsewhere = await client.call_tool("start_episode", {"instruction": "x", "sandbox": "docker"})
+        assert elsewhere.is_error and "not enabled" in elsewhere.content[0].text
         # The failed start left the running episode alone.
         ran = await client.call_tool("terminal", {"command": "echo 42 > work/answer.txt; echo ok", "final_answer": ""})
         assert not ran.is_error and ran.structured_content["output"] == "ok\n"
