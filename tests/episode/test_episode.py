@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from tests.helpers import leftovers, poll
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "binary_search.yaml"
 KINDS = ["local", "docker"]
+EVERY_KIND = [*KINDS, "local-unisolated", "hf", "e2b-fake"]
 
 TASK = {
     "instruction": "Write the answer.",
@@ -29,27 +30,43 @@ TASK = {
 }
 
 
-async def start(target: Target, task: dict[str, object] | RolloutRequest, **kw: object) -> Episode:
-    request = task if isinstance(task, RolloutRequest) else parse_task({**task, "sandbox": target.name})
-    return await Episode.start(
-        request, settings=target.settings, backends=target.backends, **kw  # type: ignore[arg-type]
-    )
+Starter = Callable[..., Awaitable[Episode]]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-async def test_a_full_episode(kind: str, backend_for: Callable[[str], Target], assert_no_leftovers: None) -> None:
+@pytest.fixture
+async def start(assert_no_leftovers: None) -> AsyncIterator[Starter]:
+    """`start(target, task, **kw)` -> a started episode; every one is closed before the leftovers are checked
+    (also when the test failed half-way)."""
+    made: list[Episode] = []
+
+    async def starter(target: Target, task: dict[str, object] | RolloutRequest, **kw: object) -> Episode:
+        request = task if isinstance(task, RolloutRequest) else parse_task({**task, "sandbox": target.name})
+        made.append(await Episode.start(
+            request, settings=target.settings, backends=target.backends, **kw  # type: ignore[arg-type]
+        ))
+        return made[-1]
+
+    yield starter
+    for episode in made:
+        await episode.close()
+
+
+@pytest.mark.parametrize("kind", EVERY_KIND)
+async def test_a_full_episode(kind: str, backend_for: Callable[[str], Target], start: Starter) -> None:
     target = backend_for(kind)
     episode = await start(target, TASK, episode_id="ep-1")
     assert episode.status is EpisodeStatus.RUNNING and episode.id == "ep-1"
     report = episode.report()
     assert [r.cmd for r in report.setup_results] == ["mkdir -p work && echo ready > work/flag"]
-    assert report.sandbox == target.name and report.isolation in ("bwrap", "docker") and report.network == "none"
+    assert report.sandbox == target.name and report.isolation in ("bwrap", "docker", "none", "e2b")
     # The persistent shell: cwd and exported variables carry over; a file written by setup is there.
     first = await episode.terminal("cd work && export GREETING='hi there'")
     assert (first.exit_code, first.timed_out) == (0, False)
     second = await episode.terminal('echo "$PWD|$GREETING|$(cat flag)|$(id -u)"; echo err >&2; exit 3')
     assert second.exit_code == 3
-    assert second.output.splitlines()[0].endswith("/work|hi there|ready|1000")
+    where, greeting, flag, uid = second.output.splitlines()[0].split("|")
+    assert where.endswith("/work") and (greeting, flag) == ("hi there", "ready")
+    assert uid == "1000" or report.isolation in ("none", "e2b")  # an isolated sandbox's user
     assert "err" in second.output
     assert (await episode.terminal("cat ../notes/readme.txt")).output == "hello"
     final = await episode.final_answer("42")
@@ -63,7 +80,7 @@ async def test_a_full_episode(kind: str, backend_for: Callable[[str], Target], a
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_wrong_answer_scores_what_verify_says(kind: str, backend_for: Callable[[str], Target],
-                                                     assert_no_leftovers: None) -> None:
+                                                     start: Starter) -> None:
     episode = await start(backend_for(kind), TASK)
     final = await episode.final_answer("41")
     assert final.status is EpisodeStatus.COMPLETED and final.reward == 0.5
@@ -71,7 +88,7 @@ async def test_a_wrong_answer_scores_what_verify_says(kind: str, backend_for: Ca
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_setup_failure_ends_the_episode_with_real_results(kind: str, backend_for: Callable[[str], Target],
-                                                               assert_no_leftovers: None) -> None:
+                                                               start: Starter) -> None:
     task = {**TASK, "setup_scripts": ["echo one", "echo broken >&2; exit 7", "echo never"]}
     episode = await start(backend_for(kind), task)
     report = episode.report()
@@ -87,7 +104,7 @@ async def test_setup_failure_ends_the_episode_with_real_results(kind: str, backe
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_command_past_its_timeout_is_killed_with_its_tree(kind: str, backend_for: Callable[[str], Target],
-                                                                  assert_no_leftovers: None) -> None:
+                                                                  start: Starter) -> None:
     target = backend_for(kind)
     episode = await start(target, {**TASK, "command_timeout_s": 1})
     slow = await episode.terminal("echo started; sleep 60 & sleep 60")
@@ -99,7 +116,7 @@ async def test_a_command_past_its_timeout_is_killed_with_its_tree(kind: str, bac
 
 
 async def test_output_is_bounded_head_and_tail(backend_for: Callable[[str], Target],
-                                               assert_no_leftovers: None) -> None:
+                                               start: Starter) -> None:
     target = backend_for("local")
     episode = await start(target, TASK)
     cap = target.settings.episode_max_output_bytes
@@ -111,7 +128,7 @@ async def test_output_is_bounded_head_and_tail(backend_for: Callable[[str], Targ
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_background_writer_cannot_forge_the_reward(kind: str, backend_for: Callable[[str], Target],
-                                                           assert_no_leftovers: None) -> None:
+                                                           start: Starter) -> None:
     """INTEGRITY 25: a process the agent left running would write reward 1 (and the answer) over and over; it
     is dead before verify clears the reward file, so the honest reward stands."""
     verify = ['test "$(cat "$FINAL_ANSWER_FILE")" = x', "false"]
@@ -128,7 +145,7 @@ async def test_a_background_writer_cannot_forge_the_reward(kind: str, backend_fo
 
 
 async def test_artifacts_verify_in_a_clean_room(backend_for: Callable[[str], Target],
-                                                assert_no_leftovers: None) -> None:
+                                                start: Starter) -> None:
     """The example task: the trainer's commands solve it, plant a `unittest` shadow and edit the test; the
     clean room holds only the artifact and the hidden tests."""
     task = load_task(str(EXAMPLE))
@@ -146,7 +163,7 @@ async def test_artifacts_verify_in_a_clean_room(backend_for: Callable[[str], Tar
     assert (await solved.final_answer("done")).reward == 1.0
 
 
-async def test_idle_timeout_ends_the_episode(backend_for: Callable[..., Target], assert_no_leftovers: None) -> None:
+async def test_idle_timeout_ends_the_episode(backend_for: Callable[..., Target], start: Starter) -> None:
     episode = await start(backend_for("local", episode_idle_timeout_s=0.3), TASK)
     assert (await episode.terminal("true")).exit_code == 0
     await poll(lambda: episode.done and episode.sandbox is not None and episode.sandbox.closed)
@@ -156,14 +173,14 @@ async def test_idle_timeout_ends_the_episode(backend_for: Callable[..., Target],
 
 
 async def test_the_deadline_ends_a_command_and_the_episode(backend_for: Callable[..., Target],
-                                                          assert_no_leftovers: None) -> None:
+                                                          start: Starter) -> None:
     episode = await start(backend_for("local", episode_timeout_s=3), TASK)
     with pytest.raises(EpisodeDoneError, match="deadline"):
         await episode.terminal("sleep 30")
     assert episode.report().status is EpisodeStatus.EXPIRED and episode.sandbox is not None and episode.sandbox.closed
 
 
-async def test_close_during_a_command_kills_it(backend_for: Callable[[str], Target], assert_no_leftovers: None) -> None:
+async def test_close_during_a_command_kills_it(backend_for: Callable[[str], Target], start: Starter) -> None:
     episode = await start(backend_for("local"), TASK)
     running = asyncio.ensure_future(episode.terminal("sleep 30"))
     await poll(lambda: episode.busy)
@@ -173,7 +190,7 @@ async def test_close_during_a_command_kills_it(backend_for: Callable[[str], Targ
     assert episode.report().status is EpisodeStatus.CANCELLED
 
 
-async def test_cancelled_start_leaves_nothing(backend_for: Callable[[str], Target], assert_no_leftovers: None) -> None:
+async def test_cancelled_start_leaves_nothing(backend_for: Callable[[str], Target], start: Starter) -> None:
     target = backend_for("local")
     starting = asyncio.ensure_future(start(target, {**TASK, "setup_scripts": "sleep 30"}))
     await poll(lambda: bool(target.settings.state_dir.exists() and any(target.settings.state_dir.iterdir())))
