@@ -21,6 +21,7 @@ from coding_agent_env.session import Session
 __all__ = [
     "TERMINAL_TOOL",
     "TerminalOutcome",
+    "command_text",
     "episode_observation",
     "is_known_tool",
     "run_terminal",
@@ -70,7 +71,7 @@ async def run_terminal(session: Session, arguments: Any) -> TerminalOutcome:
     except EpisodeError as exc:
         raise ToolCallFailed("execution_error", f"Error calling tool '{TERMINAL_TOOL}': {exc}") from None
     if isinstance(outcome, TerminalResult):
-        return TerminalOutcome(_result_dict(_command_text(outcome), outcome.model_dump(mode="json")))
+        return TerminalOutcome(_result_dict(command_text(outcome), outcome.model_dump(mode="json")))
     return TerminalOutcome(_result_dict(_final_text(outcome), outcome.model_dump(mode="json")),
                            reward=outcome.reward, done=True)
 
@@ -99,10 +100,14 @@ def start_text(instruction: str, report: EpisodeReport) -> str:
     return f"{instruction}\n\n{setup}"
 
 
-def _command_text(result: TerminalResult) -> str:
-    end = "[timed out: the command and its processes were killed]" if result.timed_out else \
-        f"[exit code {result.exit_code}]"
-    return f"{result.output}{'' if not result.output or result.output.endswith(chr(10)) else chr(10)}{end}"
+def command_text(result: TerminalResult) -> str:
+    """The output, then on a line of its own how the command ended."""
+    if result.timed_out:
+        end = "[timed out: the command and its processes were killed]"
+    else:
+        end = f"[exit code {result.exit_code}]"
+    separator = "\n" if result.output and not result.output.endswith("\n") else ""
+    return f"{result.output}{separator}{end}"
 
 
 def _final_text(report: EpisodeReport) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from coding_agent_env.api.terminal import command_text
 from coding_agent_env.episode import Episode, EpisodeDoneError, EpisodeReport, TerminalResult
 from coding_agent_env.session import NoEpisodeError, Session, SessionKind, SessionManager
 
@@ -79,9 +80,7 @@ class UiEpisodes:
         view = self._view(owner)
         outcome = await view.session.terminal({"command": command})
         assert isinstance(outcome, TerminalResult)
-        end = "timed out: killed" if outcome.timed_out else f"exit code {outcome.exit_code}"
-        newline = "" if outcome.output.endswith("\n") or not outcome.output else "\n"
-        view.add(f"$ {command}\n{outcome.output}{newline}[{end}]")
+        view.add(f"$ {command}\n{command_text(outcome)}")
         await self._release_if_done(view)
         return outcome
 
