@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from coding_agent_env.aio import shielded
 from coding_agent_env.errors import SandboxError
 from coding_agent_env.pids import pid_alive
 from coding_agent_env.sandbox.base import SandboxLimits
@@ -119,9 +120,9 @@ class Provisioner:
     async def make(
         self, rollout_id: str, uid: int | None, reserve_port: int | None, *, release: Callable[[], None]
     ) -> Made:
-        """A new sandbox for `uid`, with the relay port reserved in its namespace. Shielded: it finishes even
-        when the caller is cancelled, and is then undone. On failure `release` is called (the uid is free
-        again): at once, or once a cancelled make's work has finished and been undone."""
+        """A new sandbox for `uid`, with the relay port reserved in its namespace. Shielded: cancelled, it waits
+        for its (bounded) work to finish and undoes it before the cancellation goes on, so nothing is left when
+        the caller sees it. On failure or cancellation `release` is called (the uid is free again)."""
         if self._dirs.inline():
             made = asyncio.ensure_future(self._on_loop(rollout_id, uid, reserve_port))
         else:
@@ -129,7 +130,7 @@ class Provisioner:
         try:
             return await asyncio.shield(made)
         except asyncio.CancelledError:
-            made.add_done_callback(functools.partial(_undo, release))  # the thread still finishes
+            await shielded(_undo(made, release))  # the thread, or the namespace's, still finishes
             raise
         except BaseException:
             release()
@@ -200,11 +201,14 @@ class Provisioner:
         return made
 
 
-def _undo(release: Callable[[], None], made: asyncio.Future[Made]) -> None:
-    """A make() cancelled while its work ran: remove what it made, once it is done, then release."""
-    if not made.cancelled() and made.exception() is None:
-        made.result().undo()
-    release()
+async def _undo(made: asyncio.Future[Made], release: Callable[[], None]) -> None:
+    """A make() cancelled while its work ran: once the work is done, remove what it made, then release."""
+    try:
+        await asyncio.wait([made])
+        if not made.cancelled() and made.exception() is None:
+            made.result().undo()
+    finally:
+        release()
 
 
 def _claim_netns(finish: Callable[[], tuple[int, socket.socket | None]]) -> dict[str, object]:
