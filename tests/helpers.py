@@ -63,7 +63,8 @@ def sandbox_dirs(settings: Settings) -> list[str]:
     """Sandbox roots, and relay sockets (the relay's own directory stays: it holds the forwarder copy)."""
     if not settings.state_dir.exists():
         return []
-    found = sorted(p.name for p in settings.state_dir.iterdir() if p.name != "relay")
+    # `relay` holds the forwarder copy, `bubblewrap` the bundled bwrap installed for sandbox uids: the server's.
+    found = sorted(p.name for p in settings.state_dir.iterdir() if p.name not in ("relay", "bubblewrap"))
     return found + sorted(f"relay/{p.name}" for p in (settings.state_dir / "relay").glob("*.sock"))
 
 

@@ -49,6 +49,7 @@ _CSS = """
 .cae-result {font-size:1.05em; line-height:1.8}
 .cae-message {padding:8px 12px; border-radius:6px; font-weight:600}
 .cae-error {background:#fee2e2; color:#7f1d1d} .cae-info {background:#e0f2fe; color:#0c4a6e}
+.cae-warning {background:#fef3c7; color:#78350f}
 .cae-file pre {max-height:320px; overflow:auto; font-size:0.85em; padding:6px; background:rgba(127,127,127,0.08)}
 """
 
@@ -112,6 +113,22 @@ def _with_running_loop(build: Callable[[], None]) -> None:
         build()
 
 
+def isolation_warning(backends: Backends) -> str | None:
+    """The banner's text when an enabled backend runs commands without isolation (the operator's opt-in)."""
+    off = []
+    for name in backends.names:
+        try:
+            status = backends.get(name).check()
+        except CodingAgentEnvError:
+            continue
+        if status.available and status.isolation == "none":
+            off.append(name)
+    if not off:
+        return None
+    return (f"Isolation is off on {', '.join(off)}: commands run as plain host processes with the host's network "
+            "(the operator's opt-in). Do not run untrusted agents here.")
+
+
 def _sandbox_choices(backends: Backends) -> list[tuple[str, str]]:
     choices = []
     for name in backends.names:
@@ -131,6 +148,9 @@ def build_blocks(
     (`ui_interactive`)."""
     with gr.Blocks(title="coding-agent-env", analytics_enabled=False) as blocks:
         gr.Markdown("# coding-agent-env")
+        warning = isolation_warning(backends)
+        if warning is not None:
+            gr.HTML(render.message_html(warning, kind="warning"), elem_id="isolation-warning")
         with gr.Tab("Rollout", elem_id="tab-rollout"):
             _rollout_tab(runs, settings, backends)
         if episodes is not None:

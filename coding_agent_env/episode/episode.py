@@ -104,6 +104,7 @@ class Episode:
         """Provision, write the files, run setup. The returned episode is running, or done (setup_failed,
         infra_error) with its sandbox gone. Cancelled meanwhile, it tears down and re-raises."""
         episode = cls(task, settings=settings, backends=backends, episode_id=episode_id)
+        await backends.check_usable(episode.backend)
         try:
             await episode._stage(episode.budget.provision_s, episode._provision())
             await episode._stage(episode.budget.setup_s, episode._setup())

@@ -356,6 +356,11 @@ class SandboxBackend(abc.ABC):
     async def create(self, spec: SandboxSpec) -> Sandbox:
         """Provision a sandbox; raises `SandboxError` (or a subclass) when it cannot."""
 
+    async def refusal(self) -> str | None:
+        """Why this backend will make no sandbox here (said before anything runs), or None. Cheap after its
+        first call; the default: none known until `create` says otherwise."""
+        return None
+
     async def reap_orphans(self) -> int:
         """Remove sandboxes left behind by a crashed server; returns how many. Default: none to reap."""
         return 0

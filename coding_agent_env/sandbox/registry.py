@@ -15,7 +15,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from coding_agent_env.errors import MissingExtraError
+from coding_agent_env.errors import BackendRefusedError, MissingExtraError
 from coding_agent_env.sandbox.base import SandboxBackend
 from coding_agent_env.settings import Settings
 
@@ -77,6 +77,13 @@ class Backends:
                 backend = import_backend(target, name, extra)(config, self.settings)
                 self._built[name] = backend
             return backend
+
+    async def check_usable(self, name: str) -> None:
+        """`BackendRefusedError` (a request error: nothing was made) when backend `name` will make no sandbox
+        on this host as configured, saying how to fix it."""
+        reason = await self.get(name).refusal()
+        if reason is not None:
+            raise BackendRefusedError(f"sandbox backend {name!r} refuses: {reason}")
 
     async def aclose(self) -> None:
         """Release every backend built or given (their clients); sandboxes are their creators' to close."""

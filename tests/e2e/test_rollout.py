@@ -12,10 +12,12 @@ from pydantic import ValidationError
 
 from coding_agent_env.agents import registry
 from coding_agent_env.cli import load_task
-from coding_agent_env.errors import UnknownAgentError, UnknownBackendError
+from coding_agent_env.episode import Episode, parse_task
+from coding_agent_env.errors import BackendRefusedError, UnknownAgentError, UnknownBackendError
 from coding_agent_env.models import RolloutRequest, RolloutStatus
 from coding_agent_env.rollout import events as ev
 from coding_agent_env.rollout import run_rollout
+from coding_agent_env.sandbox import Backends
 from coding_agent_env.settings import Settings
 from tests.helpers import with_local
 
@@ -44,10 +46,25 @@ async def test_oracle_passes_binary_search(settings: Settings) -> None:
     assert phases == ["provision", "setup", "agent", "verify", "collect", "teardown"]
 
 
-async def test_unisolated_fallback_reports_none_and_still_works(settings: Settings) -> None:
-    fallback = with_local(settings, bwrap_path="/bin/false")  # a bubblewrap that cannot run
-    result = await run_rollout(load_task(str(EXAMPLE)), settings=fallback)
-    assert result.isolation == "none" and result.reward == 1.0
+async def test_without_isolation_nothing_runs_unless_the_operator_opts_in(
+    settings: Settings, assert_no_leftovers: None
+) -> None:
+    """Fail closed: where bubblewrap cannot run, a rollout is refused before anything is made, naming the
+    fixes; with SANDBOX_ALLOW_UNISOLATED it runs, and says it ran unisolated."""
+    broken = with_local(settings, bwrap_path="/bin/false")  # a bubblewrap that cannot run
+    with pytest.raises(BackendRefusedError, match=r"apt-get install bubblewrap.*SANDBOX_ALLOW_UNISOLATED=true"):
+        await run_rollout(load_task(str(EXAMPLE)), settings=broken)
+    assert not broken.state_dir.exists() or not any(broken.state_dir.iterdir())
+    async with Backends(broken) as backends:
+        status = backends.get("local").check()
+        assert not status.available and "SANDBOX_ALLOW_UNISOLATED" in status.detail
+        task = parse_task({"instruction": "x"})
+        with pytest.raises(BackendRefusedError):
+            await Episode.start(task, settings=broken, backends=backends)
+    opted_in = with_local(settings, bwrap_path="/bin/false", allow_unisolated=True)
+    result = await run_rollout(load_task(str(EXAMPLE)), settings=opted_in)
+    assert (result.isolation, result.network, result.reward) == ("none", "host", 1.0)
+    assert Settings.from_env({"SANDBOX_ALLOW_UNISOLATED": "true"}).backend_config("local").allow_unisolated
 
 
 async def test_nop_gets_zero(settings: Settings) -> None:

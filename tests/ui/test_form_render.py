@@ -22,7 +22,9 @@ from coding_agent_env.api.ui_run import UiRuns
 from coding_agent_env.models import AGENT_NAMES, ArtifactReport, CommandResult, ErrorInfo, RolloutResult, RolloutStatus
 from coding_agent_env.rollout import events as ev
 from coding_agent_env.session import CapacityError, SessionKind, SessionManager
+from coding_agent_env.sandbox import Backends
 from coding_agent_env.settings import Settings
+from tests.helpers import with_local
 
 SECRET = "sk-form-SECRET-'$(touch /tmp/pwn)'"
 
@@ -66,6 +68,15 @@ def test_form_errors_never_quote_the_values() -> None:
     for err in (bad_yaml, no_url, bad_number):
         assert SECRET not in str(err.value) and "touch" not in str(err.value)
     assert "setup" in str(bad_yaml.value) and "agent_timeout_s" in str(bad_number.value)
+
+
+async def test_isolation_off_shows_a_warning_banner(settings: Settings) -> None:
+    from coding_agent_env.api.ui import isolation_warning
+
+    async with Backends(with_local(settings, isolation="none")) as off, Backends(settings) as on:
+        warning = isolation_warning(off)
+        assert warning is not None and warning.startswith("Isolation is off on local")
+        assert isolation_warning(on) is None
 
 
 def test_key_travels_only_as_a_secret() -> None:

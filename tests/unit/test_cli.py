@@ -16,8 +16,9 @@ from tests.helpers import uid_pool
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def cli(*args: str, stdin: str | None = None, settings: Settings) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "STATE_DIR": str(settings.state_dir), "SANDBOX_UID_BASE": str(uid_pool(settings).start)}
+def cli(*args: str, stdin: str | None = None, settings: Settings, **extra: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "STATE_DIR": str(settings.state_dir), "SANDBOX_UID_BASE": str(uid_pool(settings).start),
+           **extra}
     return subprocess.run(
         [sys.executable, "-m", "coding_agent_env.cli", *args], input=stdin, capture_output=True, text=True, env=env, timeout=120, cwd=ROOT
     )
@@ -52,6 +53,14 @@ def test_check_reports_backends_and_agents(settings: Settings) -> None:
     done = cli("check", settings=settings)
     report = json.loads(done.stdout)
     assert done.returncode == 0 and report["backends"]["local"]["available"] and "oracle" in report["agents"]
+    assert "warning" not in report["backends"]["local"]
+
+
+def test_check_warns_when_isolation_is_off_and_says_how_to_fix_a_refusal(settings: Settings) -> None:
+    off = json.loads(cli("check", settings=settings, LOCAL_ISOLATION="none").stdout)["backends"]["local"]
+    assert off["available"] and off["isolation"] == "none" and "isolation is off" in off["warning"]
+    broken = json.loads(cli("check", settings=settings, BWRAP_PATH="/bin/false").stdout)["backends"]["local"]
+    assert not broken["available"] and "SANDBOX_ALLOW_UNISOLATED=true" in broken["detail"]
 
 
 def test_gate_subcommand_reaches_the_gate(settings: Settings) -> None:

