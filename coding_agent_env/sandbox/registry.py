@@ -80,8 +80,12 @@ class Backends:
 
     async def check_usable(self, name: str) -> None:
         """`BackendRefusedError` (a request error: nothing was made) when backend `name` will make no sandbox
-        on this host as configured, saying how to fix it."""
-        reason = await self.get(name).refusal()
+        on this host as configured (its SDK missing, say), saying how to fix it."""
+        try:
+            backend = self.get(name)
+        except MissingExtraError as exc:
+            raise BackendRefusedError(str(exc)) from exc
+        reason = await backend.refusal()
         if reason is not None:
             raise BackendRefusedError(f"sandbox backend {name!r} refuses: {reason}")
 

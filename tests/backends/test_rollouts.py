@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from coding_agent_env.cli import load_task
-from coding_agent_env.errors import MissingExtraError, UnknownBackendError
+from coding_agent_env.errors import BackendRefusedError, MissingExtraError, UnknownBackendError
 from coding_agent_env.models import RolloutRequest, RolloutStatus
 from coding_agent_env.rollout import run_rollout
 from coding_agent_env.rollout.budget import Budget
@@ -78,6 +79,19 @@ async def test_only_enabled_backends_are_selectable(settings: Settings) -> None:
 def test_missing_sdk_names_the_extra() -> None:
     with pytest.raises(MissingExtraError, match=r"pip install 'coding-agent-env\[ghost\]'"):
         import_backend("tests.backends.ghost_backend:GhostBackend", "ghost", "ghost")
+
+
+async def test_a_backend_whose_sdk_is_missing_refuses_the_request(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The e2b extra not installed (its SDK made unimportable here): a rollout there is a request error naming
+    the extra, before anything runs."""
+    monkeypatch.setitem(sys.modules, "e2b", None)  # `import e2b` now fails as if it were not installed
+    monkeypatch.delitem(sys.modules, "coding_agent_env.sandbox.remote.e2b", raising=False)
+    enabled = settings.with_backends(*settings.backends, E2bConfig(root=str(settings.state_dir)))
+    task = load_task(str(EXAMPLE)).model_copy(update={"sandbox": "e2b"})
+    with pytest.raises(BackendRefusedError, match=r"pip install 'coding-agent-env\[e2b\]'"):
+        await run_rollout(task, settings=enabled)
 
 
 async def test_docker_check_reports_a_missing_daemon(settings: Settings, tmp_path: Path) -> None:
