@@ -85,8 +85,8 @@ def summary(result: RolloutResult) -> str:
     if result.reward_note:
         lines.append(f"note: {result.reward_note}")
     if result.error:
-        lines.append(f"error: {result.error.type} in {result.error.stage}: {result.error.message}")
-    lines.append(f"files: {len(result.files)} collected, {len(result.files_omitted)} omitted; total {result.timings.total_s:.2f}s")
+        lines.append(f"error: {result.error}")
+    lines.append(f"files: {len(result.files)} collected, {len(result.files_extra)} omitted; total {result.wall_s:.2f}s")
     return "\n".join(lines)
 
 

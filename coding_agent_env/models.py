@@ -32,8 +32,11 @@ __all__ = [
     "RolloutStatus",
     "Timings",
     "ToolCall",
+    "TrainingData",
+    "TrainingSequence",
     "Turn",
     "TurnMessage",
+    "TurnPurpose",
     "Usage",
     "VerifyContext",
     "validation_summary",
@@ -92,6 +95,13 @@ class LimitsRequest(_Wire):
     cpus: float | None = Field(default=None, gt=0, le=1024, description="CPUs the sandbox may use at once.")
 
 
+_UNSET_WHEN_EMPTY = frozenset(
+    ("endpoint", "base_url", "api_key", "model", "task_id", "image", "template", "sandbox", "agent", "setup",
+     "verify", "disable_thinking", "max_tokens_cap")
+)
+"""Request fields for which upstream clients send "" or null to mean "not given"."""
+
+
 class RolloutRequest(_Wire):
     """One episode: a task (instruction, files, setup, verify), an agent, an endpoint and a sandbox."""
 
@@ -133,9 +143,10 @@ class RolloutRequest(_Wire):
         max_length=WireLimits.MAX_COMMANDS,
         description="Reference solution commands, run by the 'oracle' agent in place of an LLM agent.",
     )
-    agent: Literal["opencode", "pi", "terminus", "oracle", "nop"] = Field(
-        default="opencode",
-        description="Agent to run: opencode, pi, terminus (LLM agents), oracle (runs `solution`) or nop.",
+    agent: Literal["opencode", "pi", "terminus", "oracle", "nop"] | None = Field(
+        default=None,
+        description="Agent to run: opencode, pi, terminus (LLM agents), oracle (runs `solution`) or nop; "
+        "default: the server's (DEFAULT_AGENT, opencode unless set).",
     )
     endpoint: str | None = Field(
         default=None,
@@ -165,7 +176,8 @@ class RolloutRequest(_Wire):
     image: str | None = Field(
         default=None,
         max_length=WireLimits.MAX_NAME_CHARS,
-        description="Container image or template for backends that use one; ignored by the local backend.",
+        description="Container image or template for backends that use one; ignored by the local backend. "
+        "`template` (OpenEnv's opencode_env name for it) is accepted as the same field.",
     )
     agent_timeout_s: float = Field(
         default=600.0,
@@ -183,15 +195,36 @@ class RolloutRequest(_Wire):
         default=None, description="Sandbox limits, each within the server's own (which stand for what is not given)."
     )
     max_tokens_cap: int | None = Field(
-        default=None, gt=0, description="Upper bound applied to max_tokens of every LLM call the agent makes."
+        default=None,
+        gt=0,
+        description="Upper bound applied to max_tokens of every LLM call the agent makes; 0 or null: none.",
     )
-    disable_thinking: bool = Field(default=False, description="Ask the upstream to disable reasoning output.")
+    disable_thinking: bool | None = Field(
+        default=None,
+        description="Ask the upstream to disable reasoning output; null: the endpoint's default (on for vllm).",
+    )
     top_logprobs: int = Field(
         default=0, ge=0, le=20, description="Logprobs per token to request in transparent_proxy mode."
     )
     task_id: str | None = Field(
         default=None, max_length=WireLimits.MAX_NAME_CHARS, description="Caller's id for the task, echoed in the result."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upstream_arguments(cls, data: Any) -> Any:
+        """OpenEnv's `OpenCodeEnv` / `PiEnv` clients send every argument: "" and null mean "not given"."""
+        if not isinstance(data, dict):
+            return data
+        data = {key: value for key, value in data.items() if not (key in _UNSET_WHEN_EMPTY and value in ("", None))}
+        if "template" in data:
+            template = data.pop("template")
+            if "image" in data and data["image"] != template:
+                raise ValueError("give image or template (the same field), not both")
+            data["image"] = template
+        if data.get("max_tokens_cap") == 0:
+            del data["max_tokens_cap"]
+        return data
 
     @field_validator("files", "verify_files")
     @classmethod
@@ -244,8 +277,6 @@ class RolloutRequest(_Wire):
 
     @model_validator(mode="after")
     def _endpoint_consistent(self) -> RolloutRequest:
-        if self.endpoint is not None and self.base_url is not None:
-            raise ValueError("give either endpoint or base_url, not both")
         if self.base_url is not None and self.api_key is None:
             raise ValueError("a caller-supplied base_url requires a caller-supplied api_key")
         return self
@@ -255,7 +286,9 @@ class CommandResult(_Wire):
     """A command that really ran: its exit code and output (each capped, UTF-8 with replacement)."""
 
     cmd: str
-    exit_code: int | None = Field(description="Exit code; negative for a signal; null if it never started.")
+    exit_code: int = Field(
+        description="Exit code; negative for a signal; 124 when it timed out (as timeout(1) reports it)."
+    )
     stdout: str = ""
     stderr: str = ""
     duration_s: float = 0.0
@@ -284,28 +317,84 @@ class Usage(_Wire):
     total_tokens: int | None = None
 
 
+TurnPurpose = Literal["main", "retry", "subagent", "auxiliary", "compaction"]
+
+
 class Turn(_Wire):
     """One LLM call the agent made, as the relay saw it.
 
     The prompt is recorded incrementally so the trace grows linearly with the conversation: this call's
     request messages are the previous turn's request messages cut to `request_messages_reused`, followed by
-    `request_messages`.
+    `request_messages`. The fields OpenEnv's `opencode_env` / `pi_env` put in a `RolloutTurn` (`turn`,
+    `finish_reason`, `completion_tokens`, `completion_token_ids`, `per_token_logps`, `latency_s`, `timestamp`,
+    `upstream_status`, `upstream_error`) have its names and types.
     """
 
-    index: int
+    turn: int = Field(description="Position of the call in the rollout, from 0.")
     stream: bool | None = None
     request_messages_reused: int = 0
     request_messages: list[dict[str, Any]] = Field(default_factory=list)
+    request_tools: list[dict[str, Any]] | None = Field(
+        default=None, description="The call's tools, when not the previous call's (`request_tools_reused`)."
+    )
+    request_tools_reused: bool = False
     model: str | None = None
     message: TurnMessage = Field(default_factory=TurnMessage)
     finish_reason: str | None = None
     usage: Usage | None = None
     latency_s: float = 0.0
+    timestamp: float = Field(default=0.0, description="When the call reached the relay, Unix seconds.")
     upstream_status: int | None = None
+    upstream_error: dict[str, Any] | None = Field(
+        default=None, description="Why the call failed: the upstream's error object, or the relay's (`message`)."
+    )
     error: str | None = None
     prompt_token_ids: list[int] | None = None
-    completion_token_ids: list[int] | None = None
-    logprobs: list[float] | None = None
+    completion_token_ids: list[int] = Field(
+        default_factory=list, description="The sampled token ids, when the upstream returned them."
+    )
+    completion_tokens: list[str] = Field(
+        default_factory=list, description="The sampled tokens as the upstream spelled them in its logprobs."
+    )
+    per_token_logps: list[float] = Field(
+        default_factory=list, description="Log-probability of each sampled token, when the upstream returned them."
+    )
+    node_id: str = Field(default="", description="The call's id in the rollout graph and the training trace.")
+    parent: int | None = Field(
+        default=None,
+        description="The call this one continues: its prompt and completion are a prefix of this call's prompt "
+        "(by token ids; by messages when the upstream returned none). Null for a root.",
+    )
+    purpose: TurnPurpose | None = Field(
+        default=None,
+        description="main (the agent's main line), retry (a sibling that never continued), subagent (a root of "
+        "its own with tools), auxiliary (a call without the agent's tools: a title, a summary), compaction (the "
+        "agent's conversation restarted from a rewritten history).",
+    )
+    trainable: bool = Field(default=False, description="Whether its sampled tokens are in the loss (loss_mask 1).")
+    note: str | None = Field(default=None, description="Why the call is not trainable, when it is not.")
+
+
+class TrainingSequence(_Wire):
+    """One root-to-leaf path of the rollout graph as one token sequence, ready for a trainer."""
+
+    node_ids: list[str]
+    purpose: TurnPurpose = Field(description="The purpose of the path's last call.")
+    input_ids: list[int] = Field(description="The last call's prompt ids followed by its sampled ids.")
+    loss_mask: list[int] = Field(description="1 on the sampled tokens of trainable calls along the path, else 0.")
+    logprobs: list[float] = Field(description="The sampler's logprob at each sampled position, 0.0 elsewhere.")
+
+
+class TrainingData(_Wire):
+    """What a trainer needs from a rollout (see `llm.trace`)."""
+
+    trace: dict[str, Any] = Field(
+        description="A training trace (`schema_version`, `turns`) that OpenEnv 0.10's "
+        "`openenv.core.harness.training.TrainingTrace.model_validate` accepts unchanged: each call with prompt "
+        "token ids, with `node_id`, its ids and logprobs and a `loss_mask` over prompt plus completion."
+    )
+    sequences: list[TrainingSequence] = Field(default_factory=list)
+    reward: float | None = Field(default=None, description="The rollout's reward; null when unscored, never 0.")
 
 
 class AgentToolUse(_Wire):
@@ -358,15 +447,20 @@ class ErrorInfo(_Wire):
     stage: str
     message: str
 
+    def line(self) -> str:
+        """The one-line form `RolloutResult.error` carries."""
+        return f"{self.type} in {self.stage}: {self.message}"
+
 
 class RolloutResult(_Wire):
     """The outcome of one rollout. Never contains a secret."""
 
     rollout_id: str
-    task_id: str | None = None
+    task_id: str = Field(default="", description="The request's task_id; empty when it gave none.")
     agent: str
     sandbox: str
-    sandbox_id: str | None = None
+    sandbox_id: str = Field(default="", description="The backend's id for the sandbox; empty if none was made.")
+    mode: Mode = Field(default=Mode.BLACK_BOX, description="The request's mode.")
     isolation: str | None = Field(default=None, description="Isolation really in effect: bwrap, docker, none, ...")
     network: str | None = Field(
         default=None, description="Network really in effect: none, llm (only the LLM relay) or host."
@@ -402,13 +496,23 @@ class RolloutResult(_Wire):
     agent_exit_code: int | None = None
     setup_results: list[CommandResult] = Field(default_factory=list)
     verify_results: list[CommandResult] = Field(default_factory=list)
-    files: dict[str, str] = Field(default_factory=dict)
-    files_omitted: list[str] = Field(default_factory=list)
-    turns: list[Turn] = Field(default_factory=list)
+    files: dict[str, str] = Field(default_factory=dict, description="Workdir files after the agent: path -> text.")
+    files_extra: list[str] = Field(
+        default_factory=list, description="Workdir files not in `files` (binary, or over the size or count cap)."
+    )
+    proxy_turns: list[Turn] = Field(default_factory=list, description="Every LLM call the agent made, in order.")
     timings: Timings = Field(default_factory=Timings)
+    wall_s: float = Field(default=0.0, description="The whole rollout, seconds (`timings.total_s`).")
     agent_log_tail: str = ""
+    proxy_log_tail: str = Field(default="", description="The relay's log of this rollout's calls, one line each.")
     agent_events: AgentEvents | None = None
-    error: ErrorInfo | None = None
+    training: TrainingData | None = Field(
+        default=None, description="Training trace and sequences of the calls the upstream returned token ids for."
+    )
+    error: str | None = Field(
+        default=None, description="What went wrong, in one line (`error_detail` has it typed); null if nothing."
+    )
+    error_detail: ErrorInfo | None = None
 
     @field_validator("reward")
     @classmethod

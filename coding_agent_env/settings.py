@@ -14,9 +14,9 @@ import os
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from coding_agent_env.backend_config import (
     BACKEND_KINDS,
@@ -87,6 +87,9 @@ class LlmEndpoint(BaseModel):
 
     token_ids: bool = False
     """The upstream understands vLLM's `return_token_ids` (asked for in transparent_proxy mode)."""
+
+    disable_thinking_default: bool = False
+    """Whether thinking is off for a request that does not say (`disable_thinking` null)."""
 
     disable_thinking_body: dict[str, Any] = Field(
         default_factory=lambda: {"chat_template_kwargs": {"enable_thinking": False}}
@@ -180,7 +183,7 @@ class Settings(BaseModel):
     collect_max_file_bytes: int = 256 * 1024
     collect_max_total_bytes: int = 2 * _MIB
     collect_max_omitted: int = 1000
-    """Caps on files read back from the workdir; files beyond them are listed in `files_omitted`."""
+    """Caps on files read back from the workdir; files beyond them are listed in `files_extra`."""
 
     artifact_max_files: int = Field(default=1000, ge=1)
     artifact_max_file_bytes: int = Field(default=16 * _MIB, ge=1)
@@ -235,18 +238,30 @@ class Settings(BaseModel):
     max_json_depth: int = 64
     """Deepest nesting accepted in a WebSocket frame or JSON-RPC body."""
 
+    # The built-in catalog entries read the variables OpenEnv's opencode_env / pi_env read, with their defaults,
+    # so an upstream Space's settings carry over.
     openai_base_url: str = "https://api.openai.com/v1"
     openai_api_key: SecretStr | None = None
-    """The `openai` catalog entry (env OPENAI_BASE_URL, OPENAI_API_KEY)."""
+    openai_model: str = "gpt-4o-mini"
+    """The `openai` catalog entry (env OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL)."""
 
     hf_router_base_url: str = "https://router.huggingface.co/v1"
+    hf_router_api_key: SecretStr | None = None
     hf_token: SecretStr | None = None
-    """The `hf_router` catalog entry (env HF_ROUTER_BASE_URL, HF_TOKEN)."""
+    hf_router_model: str = "Qwen/Qwen3-4B-Instruct-2507:nscale"
+    """The `hf_router` catalog entry (env HF_ROUTER_BASE_URL, HF_ROUTER_MODEL, and HF_ROUTER_API_KEY or else
+    HF_TOKEN)."""
 
     vllm_base_url: str = "http://127.0.0.1:8000/v1"
+    vllm_url: str | None = None
     vllm_api_key: SecretStr | None = None
-    vllm_model: str | None = None
-    """The `vllm` catalog entry (env VLLM_BASE_URL, VLLM_API_KEY, VLLM_MODEL); no key needed by default."""
+    vllm_model: str = "Qwen/Qwen3.5-4B"
+    """The `vllm` catalog entry (env VLLM_BASE_URL, or VLLM_URL with `/v1` added when missing; VLLM_API_KEY,
+    VLLM_MODEL); no key needed by default, and thinking is off unless a request asks for it."""
+
+    default_agent: Literal["opencode", "pi", "terminus", "oracle", "nop"] = "opencode"
+    """The agent a request that names none runs (env DEFAULT_AGENT): `pi` makes this server a drop-in for
+    OpenEnv's `pi_env`, whose client does not send one."""
 
     llm_endpoints: dict[str, LlmEndpoint] = Field(default_factory=dict)
     """Operator-defined catalog entries by name (env LLM_ENDPOINTS as a JSON object); they may override built-ins."""
@@ -297,6 +312,21 @@ class Settings(BaseModel):
             except ValueError as exc:
                 raise ValueError(f"not a JSON object: {exc}") from None
         return value
+
+    @model_validator(mode="after")
+    def _one_vllm_url(self) -> Settings:
+        both = self.vllm_url is not None and "vllm_base_url" in self.model_fields_set
+        if both and self.vllm_endpoint_url != self.vllm_base_url.rstrip("/"):
+            raise ValueError("vllm_base_url and vllm_url (the same setting) differ: set one")
+        return self
+
+    @property
+    def vllm_endpoint_url(self) -> str:
+        """The `vllm` entry's base URL: VLLM_URL (OpenEnv's name, `/v1` added when missing) or VLLM_BASE_URL."""
+        if self.vllm_url is None:
+            return self.vllm_base_url
+        url = self.vllm_url.rstrip("/")
+        return url if url.endswith("/v1") else url + "/v1"
 
     @field_validator("backends")
     @classmethod

@@ -76,8 +76,8 @@ def badge_html(result: RolloutResult) -> str:
         left = [f"{path} (missing)" for path in report.missing]
         left += [f"{path} ({why})" for path, why in report.refused.items()]
         parts.append(f"<div>artifacts not taken: {html.escape('; '.join(left))}</div>")
-    if result.error is not None:
-        err = result.error
+    if result.error_detail is not None:
+        err = result.error_detail
         what = f"{html.escape(err.stage)}: {html.escape(err.type)}: {html.escape(err.message)}"
         parts.append(f"<div>error in {what}</div>")
     parts.append("</div>")
@@ -97,7 +97,7 @@ def command_rows(results: list[CommandResult]) -> list[list[object]]:
     """One row per command, in COMMAND_COLUMNS order."""
     return [
         [
-            i, r.cmd, "" if r.exit_code is None else r.exit_code, round(r.duration_s, 3), r.timed_out,
+            i, r.cmd, r.exit_code, round(r.duration_s, 3), r.timed_out,
             _cell(r.stdout), _cell(r.stderr),
         ]
         for i, r in enumerate(results)
@@ -106,22 +106,22 @@ def command_rows(results: list[CommandResult]) -> list[list[object]]:
 
 def files_html(result: RolloutResult) -> str:
     """Each collected file as a collapsible block (open by default), then the omitted paths."""
-    if not result.files and not result.files_omitted:
+    if not result.files and not result.files_extra:
         return "<p><i>no files collected</i></p>"
     blocks = [
         f'<details open class="cae-file"><summary><code>{html.escape(path)}</code></summary>'
         f"<pre>{html.escape(text)}</pre></details>"
         for path, text in sorted(result.files.items())
     ]
-    if result.files_omitted:
-        omitted = ", ".join(html.escape(p) for p in result.files_omitted)
+    if result.files_extra:
+        omitted = ", ".join(html.escape(p) for p in result.files_extra)
         blocks.append(f"<p>omitted (over the collection caps): {omitted}</p>")
     return "".join(blocks)
 
 
 def turns_markdown(result: RolloutResult) -> str:
     """Count, tokens and (when present) a logprob summary of the recorded LLM turns."""
-    turns = result.turns
+    turns = result.proxy_turns
     if not turns:
         return "No LLM turns recorded (the oracle and nop agents make none)."
     prompt = sum(t.usage.prompt_tokens or 0 for t in turns if t.usage)
@@ -131,7 +131,7 @@ def turns_markdown(result: RolloutResult) -> str:
         f"**{len(turns)} turns** · prompt tokens {prompt} · completion tokens {completion} · "
         f"upstream errors {errors} · LLM time {sum(t.latency_s for t in turns):.2f}s",
     ]
-    logprobs = [lp for t in turns for lp in (t.logprobs or [])]
+    logprobs = [lp for t in turns for lp in t.per_token_logps]
     if logprobs:
         lines.append(
             f"logprobs: {len(logprobs)} tokens · mean {statistics.fmean(logprobs):.3f} · min {min(logprobs):.3f}"

@@ -1,8 +1,9 @@
 """Assemble a `Turn` from what the upstream returned, streamed or not.
 
 `TurnAssembler` is total: any JSON value may be fed to it and it never raises; fields it cannot find stay
-empty. Streamed chunks and a whole response produce the same message, finish reason, usage, token ids and
-logprobs. Only choice 0 is recorded (agents ask for one).
+empty. Streamed chunks and a whole response produce the same message, finish reason, usage, token ids,
+logprobs and token strings (each logprob's `token`, aligned with the logprobs). Only choice 0 is recorded
+(agents ask for one).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class TurnAssembler:
         self.prompt_token_ids: list[int] | None = None
         self.completion_token_ids: list[int] | None = None
         self.logprobs: list[float] | None = None
+        self.tokens: list[str] | None = None
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._tools: dict[int, _ToolCallParts] = {}
@@ -159,6 +161,10 @@ class TurnAssembler:
         if entries:
             if self.logprobs is None:
                 self.logprobs = []
-            self.logprobs.extend(
-                float(e["logprob"]) for e in entries if isinstance(e, dict) and _is_number(e.get("logprob"))
-            )
+            if self.tokens is None:
+                self.tokens = []
+            for entry in entries:
+                if isinstance(entry, dict) and _is_number(entry.get("logprob")):
+                    self.logprobs.append(float(entry["logprob"]))
+                    token = entry.get("token")
+                    self.tokens.append(token if isinstance(token, str) else "")

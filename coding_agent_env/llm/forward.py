@@ -33,12 +33,14 @@ class _Call:
     def __init__(self, lease: Lease, body: dict[str, Any], settings: Settings) -> None:
         self.lease = lease
         self.settings = settings
-        self.prompt: PromptDelta = lease.begin(body.get("messages"))
+        self.prompt: PromptDelta = lease.begin(body.get("messages"), body.get("tools"))
         self.body = rewrite_request(body, lease.upstream)
         self.stream = self.body.get("stream") is True
         self.assembler = TurnAssembler()
         self.status: int | None = None
         self.error: str | None = None
+        self.upstream_error: dict[str, Any] | None = None
+        self.timestamp = time.time()
         self.started = time.monotonic()
         self.ended: float | None = None
         self._secret = lease.upstream.secret()
@@ -60,20 +62,25 @@ class _Call:
         if self._secret and message.content and self._secret in message.content:
             message = message.model_copy(update={"content": self.redact(message.content)})
         return Turn(
-            index=self.prompt.index,
+            turn=self.prompt.index,
             stream=self.stream,
             request_messages_reused=self.prompt.reused,
             request_messages=self.prompt.messages,
+            request_tools=self.prompt.tools,
+            request_tools_reused=self.prompt.tools_reused,
             model=a.model,
             message=message,
             finish_reason=a.finish_reason,
             usage=a.usage,
             latency_s=round((self.ended or time.monotonic()) - self.started, 6),
+            timestamp=round(self.timestamp, 6),
             upstream_status=self.status,
+            upstream_error=self.upstream_error or ({"message": self.error} if self.error else None),
             error=self.error,
             prompt_token_ids=a.prompt_token_ids,
-            completion_token_ids=a.completion_token_ids,
-            logprobs=a.logprobs,
+            completion_token_ids=a.completion_token_ids or [],
+            completion_tokens=a.tokens or [],
+            per_token_logps=a.logprobs or [],
         )
 
 
@@ -121,6 +128,9 @@ async def _upstream_error(call: _Call, upstream: aiohttp.ClientResponse) -> web.
     raw = await read_at_most(upstream.content, cap * 4)
     text = call.redact(raw.decode("utf-8", "replace"))
     call.error = f"upstream returned {upstream.status}: {text[:cap]}"
+    parsed = parse_json_object(text[:cap].encode())
+    detail = parsed.get("error") if parsed is not None else None
+    call.upstream_error = detail if isinstance(detail, dict) else {"message": text[:cap]}
     return web.Response(status=upstream.status, text=text, content_type=upstream.content_type or "application/json")
 
 

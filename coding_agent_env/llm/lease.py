@@ -38,12 +38,22 @@ class LeaseState(enum.Enum):
 class PromptDelta:
     """The part of a call's prompt not already recorded by the previous call (see `Turn`)."""
 
-    __slots__ = ("index", "messages", "reused")
+    __slots__ = ("index", "messages", "reused", "tools", "tools_reused")
 
-    def __init__(self, index: int, reused: int, messages: list[dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        index: int,
+        reused: int,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        tools_reused: bool = False,
+    ) -> None:
         self.index = index
         self.reused = reused
         self.messages = messages
+        self.tools = tools
+        """The call's tools when they differ from the previous call's (None: none, or `tools_reused`)."""
+        self.tools_reused = tools_reused
 
 
 class Lease:
@@ -76,6 +86,7 @@ class Lease:
         self._turns: list[Turn | TurnSource] = []
         self._next_index = 0
         self._last_prompt: list[Any] = []
+        self._last_tools: list[dict[str, Any]] | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
 
     def __repr__(self) -> str:
@@ -104,7 +115,7 @@ class Lease:
         """Every call recorded so far, in the order the calls arrived."""
         built = [entry if isinstance(entry, Turn) else entry.turn() for entry in self._turns]
         self._turns = list(built)
-        return sorted(built, key=lambda turn: turn.index)
+        return sorted(built, key=lambda turn: turn.turn)
 
     async def close(self) -> None:
         """Revoke the token, cancel calls in flight and wait (briefly) for their turns. Idempotent."""
@@ -126,8 +137,9 @@ class Lease:
 
     # -- used by the relay's handlers ---------------------------------------------------------------------
 
-    def begin(self, messages: Any) -> PromptDelta:
-        """Number a new call and work out which of its prompt messages are new since the previous call."""
+    def begin(self, messages: Any, tools: Any = None) -> PromptDelta:
+        """Number a new call and work out which of its prompt messages (and whether its tools) are new since
+        the previous call."""
         index = self._next_index
         self._next_index += 1
         current = messages if isinstance(messages, list) else []
@@ -138,7 +150,10 @@ class Lease:
             reused += 1
         self._last_prompt = current
         fresh = [m for m in current[reused:] if isinstance(m, dict)]
-        return PromptDelta(index, reused, fresh)
+        listed = [t for t in tools if isinstance(t, dict)] if isinstance(tools, list) else None
+        same = index > 0 and listed == self._last_tools
+        self._last_tools = listed
+        return PromptDelta(index, reused, fresh, None if same else listed, same and listed is not None)
 
     def track(self, task: asyncio.Task[Any]) -> None:
         self._inflight.add(task)

@@ -62,16 +62,24 @@ def catalog(settings: Settings) -> dict[str, LlmEndpoint]:
     """The built-in entries (`openai`, `vllm`, `hf_router`) with operator entries layered on top."""
     entries = {
         "openai": LlmEndpoint(
-            base_url=settings.openai_base_url, api_key=settings.openai_api_key, disable_thinking_body={}
+            base_url=settings.openai_base_url,
+            api_key=settings.openai_api_key,
+            default_model=settings.openai_model,
+            disable_thinking_body={},
         ),
         "vllm": LlmEndpoint(
-            base_url=settings.vllm_base_url,
+            base_url=settings.vllm_endpoint_url,
             api_key=settings.vllm_api_key,
             default_model=settings.vllm_model,
             needs_key=False,
             token_ids=True,
+            disable_thinking_default=True,
         ),
-        "hf_router": LlmEndpoint(base_url=settings.hf_router_base_url, api_key=settings.hf_token),
+        "hf_router": LlmEndpoint(
+            base_url=settings.hf_router_base_url,
+            api_key=settings.hf_router_api_key or settings.hf_token,
+            default_model=settings.hf_router_model,
+        ),
     }
     entries.update(settings.llm_endpoints)
     return entries
@@ -80,21 +88,24 @@ def catalog(settings: Settings) -> dict[str, LlmEndpoint]:
 def resolve_upstream(request: RolloutRequest, settings: Settings) -> Upstream:
     """Turn a request's endpoint fields into an `Upstream`; `EndpointError` for a combination we refuse."""
     caller_key = request.api_key
+    entries = catalog(settings)
     if request.base_url is not None:
-        if request.endpoint is not None:
-            raise EndpointError("give either endpoint or base_url, not both")
         if caller_key is None:
             raise EndpointError("a caller-supplied base_url requires a caller-supplied api_key")
-        if request.model is None:
+        # With an endpoint name too (as OpenEnv's clients may send), the caller's URL and key win and the entry
+        # gives only the defaults of model and thinking: its server-held key never goes to the caller's URL.
+        named = _entry(entries, request.endpoint) if request.endpoint is not None else None
+        model = request.model or (named.default_model if named is not None else None)
+        if model is None:
             raise EndpointError("a caller-supplied base_url requires a model")
-        return _upstream(request, request.base_url, caller_key, request.model, token_ids=True, endpoint=None)
+        return _upstream(
+            request, request.base_url, caller_key, model, token_ids=True, endpoint=None,
+            thinking_default=named.disable_thinking_default if named is not None else False,
+        )
     name = request.endpoint or settings.llm_default_endpoint
     if name is None:
         raise EndpointError("no LLM endpoint: give endpoint, or base_url + api_key + model")
-    entries = catalog(settings)
-    entry = entries.get(name)
-    if entry is None:
-        raise UnknownEndpointError(f"unknown LLM endpoint {name!r}; this server offers: {', '.join(sorted(entries))}")
+    entry = _entry(entries, name)
     key = caller_key if caller_key is not None else entry.api_key
     if key is None and entry.needs_key:
         raise EndpointError(f"endpoint {name!r} has no server-held key here; pass api_key")
@@ -103,8 +114,15 @@ def resolve_upstream(request: RolloutRequest, settings: Settings) -> Upstream:
         raise EndpointError(f"endpoint {name!r} has no default model; pass model")
     return _upstream(
         request, entry.base_url, key, model, token_ids=entry.token_ids, endpoint=name,
-        thinking=entry.disable_thinking_body,
+        thinking=entry.disable_thinking_body, thinking_default=entry.disable_thinking_default,
     )
+
+
+def _entry(entries: dict[str, LlmEndpoint], name: str) -> LlmEndpoint:
+    entry = entries.get(name)
+    if entry is None:
+        raise UnknownEndpointError(f"unknown LLM endpoint {name!r}; this server offers: {', '.join(sorted(entries))}")
+    return entry
 
 
 def _upstream(
@@ -116,6 +134,7 @@ def _upstream(
     token_ids: bool,
     endpoint: str | None,
     thinking: dict[str, Any] | None = None,
+    thinking_default: bool = False,
 ) -> Upstream:
     try:
         return Upstream(
@@ -124,7 +143,7 @@ def _upstream(
             model=model,
             mode=request.mode,
             max_tokens_cap=request.max_tokens_cap,
-            disable_thinking=request.disable_thinking,
+            disable_thinking=thinking_default if request.disable_thinking is None else request.disable_thinking,
             top_logprobs=request.top_logprobs,
             token_ids=token_ids,
             disable_thinking_body=dict(_GENERIC_THINKING_OFF if thinking is None else thinking),

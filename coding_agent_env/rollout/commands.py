@@ -45,12 +45,20 @@ class CommandRunner:
     def _result(self, cmd: str, done: ExecResult) -> CommandResult:
         return CommandResult(
             cmd=self.redact.text(cmd),
-            exit_code=done.exit_code,
+            exit_code=_exit_code(done),
             stdout=self.redact.text(_text(done.stdout, done.stdout_dropped)),
             stderr=self.redact.text(_text(done.stderr, done.stderr_dropped)),
             duration_s=round(done.duration_s, 6),
             timed_out=done.timed_out,
         )
+
+
+def _exit_code(done: ExecResult) -> int:
+    """An int always (OpenEnv's clients require one): a command killed at its deadline reports 124, as timeout(1)
+    does (`timed_out` says so unambiguously); -1 for one whose status was lost."""
+    if done.exit_code is not None:
+        return done.exit_code
+    return 124 if done.timed_out else -1
 
 
 def _text(data: bytes, dropped: int) -> str:

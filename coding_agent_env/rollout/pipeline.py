@@ -29,6 +29,8 @@ from coding_agent_env.agents.registry import get_agent
 from coding_agent_env.aio import shielded
 from coding_agent_env.errors import AgentError, CodingAgentEnvError, RelayError, SandboxError
 from coding_agent_env.llm import Relay, RolloutLlm, SharedRelay, Upstream, access, resolve_upstream
+from coding_agent_env.llm.proxy_log import proxy_log
+from coding_agent_env.llm.trace import annotate, training_data
 from coding_agent_env.models import (
     AgentEvents,
     CommandResult,
@@ -82,7 +84,9 @@ async def run_rollout(
                 request, settings=own.settings, emit=emit, cancel=cancel, relay=relay, backends=own
             )
     settings = settings or backends.settings
-    agent = get_agent(request.agent)
+    if request.agent is None:
+        request = request.model_copy(update={"agent": settings.default_agent})
+    agent = get_agent(request.agent or settings.default_agent)
     agent.check_available(settings)
     backend_name = backends.resolve(request.sandbox)
     limits = resolve_limits(request, settings)
@@ -152,7 +156,7 @@ class _Rollout:
         self.setup_results: list[CommandResult] = []
         self.verification = Verification()
         self.files: dict[str, str] = {}
-        self.files_omitted: list[str] = []
+        self.files_extra: list[str] = []
         self.timings: dict[str, float] = {}
         self.cancelled_by_request = False
 
@@ -332,7 +336,7 @@ class _Rollout:
 
     async def _collect(self) -> None:
         collected = await collect_files(self._open_sandbox(), self.settings)
-        self.files, self.files_omitted = collected.files, collected.omitted
+        self.files, self.files_extra = collected.files, collected.omitted
 
     async def _teardown(self) -> None:
         if self.sandbox is None and self.llm is None:
@@ -372,12 +376,19 @@ class _Rollout:
             self.status, self.reward = RolloutStatus.CANCELLED, None
             self.error = ErrorInfo(type="Cancelled", stage="rollout", message="the rollout was cancelled")
         timings = Timings(**{f"{phase}_s": round(seconds, 6) for phase, seconds in self.timings.items()})
+        turns, graph = annotate(self.llm.turns() if self.llm is not None else [], self.rollout_id)
+        task_id = self.request.task_id or ""
+        training = (
+            training_data(graph, rollout_id=self.rollout_id, task_id=task_id, reward=self.reward)
+            if any(node.by_ids for node in graph.nodes) else None
+        )
         raw = RolloutResult(
             rollout_id=self.rollout_id,
-            task_id=self.request.task_id,
+            task_id=task_id,
             agent=self.agent.name,
             sandbox=self.backend,
-            sandbox_id=self.sandbox.id if self.sandbox else None,
+            sandbox_id=self.sandbox.id if self.sandbox else "",
+            mode=self.request.mode,
             isolation=self.sandbox.isolation if self.sandbox else None,
             network=self.sandbox.network if self.sandbox else None,
             limits=dict(self.sandbox.limits) if self.sandbox else {},
@@ -392,12 +403,16 @@ class _Rollout:
             verify_context=self.verification.context,
             artifacts=self.verification.artifacts,
             files=self.files,
-            files_omitted=self.files_omitted,
-            turns=self.llm.turns() if self.llm is not None else [],
+            files_extra=self.files_extra,
+            proxy_turns=turns,
             timings=timings,
+            wall_s=timings.total_s,
             agent_log_tail=self.agent_log_tail,
+            proxy_log_tail=proxy_log(turns, self.settings.agent_log_tail_bytes),
             agent_events=self.agent_events,
-            error=self.error,
+            training=training,
+            error=self.error.line() if self.error is not None else None,
+            error_detail=self.error,
         )
         # Always, even with no secret to remove: a file name read back may hold undecodable bytes (as surrogate
         # escapes), and a model's text lone surrogates, which no JSON encoder would take (about 0.1 ms).

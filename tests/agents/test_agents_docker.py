@@ -43,9 +43,10 @@ async def test_binary_search_on_docker_scores_one_and_the_key_stays_out(
     assert int(result.files["seen_lines.txt"]) > 10
     assert SERVER_KEY not in json.dumps(result.model_dump(mode="json"))
     assert all(seen.headers["authorization"] == f"Bearer {SERVER_KEY}" for seen in fake.app.requests)
-    assert len(result.turns) == len(fake.app.requests) >= 3
-    traced = [t for t in result.turns if t.completion_token_ids]
-    assert traced and all(t.logprobs and len(t.logprobs) == len(t.completion_token_ids or []) for t in traced)
+    assert len(result.proxy_turns) == len(fake.app.requests) >= 3
+    traced = [t for t in result.proxy_turns if t.completion_token_ids]
+    assert traced and all(t.per_token_logps and len(t.per_token_logps) == len(t.completion_token_ids)
+               for t in traced)
     events = result.agent_events
     assert events is not None and events.steps >= 1 and events.tool_calls, events
 
@@ -62,7 +63,7 @@ async def test_terminus_on_docker_through_engine_execs(
     assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, (result.error, result.agent_log_tail)
     assert result.files["state.txt"] == "yes /workspace/sub\n"  # shell state kept between engine execs
     # Its loop runs in the server: the container needs no route to the relay.
-    assert result.network == "none" and len(result.turns) == len(fake.app.requests) >= 2
+    assert result.network == "none" and len(result.proxy_turns) == len(fake.app.requests) >= 2
 
 
 LATE_CALL = r"""python3 - <<'EOF'
@@ -90,4 +91,4 @@ async def test_the_agents_token_is_worthless_once_its_phase_ends(
                                backends=backends)
     assert result.status is RolloutStatus.COMPLETED, (result.error, result.agent_log_tail)
     assert result.verify_results[0].stdout.split() == ["status", "401"], result.verify_results[0]
-    assert len(result.turns) == len(fake.app.requests) == 2
+    assert len(result.proxy_turns) == len(fake.app.requests) == 2

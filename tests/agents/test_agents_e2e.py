@@ -70,9 +70,10 @@ async def test_correct_binary_search_scores_one_and_the_key_stays_out(
     assert SERVER_KEY not in json.dumps(result.model_dump(mode="json"))
     assert any(TASK in text for text in user_texts(fake))
     assert all(seen.headers["authorization"] == f"Bearer {SERVER_KEY}" for seen in fake.app.requests)
-    assert len(result.turns) == len(fake.app.requests) >= 3
-    traced = [t for t in result.turns if t.completion_token_ids]
-    assert traced and all(t.logprobs and len(t.logprobs) == len(t.completion_token_ids or []) for t in traced)
+    assert len(result.proxy_turns) == len(fake.app.requests) >= 3
+    traced = [t for t in result.proxy_turns if t.completion_token_ids]
+    assert traced and all(t.per_token_logps and len(t.per_token_logps) == len(t.completion_token_ids)
+               for t in traced)
     assert f"[coding-agent-env] {agent}:" in result.agent_log_tail
     events = result.agent_events
     assert events is not None and events.steps >= 1 and events.tool_calls, events

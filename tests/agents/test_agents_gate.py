@@ -57,4 +57,4 @@ async def test_rollout_through_the_gate(agent: str, settings: Settings, require_
             await gate.unregister(registered.rollout_id)
         answered = await answering
     assert result.status is RolloutStatus.COMPLETED, (result.error, result.agent_log_tail)
-    assert result.reward == 1.0 and answered == len(result.turns) >= 2
+    assert result.reward == 1.0 and answered == len(result.proxy_turns) >= 2

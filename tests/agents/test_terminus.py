@@ -238,7 +238,7 @@ async def test_odd_model_text_and_long_commands_come_through_a_rollout(settings:
     assert result.files["z.txt"] == body + "\n"
     sent = json.loads(result.model_dump_json())
     assert sent["agent_events"]["texts"] == ["thinking ? aloud", "done ?"]
-    assert "thinking ? aloud" in sent["turns"][0]["message"]["content"]
+    assert "thinking ? aloud" in sent["proxy_turns"][0]["message"]["content"]
 
 
 async def test_chat_through_the_relay_fails_cleanly_on_any_answer() -> None:

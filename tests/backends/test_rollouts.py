@@ -142,6 +142,6 @@ async def test_terminus_solves_the_task_on_every_backend(kind: str, backend_for:
     assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, (result.error, result.agent_log_tail)
     isolation, network, _ = _IN_EFFECT[kind]
     assert (result.sandbox, result.isolation, result.network) == (name, isolation, network)
-    assert len(result.turns) == calls == 4
+    assert len(result.proxy_turns) == calls == 4
     assert result.agent_events is not None and [t.input for t in result.agent_events.tool_calls][-1] == "pwd"
-    assert "/tmp" in (result.turns[-1].request_messages[-1].get("content") or "")  # cwd kept between execs
+    assert "/tmp" in (result.proxy_turns[-1].request_messages[-1].get("content") or "")  # cwd kept between execs

@@ -6,6 +6,7 @@ install finished. If pip cannot reach the package index, the tests are skipped w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -60,13 +61,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def live_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`coding-agent-env serve` on a free loopback port, killed (by process group) afterwards."""
+@contextlib.contextmanager
+def launch_server(cwd: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`coding-agent-env serve` on a free loopback port with `env` added to ours; killed (by process group)
+    afterwards. Yields its URL once `/health` answers."""
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "coding_agent_env.cli", "serve", "--port", str(port)],
-        cwd=tmp_path_factory.mktemp("serve"), start_new_session=True,
+        cwd=cwd, start_new_session=True, env={**os.environ, **(env or {})},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
@@ -89,3 +91,9 @@ def live_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def live_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with launch_server(tmp_path_factory.mktemp("serve")) as url:
+        yield url

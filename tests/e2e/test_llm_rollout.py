@@ -46,7 +46,7 @@ async def test_agent_reaches_the_model_only_through_the_relay(fake: FakeLLMServe
     result = await run_rollout(request(fake), settings=chosen)
     assert result.isolation == isolation
     assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, result.agent_log_tail
-    [turn] = result.turns
+    [turn] = result.proxy_turns
     assert turn.message.content == "hello from the model" and turn.model == "Qwen/Qwen3-4B"
     assert fake.app.requests[-1].headers["authorization"] == f"Bearer {SERVER_KEY}"
     assert SERVER_KEY not in json.dumps(result.model_dump(mode="json"))
@@ -57,7 +57,7 @@ async def test_server_relay_is_shared_and_tokens_are_revoked(fake: FakeLLMServer
     async with Relay(settings) as relay:
         first = await run_rollout(request(fake), settings=settings, relay=relay)
         second = await run_rollout(request(fake), settings=settings, relay=relay)
-        assert first.reward == second.reward == 1.0 and len(first.turns) == len(second.turns) == 1
+        assert first.reward == second.reward == 1.0 and len(first.proxy_turns) == len(second.proxy_turns) == 1
         # Leases end with their rollouts: nothing is left open on the shared relay.
         assert relay.state.value == "running"
 
@@ -77,4 +77,4 @@ async def test_unreachable_model_is_the_agents_failure_not_a_crash(settings: Set
     dead = RolloutRequest(instruction="x", agent="pi", base_url="http://127.0.0.1:9/v1", api_key="k", model="m", verify=["test -s answer.txt"])
     result = await run_rollout(dead, settings=settings)
     assert result.status is RolloutStatus.AGENT_FAILED and result.reward == 0.0
-    assert len(result.turns) == 1 and result.turns[0].error
+    assert len(result.proxy_turns) == 1 and result.proxy_turns[0].error

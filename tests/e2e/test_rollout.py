@@ -99,7 +99,7 @@ async def test_setup_failure_stops_the_rollout(settings: Settings) -> None:
     assert [r.exit_code for r in result.setup_results] == [0, 3]
     assert result.setup_results[1].stderr == "two\n" and result.setup_results[0].stdout == "one\n"
     assert result.verify_results == [] and result.agent_exit_code is None
-    assert result.error is not None and result.error.stage == "setup"
+    assert result.error_detail is not None and result.error_detail.stage == "setup"
 
 
 async def test_setup_command_that_never_exits_times_out(settings: Settings) -> None:
@@ -198,7 +198,7 @@ def _sh_quote(text: str) -> str:
 async def test_symlinks_out_of_the_workdir_are_not_collected(settings: Settings) -> None:
     result = await run_rollout(req(solution=["ln -s /etc/passwd leak", "ln -s ../../../../../etc/passwd leak2", "echo ok > real.txt"]), settings=settings)
     assert result.files == {"real.txt": "ok\n"}
-    assert set(result.files_omitted) >= {"leak", "leak2"}
+    assert set(result.files_extra) >= {"leak", "leak2"}
     assert "root:" not in result.model_dump_json()
 
 
@@ -207,7 +207,7 @@ async def test_undecodable_file_names_still_give_a_sendable_result(settings: Set
     solution = ["printf '\\377' > \"$(printf 'bad\\377name')\""]  # not UTF-8 either: omitted, by name
     result = await run_rollout(req(solution=solution, verify=["true"]), settings=settings)
     assert result.reward == 1.0, result.verify_results
-    assert json.loads(result.model_dump_json())["files_omitted"] == ["bad?name"]
+    assert json.loads(result.model_dump_json())["files_extra"] == ["bad?name"]
 
 
 async def test_non_utf8_output_and_huge_stdout_are_bounded(settings: Settings) -> None:

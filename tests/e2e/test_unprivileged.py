@@ -103,6 +103,6 @@ async def test_rollouts_as_an_ordinary_user(settings: Settings, assert_no_leftov
         assert {"data", "fsize", "cpu"} <= set(result["limits"]), result["limits"]  # set by prlimit inside
     assert results["terminus"]["network"] == "none"
     if "pi" in results:  # through the forwarder in a namespace of its own
-        assert results["pi"]["network"] == "llm" and len(results["pi"]["turns"]) == 3
+        assert results["pi"]["network"] == "llm" and len(results["pi"]["proxy_turns"]) == 3
     ran_as = [t for t in results["terminus"]["agent_events"]["tool_calls"] if t["input"] == "id -u"]
-    assert ran_as and results["terminus"]["turns"][-1]["request_messages"][-1]["content"].split()[-1] == "1000"
+    assert ran_as and results["terminus"]["proxy_turns"][-1]["request_messages"][-1]["content"].split()[-1] == "1000"

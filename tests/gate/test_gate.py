@@ -183,6 +183,7 @@ async def test_relay_in_front_of_the_gate_records_the_trainers_tokens(gate: Gate
         await lease.close()
     assert [t.completion_token_ids for t in turns] == [[7, 8, 9]] * 2
     assert [t.prompt_token_ids for t in turns] == [[1, 2, 3]] * 2
-    assert [t.logprobs for t in turns] == [[-0.5]] * 2
-    assert turns[0].model_dump(exclude={"latency_s", "stream", "index", "request_messages_reused", "request_messages"}) == \
-        turns[1].model_dump(exclude={"latency_s", "stream", "index", "request_messages_reused", "request_messages"})
+    assert [t.per_token_logps for t in turns] == [[-0.5]] * 2
+    same = {"latency_s", "stream", "turn", "timestamp", "request_messages_reused", "request_messages"}
+    assert turns[0].model_dump(exclude=same) == \
+        turns[1].model_dump(exclude=same)

@@ -88,7 +88,7 @@ async def test_streamed_and_whole_calls_record_the_same_turn(relay: Relay, fake:
             if stream:
                 _ = [c async for c in response]
         turns.extend(lease.turns())
-    dumps = [t.model_dump(exclude={"latency_s", "stream"}) for t in turns]
+    dumps = [t.model_dump(exclude={"latency_s", "stream", "timestamp"}) for t in turns]
     assert dumps[0] == dumps[1]
     assert turns[0].message.reasoning_content == "think" and len(turns[0].message.tool_calls) == 2
 
@@ -117,7 +117,8 @@ async def test_transparent_proxy_asks_for_and_records_token_ids_and_logprobs(rel
     [turn] = lease.turns()
     assert turn.completion_token_ids == [1000, 1001, 1002]
     assert turn.prompt_token_ids == [100, 101, 102]
-    assert turn.logprobs == [-0.125, -0.25, -0.375]
+    assert turn.per_token_logps == [-0.125, -0.25, -0.375]
+    assert len(turn.completion_tokens) == 3 and "".join(turn.completion_tokens) == "one two three"
 
 
 async def test_black_box_does_not_ask_for_logprobs(relay: Relay, fake: FakeLLMServer) -> None:
@@ -126,7 +127,7 @@ async def test_black_box_does_not_ask_for_logprobs(relay: Relay, fake: FakeLLMSe
         await llm.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
     body = fake.app.requests[-1].body
     assert body is not None and "logprobs" not in body and "return_token_ids" not in body
-    assert lease.turns()[0].completion_token_ids is None
+    assert lease.turns()[0].completion_token_ids == []
 
 
 async def test_caps_thinking_and_namespaced_model(relay: Relay, fake: FakeLLMServer) -> None:
@@ -241,7 +242,7 @@ async def test_prompt_is_recorded_incrementally(relay: Relay, fake: FakeLLMServe
                         {"role": "user", "content": f"step {step}"}]
     turns = lease.turns()
     assert [t.request_messages_reused for t in turns] == [0, 1, 3, 5]
-    assert all(len(t.request_messages) == (1 if t.index == 0 else 2) for t in turns)
+    assert all(len(t.request_messages) == (1 if t.turn == 0 else 2) for t in turns)
     rebuilt: list[dict[str, object]] = []
     for t in turns:
         rebuilt = rebuilt[: t.request_messages_reused] + t.request_messages

@@ -18,7 +18,7 @@ async def test_official_client_lists_the_tools_and_runs_a_rollout(server: LiveSe
         assert [tool.name for tool in tools] == ["run_rollout", "start_episode", "terminal"]
         schema = tools[0].input_schema
         assert schema["properties"].keys() == RolloutRequest.model_json_schema()["properties"].keys()
-        assert schema["properties"]["agent"]["default"] == "opencode"
+        assert schema["properties"]["agent"]["default"] is None  # the server's DEFAULT_AGENT
         assert all(prop.get("description") for prop in schema["properties"].values())
         assert server.sessions.active == 1
         outcome = await client.call_tool("run_rollout", oracle_task)

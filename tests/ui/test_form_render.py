@@ -106,7 +106,8 @@ def test_verdicts_and_badge() -> None:
     assert render.verdict(_result(RolloutStatus.AGENT_FAILED, 0.5)) == "PARTIAL"
     assert render.verdict(_result(RolloutStatus.COMPLETED, 0.0)) == "FAIL"
     hostile = ErrorInfo(type="X", stage="setup", message="<script>alert(1)</script>")
-    badge = render.badge_html(_result(RolloutStatus.SETUP_FAILED, None, error=hostile, isolation="none"))
+    badge = render.badge_html(_result(RolloutStatus.SETUP_FAILED, None, error=hostile.line(), error_detail=hostile,
+                                      isolation="none"))
     assert 'data-verdict="FAIL"' in badge and "<script>" not in badge and "isolation <b>none</b>" in badge
     assert "verify in no context (did not run)" in badge
     report = ArtifactReport(copied=["a.py"], missing=["b/*.py"], refused={"<c>.py": "a symlink"})

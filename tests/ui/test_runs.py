@@ -39,6 +39,6 @@ async def test_an_llm_rollout_from_the_tab_uses_the_servers_relay(settings: Sett
             await manager.stop()
     result = progress[-1].result
     assert result is not None and result.status is RolloutStatus.COMPLETED and result.reward == 1.0
-    assert len(result.turns) == 1 and any("agent exited with 0" in line for line in progress[-1].lines)
+    assert len(result.proxy_turns) == 1 and any("agent exited with 0" in line for line in progress[-1].lines)
     assert shared is not None, "the rollout started a private relay instead of using the server's"
     assert set(seen_active) == {1} and manager.active == 0  # one slot while it ran, freed after

@@ -33,8 +33,8 @@ def test_api_key_is_secret_in_reprs_and_dumps() -> None:
     assert "sk-secret-value" not in repr(request) and "sk-secret-value" not in request.model_dump_json()
     with pytest.raises(ValidationError, match="api_key"):
         RolloutRequest(instruction="x", base_url="http://h/v1")
-    with pytest.raises(ValidationError, match="either endpoint or base_url"):
-        RolloutRequest(instruction="x", endpoint="openai", base_url="http://h/v1", api_key="k")
+    with pytest.raises(ValidationError, match="api_key"):  # a named endpoint's key never goes to the caller's URL
+        RolloutRequest(instruction="x", endpoint="openai", base_url="http://h/v1")
 
 
 def test_unknown_fields_are_refused() -> None:
@@ -101,3 +101,35 @@ def test_client_import_stays_light() -> None:
     code = "import sys, coding_agent_env.client; print(sorted(m for m in ('aiohttp', 'coding_agent_env.rollout.pipeline', 'coding_agent_env.sandbox.local') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]"
+
+
+UPSTREAM_ARGUMENTS = {
+    "endpoint": "", "base_url": "", "api_key": "", "model": "", "instruction": "Do it.", "setup": None, "verify": None,
+    "task_id": "", "mode": "transparent_proxy", "disable_thinking": None, "max_tokens_cap": 4096, "top_logprobs": 5,
+    "agent_timeout_s": 600.0, "template": "",
+}
+"""What OpenEnv's `OpenCodeEnv.run_rollout` sends when given only an instruction."""
+
+
+def test_upstream_clients_argument_set_means_not_given() -> None:
+    request = RolloutRequest.model_validate(UPSTREAM_ARGUMENTS)
+    assert (request.endpoint, request.base_url, request.api_key, request.model, request.task_id, request.image) == (
+        None, None, None, None, None, None)
+    assert (request.setup, request.verify, request.disable_thinking, request.agent) == ([], [], None, None)
+    assert (request.max_tokens_cap, request.top_logprobs, request.mode.value) == (4096, 5, "transparent_proxy")
+    pi = RolloutRequest.model_validate({**UPSTREAM_ARGUMENTS, "template": None, "image": "python:3.12", "max_tokens_cap": 0})
+    assert (pi.image, pi.max_tokens_cap) == ("python:3.12", None)
+    assert RolloutRequest.model_validate({**UPSTREAM_ARGUMENTS, "template": "opencode-rl"}).image == "opencode-rl"
+    with pytest.raises(ValidationError, match="image or template"):
+        RolloutRequest.model_validate({**UPSTREAM_ARGUMENTS, "template": "a", "image": "b"})
+    with pytest.raises(ValidationError, match="max_tokens_cap"):
+        RolloutRequest.model_validate({**UPSTREAM_ARGUMENTS, "max_tokens_cap": -1})
+    with pytest.raises(ValidationError, match="instruction"):
+        RolloutRequest.model_validate({**UPSTREAM_ARGUMENTS, "instruction": ""})
+
+
+def test_default_agent_setting() -> None:
+    assert Settings.from_env({}).default_agent == "opencode"
+    assert Settings.from_env({"DEFAULT_AGENT": "pi"}).default_agent == "pi"
+    with pytest.raises(SettingsError, match="DEFAULT_AGENT"):
+        Settings.from_env({"DEFAULT_AGENT": "nope"})
