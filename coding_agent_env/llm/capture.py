@@ -31,8 +31,12 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _ints(value: Any) -> list[int]:
-    return [v for v in _list(value) if isinstance(v, int) and not isinstance(v, bool)]
+def _ints(value: Any) -> list[int] | None:
+    """Token ids as given, or None when any entry is not a non-negative integer (garbage is never trained on)."""
+    ids = _list(value)
+    if all(type(v) is int and v >= 0 for v in ids):
+        return ids
+    return None
 
 
 class _ToolCallParts:
@@ -64,6 +68,7 @@ class TurnAssembler:
         self.completion_token_ids: list[int] | None = None
         self.logprobs: list[float] | None = None
         self.tokens: list[str] | None = None
+        self._bad_ids = False
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._tools: dict[int, _ToolCallParts] = {}
@@ -117,6 +122,18 @@ class TurnAssembler:
             self._tools.setdefault(index, _ToolCallParts()).add(_dict(call))
         self._choice_extras(choice)
 
+    def sampled_ids(self) -> list[int]:
+        """The sampled token ids: the upstream's `token_ids`, else those spelled in its logprob tokens as
+        `token_id:N` (vLLM's `--return-tokens-as-token-ids`), else none."""
+        if self._bad_ids:
+            return []
+        if self.completion_token_ids is not None:
+            return self.completion_token_ids
+        tokens = self.tokens or []
+        if tokens and all(t.startswith("token_id:") and t[9:].isdigit() for t in tokens):
+            return [int(t[9:]) for t in tokens]
+        return []
+
     def message(self) -> TurnMessage:
         content = "".join(self._content) if self._content else None
         reasoning = "".join(self._reasoning) if self._reasoning else None
@@ -133,6 +150,7 @@ class TurnAssembler:
         prompt_ids = obj.get("prompt_token_ids")
         if isinstance(prompt_ids, list):
             self.prompt_token_ids = _ints(prompt_ids)
+            self._bad_ids = self._bad_ids or self.prompt_token_ids is None
 
     @staticmethod
     def _choice(obj: dict[str, Any]) -> dict[str, Any] | None:
@@ -156,7 +174,11 @@ class TurnAssembler:
         if isinstance(token_ids, list):
             if self.completion_token_ids is None:
                 self.completion_token_ids = []
-            self.completion_token_ids.extend(_ints(token_ids))
+            ids = _ints(token_ids)
+            if ids is None:
+                self._bad_ids = True
+            else:
+                self.completion_token_ids.extend(ids)
         entries = _list(_dict(choice.get("logprobs")).get("content"))
         if entries:
             if self.logprobs is None:

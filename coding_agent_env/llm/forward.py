@@ -78,7 +78,7 @@ class _Call:
             upstream_error=self.upstream_error or ({"message": self.error} if self.error else None),
             error=self.error,
             prompt_token_ids=a.prompt_token_ids,
-            completion_token_ids=a.completion_token_ids or [],
+            completion_token_ids=a.sampled_ids(),
             completion_tokens=a.tokens or [],
             per_token_logps=a.logprobs or [],
         )

@@ -46,6 +46,8 @@ class Node:
     parent: int | None = None
     children: list[int] = field(default_factory=list)
     purpose: TurnPurpose = "main"
+    logps_ok: bool = False
+    """Set by `llm.trace.annotate`: the call's logprobs can be trained on."""
 
 
 @dataclass

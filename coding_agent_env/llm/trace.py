@@ -32,6 +32,7 @@ def annotate(turns: Sequence[Turn], rollout_id: str) -> tuple[list[Turn], Rollou
     graph = build_graph(turns)
     out = []
     for node in graph.nodes:
+        node.logps_ok = _logps_problem(node.turn) is None
         trainable, note = _trainable(node)
         out.append(node.turn.model_copy(update={
             "node_id": f"{rollout_id}:{node.turn.turn}", "parent": node.parent, "purpose": node.purpose,
@@ -53,7 +54,7 @@ def training_data(graph: RolloutGraph, *, rollout_id: str, task_id: str, reward:
             "node_id": turn.node_id,
             "prompt_token_ids": list(turn.prompt_token_ids or []),
             "completion_token_ids": completion,
-            "per_token_logps": _logps(turn),
+            "per_token_logps": _logps(node),
             "loss_mask": [0] * node.prompt_len + [1 if turn.trainable else 0] * len(completion),
             "metadata": _metadata(node, graph, rollout_id, task_id),
         })
@@ -89,7 +90,7 @@ def trace_entries(turns: Sequence[Turn], training: TrainingData | None, reward: 
             "per_token_logps": traced["per_token_logps"] if traced else list(turn.per_token_logps),
             "loss_mask": traced["loss_mask"] if traced else [0] * (len(prompt) + len(completion)),
             "reward": reward,
-            "metadata": traced["metadata"] if traced else {
+            "metadata": {**traced["metadata"], "node_id": turn.node_id} if traced else {
                 "node_id": turn.node_id, "turn": turn.turn, "purpose": turn.purpose, "trainable": False,
                 "note": turn.note,
             },
@@ -100,9 +101,9 @@ def trace_entries(turns: Sequence[Turn], training: TrainingData | None, reward: 
 def _trainable(node: Node) -> tuple[bool, str | None]:
     turn = node.turn
     if not node.by_ids:
-        return False, "the upstream returned no prompt token ids"
+        return False, "the upstream returned no valid prompt token ids"
     if not turn.completion_token_ids:
-        return False, "the upstream returned no completion token ids"
+        return False, "the upstream returned no valid completion token ids"
     problem = _logps_problem(turn)
     if problem is not None:
         return False, problem
@@ -119,16 +120,14 @@ def _logps_problem(turn: Turn) -> str | None:
         return f"{len(logps)} logprobs for {len(turn.completion_token_ids)} sampled ids"
     if not all(math.isfinite(lp) and lp <= 0 for lp in logps):
         return "logprobs not finite or positive"
-    if any(i < 0 for i in turn.completion_token_ids) or any(i < 0 for i in turn.prompt_token_ids or []):
-        return "negative token ids"
     return None
 
 
-def _logps(turn: Turn) -> list[float]:
+def _logps(node: Node) -> list[float]:
     """The call's logprobs when valid; 0.0 placeholders (under mask 0) otherwise, so the trace validates."""
-    if _logps_problem(turn) is None:
-        return list(turn.per_token_logps)
-    return [0.0] * len(turn.completion_token_ids)
+    if node.logps_ok:
+        return list(node.turn.per_token_logps)
+    return [0.0] * len(node.turn.completion_token_ids)
 
 
 def _metadata(node: Node, graph: RolloutGraph, rollout_id: str, task_id: str) -> dict[str, Any]:
@@ -149,7 +148,7 @@ def _sequence(path: list[Node]) -> TrainingSequence:
     logps = [0.0] * len(ids)
     for node in path:
         start = node.prompt_len
-        values = _logps(node.turn)
+        values = _logps(node)
         for k, value in enumerate(values):
             logps[start + k] = value
             mask[start + k] = 1 if node.turn.trainable else 0

@@ -376,12 +376,8 @@ class _Rollout:
             self.status, self.reward = RolloutStatus.CANCELLED, None
             self.error = ErrorInfo(type="Cancelled", stage="rollout", message="the rollout was cancelled")
         timings = Timings(**{f"{phase}_s": round(seconds, 6) for phase, seconds in self.timings.items()})
-        turns, graph = annotate(self.llm.turns() if self.llm is not None else [], self.rollout_id)
+        turns = self.llm.turns() if self.llm is not None else []
         task_id = self.request.task_id or ""
-        training = (
-            training_data(graph, rollout_id=self.rollout_id, task_id=task_id, reward=self.reward)
-            if any(node.by_ids for node in graph.nodes) else None
-        )
         raw = RolloutResult(
             rollout_id=self.rollout_id,
             task_id=task_id,
@@ -410,10 +406,16 @@ class _Rollout:
             agent_log_tail=self.agent_log_tail,
             proxy_log_tail=proxy_log(turns, self.settings.agent_log_tail_bytes),
             agent_events=self.agent_events,
-            training=training,
             error=self.error.line() if self.error is not None else None,
             error_detail=self.error,
         )
         # Always, even with no secret to remove: a file name read back may hold undecodable bytes (as surrogate
         # escapes), and a model's text lone surrogates, which no JSON encoder would take (about 0.1 ms).
-        return RolloutResult.model_validate(self.redact.deep(raw.model_dump(mode="json")))
+        result = RolloutResult.model_validate(self.redact.deep(raw.model_dump(mode="json")))
+        # The graph and the trace are built from the redacted turns: their numbers hold no secret, and their few
+        # strings come from those turns and the redacted task id.
+        annotated, graph = annotate(result.proxy_turns, self.rollout_id)
+        if not any(node.by_ids for node in graph.nodes):
+            return result.model_copy(update={"proxy_turns": annotated})
+        training = training_data(graph, rollout_id=self.rollout_id, task_id=result.task_id, reward=result.reward)
+        return result.model_copy(update={"proxy_turns": annotated, "training": training})

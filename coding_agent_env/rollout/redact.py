@@ -33,8 +33,14 @@ class Redactor:
         if isinstance(value, dict):
             return {self.deep(k): self.deep(v) for k, v in value.items()}
         if isinstance(value, list):
+            # Token ids, logprobs and masks are long lists of numbers: checked in C, copied, never walked.
+            if _NUMBERS.issuperset(map(type, value)):
+                return list(value)
             return [self.deep(v) for v in value]
         return value
+
+
+_NUMBERS = frozenset((int, float))
 
 
 def encodable(value: str) -> str:

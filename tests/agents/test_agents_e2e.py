@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,9 @@ from coding_agent_env.rollout import run_rollout
 from coding_agent_env.settings import Settings
 from tests.agents.conftest import SERVER_KEY
 from tests.agents.sessions import AGENTS, CORRECT, TASK, VERIFY, WRONG, finish, session, write_file_command
+from tests.compat.conftest import gen_b  # noqa: F401 (a fixture)
 from tests.fakes.llm import FakeLLMServer, Reply
+from tests.llm.test_trace import openenv_validates
 
 pytestmark = [pytest.mark.usefixtures("assert_no_leftovers"), pytest.mark.parametrize("agent", AGENTS)]
 
@@ -115,3 +118,24 @@ async def test_hostile_instruction_arrives_intact_and_runs_nothing(
     assert instruction in user_texts(fake), "no user message at the LLM is byte-identical to the instruction"
     assert not [name for name in result.files if name.startswith("pwn")]
     assert result.verify_results[0].stdout.split() == []
+
+
+async def test_a_transparent_proxy_rollout_yields_a_training_trace_openenv_accepts(
+    agent: str, fake: FakeLLMServer, settings: Settings, require_agent: Callable[[str], None], gen_b: Path  # noqa: F811
+) -> None:
+    """The fake engine returns prompt ids (its chat rendering, extending by prefix): the agent's calls form one
+    main line, anything else is masked out, and OpenEnv 0.10's TrainingTrace takes the trace unchanged."""
+    require_agent(agent)
+    fake.app.script = session(agent, write_file_command("binary_search.py", CORRECT), "ls")
+    result = await run_rollout(request(fake, agent, mode="transparent_proxy", top_logprobs=1), settings=settings)
+    check_ran(result)
+    training = result.training
+    assert training is not None and training.reward == result.reward == 1.0
+    rows = openenv_validates(gen_b, training.trace)
+    assert [row[0] for row in rows] == [t.node_id for t in result.proxy_turns]
+    main = [t for t in result.proxy_turns if t.purpose == "main"]
+    assert len(main) >= 3 and all(t.trainable for t in main), [(t.turn, t.parent, t.purpose) for t in result.proxy_turns]
+    assert all(not t.trainable for t in result.proxy_turns if t.purpose == "auxiliary")
+    [line] = [s for s in training.sequences if s.purpose == "main"]
+    assert line.node_ids == [t.node_id for t in main]
+    assert sum(line.loss_mask) == sum(len(t.completion_token_ids) for t in main)

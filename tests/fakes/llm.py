@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 
@@ -48,6 +48,8 @@ class Reply:
     """Streamed: close the connection after this many chunks, without [DONE]."""
     token_delay_s: float = 0.0
     """Streamed: pause between content tokens, like a real model generating."""
+    logprobs_fault: Literal["nan", "short", "positive"] | None = None
+    """Bad engine output for this reply: a NaN logprob, one logprob too few, or a positive one."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,16 @@ class FakeLLM:
     requests: list[SeenRequest] = field(default_factory=list)
     api_key: str | None = None
     """When set, calls without `Authorization: Bearer <api_key>` get 401."""
+    tokens_as_ids: bool = False
+    """Like vLLM's `--return-tokens-as-token-ids`: logprob tokens are `token_id:N` strings."""
+    omit_token_ids: bool = False
+    """An engine that ignores `return_token_ids` (no `prompt_token_ids`, no `token_ids`)."""
+    vocab: dict[str, int] = field(default_factory=dict)
+    """The fake engine's tokenizer: each distinct piece gets the next id, shared by every call."""
     _served: int = 0
+
+    def token_id(self, piece: str) -> int:
+        return self.vocab.setdefault(piece, 100 + len(self.vocab))
 
     def reset(self, script: list[Reply]) -> None:
         """Start a new scripted session: `script` from its first reply, requests forgotten."""
@@ -103,7 +114,7 @@ class FakeLLM:
             error = {"error": {"message": reply.error_message, "type": "scripted", "code": reply.status}}
             await _json(send, reply.status, error)
             return
-        answer = _Answer(reply, body)
+        answer = _Answer(reply, body, self)
         if body.get("stream") is True:
             await answer.stream(send)
         else:
@@ -111,20 +122,29 @@ class FakeLLM:
 
 
 class _Answer:
-    """One reply rendered for one request: the same tokens whether streamed or not."""
+    """One reply rendered for one request: the same tokens whether streamed or not.
 
-    def __init__(self, reply: Reply, body: dict[str, Any]) -> None:
+    Token ids behave like an engine's: the prompt is the chat rendering of the request's messages (a role
+    marker, the content's pieces, each tool call as one piece with its arguments re-rendered from their parsed
+    JSON as a chat template does, an end marker; then the assistant marker), tokenized by the app's shared
+    vocabulary; the completion is the reply's pieces plus the end marker. So a call's prompt and completion
+    are a token prefix of the next call's prompt whenever the agent sends the conversation back.
+    """
+
+    def __init__(self, reply: Reply, body: dict[str, Any], app: FakeLLM) -> None:
         self.reply = reply
+        self.app = app
         self.model = str(body.get("model"))
         self.logprobs = body.get("logprobs") is True
         self.top = int(body.get("top_logprobs") or 0)
-        self.token_ids = body.get("return_token_ids") is True
+        self.token_ids = body.get("return_token_ids") is True and not app.omit_token_ids
         self.usage_chunk = bool((body.get("stream_options") or {}).get("include_usage"))
-        pieces = (reply.content or "").split(" ")
-        self.tokens = [p if i == len(pieces) - 1 else p + " " for i, p in enumerate(pieces)] if reply.content else []
-        self.prompt_ids = [100 + i for i in range(3 * len(body.get("messages") or []))]
+        self.tokens = _pieces(reply.content)
+        tool_pieces = [_tool_piece(name, args) for name, args in reply.tool_calls]
+        self.sampled = [*self.tokens, *tool_pieces, _END]
+        self.prompt_ids = [app.token_id(piece) for piece in _render(body.get("messages"))]
         self.finish = "tool_calls" if reply.tool_calls else "stop"
-        n_completion = len(self.tokens) + len(reply.tool_calls)
+        n_completion = len(self.sampled)
         self.usage = {
             "prompt_tokens": len(self.prompt_ids),
             "completion_tokens": n_completion,
@@ -132,12 +152,22 @@ class _Answer:
         }
 
     def _token_id(self, i: int) -> int:
-        return 1000 + i
+        return self.app.token_id(self.sampled[i])
 
     def _logprob(self, i: int) -> dict[str, Any]:
-        entry: dict[str, Any] = {"token": self.tokens[i], "logprob": -0.125 * (i + 1), "bytes": None}
+        value = -0.125 * (i + 1)
+        if self.reply.logprobs_fault == "nan" and i == 0:
+            value = float("nan")
+        elif self.reply.logprobs_fault == "positive" and i == 0:
+            value = 0.5
+        token = f"token_id:{self._token_id(i)}" if self.app.tokens_as_ids else self.sampled[i]
+        entry: dict[str, Any] = {"token": token, "logprob": value, "bytes": None}
         entry["top_logprobs"] = [{"token": f"alt{k}", "logprob": -1.0 - k, "bytes": None} for k in range(self.top)]
         return entry
+
+    def _logprob_entries(self, positions: range) -> list[dict[str, Any]]:
+        last = len(self.sampled) - 1
+        return [self._logprob(i) for i in positions if not (self.reply.logprobs_fault == "short" and i == last)]
 
     def _tool_calls(self) -> list[dict[str, Any]]:
         return [
@@ -156,12 +186,20 @@ class _Answer:
             message["tool_calls"] = self._tool_calls()
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": self.finish}
         if self.logprobs:
-            choice["logprobs"] = {"content": [self._logprob(i) for i in range(len(self.tokens))]}
+            choice["logprobs"] = {"content": self._logprob_entries(range(len(self.sampled)))}
         out = {**self._head(), "object": "chat.completion", "choices": [choice], "usage": self.usage}
         if self.token_ids:
-            choice["token_ids"] = [self._token_id(i) for i in range(len(self.tokens))]
+            choice["token_ids"] = [self._token_id(i) for i in range(len(self.sampled))]
             out["prompt_token_ids"] = self.prompt_ids
         return out
+
+    def _extras(self, chunk: dict[str, Any], positions: range) -> dict[str, Any]:
+        """Stream the sampled positions' ids and logprobs with `chunk`, as vLLM does."""
+        if self.logprobs:
+            chunk["choices"][0]["logprobs"] = {"content": self._logprob_entries(positions)}
+        if self.token_ids:
+            chunk["choices"][0]["token_ids"] = [self._token_id(i) for i in positions]
+        return chunk
 
     def chunks(self) -> list[dict[str, Any]]:
         first = self._chunk({"role": "assistant", "content": ""})
@@ -172,19 +210,16 @@ class _Answer:
         if self.reply.reasoning:
             out.append(self._chunk({"reasoning_content": self.reply.reasoning}))
         for i, token in enumerate(self.tokens):
-            chunk = self._chunk({"content": token})
-            if self.logprobs:
-                chunk["choices"][0]["logprobs"] = {"content": [self._logprob(i)]}
-            if self.token_ids:
-                chunk["choices"][0]["token_ids"] = [self._token_id(i)]
-            out.append(chunk)
+            out.append(self._extras(self._chunk({"content": token}), range(i, i + 1)))
         for i, call in enumerate(self._tool_calls()):
             args = call["function"]["arguments"]
             half = len(args) // 2
             head = {"index": i, "id": call["id"], "type": "function", "function": {"name": call["function"]["name"], "arguments": args[:half]}}
-            out.append(self._chunk({"tool_calls": [head]}))
+            position = len(self.tokens) + i
+            out.append(self._extras(self._chunk({"tool_calls": [head]}), range(position, position + 1)))
             out.append(self._chunk({"tool_calls": [{"index": i, "function": {"arguments": args[half:]}}]}))
-        out.append(self._chunk({}, finish=self.finish))
+        last = len(self.sampled) - 1
+        out.append(self._extras(self._chunk({}, finish=self.finish), range(last, last + 1)))
         if self.usage_chunk:
             out.append({**self._head(), "object": "chat.completion.chunk", "choices": [], "usage": self.usage})
         return out
@@ -202,6 +237,49 @@ class _Answer:
                 await asyncio.sleep(self.reply.token_delay_s)
             await send({"type": "http.response.body", "body": f"data: {json.dumps(chunk)}\n\n".encode(), "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+
+_END = "<|end|>"
+
+
+def _pieces(text: str | None) -> list[str]:
+    """The fake's tokenization of a text: words, each with its following space."""
+    if not text:
+        return []
+    words = text.split(" ")
+    return [w if i == len(words) - 1 else w + " " for i, w in enumerate(words)]
+
+
+def _tool_piece(name: Any, arguments: Any) -> str:
+    """A tool call as the template renders it: arguments re-rendered from their parsed JSON (agents re-serialise
+    the string they were given, so bytes are not kept)."""
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        parsed = arguments
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': parsed})}</tool_call>"
+
+
+def _text(content: Any) -> str | None:
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) else None
+
+
+def _render(messages: Any) -> list[str]:
+    """The chat rendering of `messages` as pieces, ending with the generation prompt."""
+    out: list[str] = []
+    for message in messages if isinstance(messages, list) else []:
+        if not isinstance(message, dict):
+            continue
+        out.append(f"<|{message.get('role')}|>")
+        out.extend(_pieces(_text(message.get("content"))))
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {} if isinstance(call, dict) else {}
+            out.append(_tool_piece(function.get("name"), function.get("arguments")))
+        out.append(_END)
+    out.append("<|assistant|>")
+    return out
 
 
 async def _json(send: Send, status: int, body: dict[str, Any]) -> None:

@@ -36,7 +36,8 @@ async def test_forwards_with_server_key_while_agent_sends_only_its_token(relay: 
     assert turn.message.tool_calls[0].name == "bash"
     assert json.loads(turn.message.tool_calls[0].arguments) == {"cmd": "ls -la"}
     assert turn.finish_reason == "tool_calls"
-    assert turn.usage is not None and turn.usage.total_tokens == turn.usage.prompt_tokens + 4
+    # 3 words, 1 tool call, the end marker
+    assert turn.usage is not None and turn.usage.total_tokens == turn.usage.prompt_tokens + 5
     assert turn.upstream_status == 200 and turn.error is None
     assert turn.model == "Qwen/Qwen3-4B" and seen.body is not None and seen.body["model"] == "Qwen/Qwen3-4B"
     await lease.close()
@@ -115,10 +116,11 @@ async def test_transparent_proxy_asks_for_and_records_token_ids_and_logprobs(rel
     assert body is not None
     assert (body["logprobs"], body["top_logprobs"], body["return_token_ids"]) == (True, 3, True)
     [turn] = lease.turns()
-    assert turn.completion_token_ids == [1000, 1001, 1002]
-    assert turn.prompt_token_ids == [100, 101, 102]
-    assert turn.per_token_logps == [-0.125, -0.25, -0.375]
-    assert len(turn.completion_tokens) == 3 and "".join(turn.completion_tokens) == "one two three"
+    vocab = fake.app.vocab
+    assert turn.completion_token_ids == [vocab[p] for p in ("one ", "two ", "three", "<|end|>")]
+    assert turn.prompt_token_ids == [vocab[p] for p in ("<|user|>", "list ", "the ", "files", "<|end|>", "<|assistant|>")]
+    assert turn.per_token_logps == [-0.125, -0.25, -0.375, -0.5]
+    assert turn.completion_tokens == ["one ", "two ", "three", "<|end|>"]
 
 
 async def test_black_box_does_not_ask_for_logprobs(relay: Relay, fake: FakeLLMServer) -> None:
