@@ -18,6 +18,7 @@ AGENTS: dict[str, str] = {
     "opencode": "coding_agent_env.agents.opencode:OpenCodeAgent",
     "pi": "coding_agent_env.agents.pi:PiAgent",
     "terminus": "coding_agent_env.agents.terminus.agent:TerminusAgent",
+    "qwen-code": "coding_agent_env.agents.qwen_code:QwenCodeAgent",
 }
 """name -> import path of the agent class."""
 

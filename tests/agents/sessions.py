@@ -1,6 +1,7 @@
 """Scripted LLM sessions for the agent suite: what a model would say to each agent, tool calls included.
 
-Each agent has its own tool for running a shell command (OpenCode's and Pi's `bash`, Terminus's
+Each agent has its own tool for running a shell command (OpenCode's and Pi's `bash`, Qwen Code's
+`run_shell_command`, Terminus's
 `terminal`) and its own way of finishing (a plain answer, or Terminus's `final_answer`)."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import json
 
 from tests.fakes.llm import Reply
 
-AGENTS = ("opencode", "pi", "terminus")
+AGENTS = ("opencode", "pi", "terminus", "qwen-code")
 
 CORRECT = '''def binary_search(items, target):
     lo, hi = 0, len(items) - 1
@@ -45,6 +46,8 @@ def run_command(agent: str, command: str, note: str = "Running a command.") -> R
         call = ("terminal", json.dumps({"command": command}))
     elif agent == "opencode":
         call = ("bash", json.dumps({"command": command, "description": "run a command"}))
+    elif agent == "qwen-code":
+        call = ("run_shell_command", json.dumps({"command": command, "is_background": False}))
     else:
         call = ("bash", json.dumps({"command": command}))
     return Reply(content=note, tool_calls=(call,))

@@ -115,7 +115,9 @@ async def test_hostile_instruction_arrives_intact_and_runs_nothing(
     fake.app.script = [finish(agent)]
     result = await run_rollout(request(fake, agent, instruction=instruction, verify=["ls"]), settings=settings)
     check_ran(result)
-    assert instruction in user_texts(fake), "no user message at the LLM is byte-identical to the instruction"
+    # Qwen Code joins its stdin and its (empty) prompt argument with a blank line: exactly that, nothing else.
+    framed = instruction + "\n\n" if agent == "qwen-code" else instruction
+    assert framed in user_texts(fake), "no user message at the LLM is byte-identical to the instruction"
     assert not [name for name in result.files if name.startswith("pwn")]
     assert result.verify_results[0].stdout.split() == []
 

@@ -14,6 +14,7 @@ from coding_agent_env.agents.driver import launcher_script
 from coding_agent_env.agents.install import MARKER, AgentNotInstalledError, check_installed, status
 from coding_agent_env.agents.opencode import OPENCODE
 from coding_agent_env.agents.pi import PI
+from coding_agent_env.agents.qwen_code import QWEN_CODE
 from coding_agent_env.agents.registry import cli_specs, get_agent
 from coding_agent_env.agents.spec import AgentFile, HomeLink, Launch, LaunchContext, NpmPackage, SpecError
 from coding_agent_env.errors import UnknownAgentError
@@ -27,8 +28,8 @@ CTX = LaunchContext(base_url="http://127.0.0.1:8765/v1", token=TOKEN, model="m';
 
 
 def test_registry_knows_every_agent_and_specs_are_pinned() -> None:
-    assert {spec.name for spec in cli_specs()} == {"opencode", "pi"}  # Terminus runs in the server
-    assert (OPENCODE.version, PI.version) == ("1.18.33", "0.73.1")
+    assert {spec.name for spec in cli_specs()} == {"opencode", "pi", "qwen-code"}  # Terminus runs in the server
+    assert (OPENCODE.version, PI.version, QWEN_CODE.version) == ("1.18.33", "0.73.1", "0.24.4")
     assert get_agent("opencode").needs_llm and get_agent("terminus").needs_llm
     with pytest.raises(SpecError):
         NpmPackage("opencode-ai", "^1.18.33")
@@ -36,7 +37,7 @@ def test_registry_knows_every_agent_and_specs_are_pinned() -> None:
         dataclasses.replace(OPENCODE, version="1.18.34")  # the pinned package no longer matches
 
 
-@pytest.mark.parametrize("spec", [OPENCODE, PI], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", [OPENCODE, PI, QWEN_CODE], ids=lambda s: s.name)
 def test_token_only_in_env_or_private_files(spec) -> None:  # type: ignore[no-untyped-def]
     launch = spec.launch(CTX)
     assert not any(TOKEN in arg for arg in launch.argv)
@@ -91,3 +92,24 @@ async def test_missing_agent_is_refused_before_anything_starts(settings: Setting
     with pytest.raises(UnknownAgentError, match="coding-agent-env agents install"):
         await run_rollout(request, settings=empty)
     assert not list(settings.state_dir.iterdir()), "no sandbox was made"
+
+
+def test_stream_json_events_are_summarised() -> None:
+    """Qwen Code's stream-json, as it printed it for a real run (shortened), plus a broken line."""
+    from coding_agent_env.agents.stream_json import parse_stream_json
+
+    text = "\n".join([
+        '{"type":"system","subtype":"init","model":"m"}',
+        '{"type":"assistant","message":{"role":"assistant","content":[{"type":"text","text":"Running."}]}}',
+        '{"type":"assistant","message":{"role":"assistant","content":[{"type":"tool_use","id":"call_0",'
+        '"name":"run_shell_command","input":{"command":"echo hi"}}],"stop_reason":"tool_use"}}',
+        '{"type":"user","message":{"role":"user","content":[{"type":"tool_result","tool_use_id":"call_0"}]}}',
+        "{not json",
+        '{"type":"result","subtype":"success","is_error":false,"num_turns":2,"result":"done",'
+        '"usage":{"input_tokens":9870,"output_tokens":5,"total_tokens":9875}}',
+    ])
+    report = parse_stream_json(text)
+    assert (report.steps, report.tokens, report.malformed, report.errors) == (2, 9875, 1, [])
+    assert report.texts == ["Running."] and report.tool_calls[0][0] == "run_shell_command"
+    failed = parse_stream_json('{"type":"result","subtype":"error_max_turns","is_error":true}')
+    assert failed.errors == ["error_max_turns"]
