@@ -1,7 +1,8 @@
 """Installing CLI agents once into the shared prefix, and checking what is installed.
 
-Layout: `<agents_dir>/<name>-<version>/` holds one agent's npm installs (`npm install --prefix`), and a
-`.installed.json` marker written last, listing the exact packages. An install goes to a temporary sibling
+Layout: `<agents_dir>/<name>-<version>/` holds one agent's npm installs (`npm install --prefix`) and virtualenvs
+(made by a system interpreter, then `pip install` of the pinned packages), and a `.installed.json` marker written
+last, listing the exact packages. An install goes to a temporary sibling
 directory that is renamed into place when complete, so a prefix is either whole or absent. Nothing here
 runs per rollout: `coding-agent-env agents install` (and `.ci/run`) call it.
 """
@@ -16,7 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from coding_agent_env.agents.spec import CliAgentSpec
+from coding_agent_env.agents.spec import CliAgentSpec, NpmInstall, PipInstall
 from coding_agent_env.errors import AgentError
 
 __all__ = [
@@ -32,7 +33,7 @@ __all__ = [
 INSTALL_COMMAND = "coding-agent-env agents install"
 MARKER = ".installed.json"
 NPM_TIMEOUT_S = 900.0
-"""One `npm install` may take this long (a cold cache on a slow link) before it is killed."""
+"""One `npm install` (or `pip install`) may take this long (a cold cache on a slow link) before it is killed."""
 
 
 class AgentNotInstalledError(AgentError):
@@ -40,7 +41,7 @@ class AgentNotInstalledError(AgentError):
 
 
 class AgentInstallError(AgentError):
-    """`npm install` failed or is not available."""
+    """`npm install` or `pip install` failed, or npm is not available."""
 
 
 @dataclass(frozen=True)
@@ -61,13 +62,26 @@ def _marker(spec: CliAgentSpec) -> dict[str, object]:
     return {"agent": spec.name, "version": spec.version, "packages": packages}
 
 
-def _installed_package_version(prefix: Path, package: str) -> str | None:
+def _installed_package_version(spec: CliAgentSpec, prefix: Path, package: str) -> str | None:
+    for step in spec.installs:
+        if isinstance(step, PipInstall) and any(p.name == package for p in step.packages):
+            return _pip_version(prefix / step.subdir, package)
     try:
         data = json.loads((prefix / "node_modules" / package / "package.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     version = data.get("version") if isinstance(data, dict) else None
     return version if isinstance(version, str) else None
+
+
+def _pip_version(venv: Path, package: str) -> str | None:
+    """The version of `package` in the virtualenv, from its dist-info directory name."""
+    normal = package.replace("-", "_").lower()
+    for info in venv.glob("lib/python*/site-packages/*.dist-info"):
+        name, _, version = info.name[: -len(".dist-info")].rpartition("-")
+        if name.replace("-", "_").lower() == normal:
+            return version
+    return None
 
 
 def status(spec: CliAgentSpec, agents_dir: Path) -> InstallStatus:
@@ -82,7 +96,7 @@ def status(spec: CliAgentSpec, agents_dir: Path) -> InstallStatus:
     if marker != _marker(spec):
         return InstallStatus(spec.name, spec.version, False, str(prefix), f"stale install (run `{INSTALL_COMMAND}`)")
     if spec.version_package is not None:
-        found = _installed_package_version(prefix, spec.version_package)
+        found = _installed_package_version(spec, prefix, spec.version_package)
         if found != spec.version:
             detail = f"{spec.version_package} is {found or 'missing'}, want {spec.version} (run `{INSTALL_COMMAND}`)"
             return InstallStatus(spec.name, spec.version, False, str(prefix), detail)
@@ -103,15 +117,18 @@ def install(spec: CliAgentSpec, agents_dir: Path, *, npm: str = "npm") -> Instal
     current = status(spec, agents_dir)
     if current.installed:
         return current
-    npm_path = shutil.which(npm)
-    if npm_path is None:
+    npm_path = shutil.which(npm) or ""
+    if not npm_path and any(isinstance(step, NpmInstall) for step in spec.installs):
         raise AgentInstallError(f"cannot install {spec.name}: `{npm}` is not on PATH (install node and npm)")
     agents_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(agents_dir, 0o755)  # sandboxes run as other uids and must read it
     staging = Path(tempfile.mkdtemp(prefix=f".{spec.prefix_name}-", dir=agents_dir))
     try:
         for step in spec.installs:
-            _npm_install(npm_path, staging / step.subdir, [p.pinned for p in step.packages])
+            if isinstance(step, PipInstall):
+                _pip_install(step, staging / step.subdir)
+            else:
+                _npm_install(npm_path, staging / step.subdir, [p.pinned for p in step.packages])
         (staging / MARKER).write_text(json.dumps(_marker(spec)), encoding="utf-8")
         os.chmod(staging, 0o755)
         final = prefix_of(spec, agents_dir)
@@ -133,3 +150,19 @@ def _npm_install(npm: str, prefix: Path, packages: list[str]) -> None:
     if done.returncode != 0:
         tail = done.stderr.decode(errors="replace").strip().splitlines()[-5:]
         raise AgentInstallError(f"npm install {' '.join(packages)} exited {done.returncode}: {' | '.join(tail)}")
+
+
+def _pip_install(step: PipInstall, venv: Path) -> None:
+    """A virtualenv made by the step's system interpreter, with the pinned packages (and their dependencies)."""
+    packages = [p.pinned for p in step.packages]
+    for argv in (
+        [step.python, "-m", "venv", str(venv)],
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", *packages],
+    ):
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=NPM_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise AgentInstallError(f"pip install {' '.join(packages)} failed: {exc}") from exc
+        if done.returncode != 0:
+            tail = done.stderr.decode(errors="replace").strip().splitlines()[-5:]
+            raise AgentInstallError(f"{' '.join(argv[:4])} exited {done.returncode}: {' | '.join(tail)}")

@@ -19,6 +19,7 @@ AGENTS: dict[str, str] = {
     "pi": "coding_agent_env.agents.pi:PiAgent",
     "terminus": "coding_agent_env.agents.terminus.agent:TerminusAgent",
     "qwen-code": "coding_agent_env.agents.qwen_code:QwenCodeAgent",
+    "mini-swe-agent": "coding_agent_env.agents.mini_swe_agent:MiniSweAgent",
 }
 """name -> import path of the agent class."""
 

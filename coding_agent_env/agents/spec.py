@@ -26,6 +26,8 @@ __all__ = [
     "LaunchContext",
     "NpmInstall",
     "NpmPackage",
+    "PipInstall",
+    "PipPackage",
     "SpecError",
 ]
 
@@ -66,6 +68,41 @@ class NpmInstall:
 
     def __post_init__(self) -> None:
         if self.subdir != "." and not _REL_PATH.match(self.subdir):
+            raise SpecError(f"install subdir {self.subdir!r} must be a plain relative path")
+
+
+_PYPI_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class PipPackage:
+    """One PyPI package at one exact version."""
+
+    name: str
+    version: str
+
+    def __post_init__(self) -> None:
+        if not _PYPI_NAME.match(self.name):
+            raise SpecError(f"invalid PyPI package name {self.name!r}")
+        if not _VERSION.match(self.version):
+            raise SpecError(f"{self.name}: version {self.version!r} is not an exact x.y.z version")
+
+    @property
+    def pinned(self) -> str:
+        return f"{self.name}=={self.version}"
+
+
+@dataclass(frozen=True)
+class PipInstall:
+    """Packages installed together into a virtualenv at `<agent prefix>/<subdir>`, made by `python` (a system
+    interpreter sandboxes can see: the venv's interpreter is a link to it)."""
+
+    packages: tuple[PipPackage, ...]
+    subdir: str = "venv"
+    python: str = "/usr/bin/python3"
+
+    def __post_init__(self) -> None:
+        if not _REL_PATH.match(self.subdir):
             raise SpecError(f"install subdir {self.subdir!r} must be a plain relative path")
 
 
@@ -134,8 +171,8 @@ class CliAgentSpec:
     name: str
     version: str
     """The agent's own version: pinned, validated at definition and against what is installed."""
-    installs: tuple[NpmInstall, ...]
-    """npm installs making up the agent (empty for agents shipped with this package)."""
+    installs: tuple[NpmInstall | PipInstall, ...]
+    """npm installs and virtualenvs making up the agent (empty for agents shipped with this package)."""
     version_package: str | None
     """The package whose installed `package.json` version must equal `version` (None: nothing to check)."""
     render: Callable[[LaunchContext], Launch]

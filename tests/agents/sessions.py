@@ -10,7 +10,7 @@ import json
 
 from tests.fakes.llm import Reply
 
-AGENTS = ("opencode", "pi", "terminus", "qwen-code")
+AGENTS = ("opencode", "pi", "terminus", "qwen-code", "mini-swe-agent")
 
 CORRECT = '''def binary_search(items, target):
     lo, hi = 0, len(items) - 1
@@ -57,6 +57,8 @@ def finish(agent: str, text: str = "done") -> Reply:
     """A reply that ends `agent`'s session."""
     if agent == "terminus":
         return Reply(content=None, tool_calls=(("terminal", json.dumps({"final_answer": text})),))
+    if agent == "mini-swe-agent":
+        return Reply(content=text, tool_calls=(("bash", json.dumps({"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})),))
     return Reply(content=text)
 
 

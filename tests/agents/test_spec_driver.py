@@ -12,11 +12,12 @@ import pytest
 
 from coding_agent_env.agents.driver import launcher_script
 from coding_agent_env.agents.install import MARKER, AgentNotInstalledError, check_installed, status
+from coding_agent_env.agents.mini_swe_agent import MINI_SWE_AGENT, parse_mini_events
 from coding_agent_env.agents.opencode import OPENCODE
 from coding_agent_env.agents.pi import PI
 from coding_agent_env.agents.qwen_code import QWEN_CODE
 from coding_agent_env.agents.registry import cli_specs, get_agent
-from coding_agent_env.agents.spec import AgentFile, HomeLink, Launch, LaunchContext, NpmPackage, SpecError
+from coding_agent_env.agents.spec import AgentFile, HomeLink, Launch, LaunchContext, NpmPackage, PipPackage, SpecError
 from coding_agent_env.errors import UnknownAgentError
 from coding_agent_env.models import RolloutRequest, RolloutStatus
 from coding_agent_env.rollout import run_rollout
@@ -28,8 +29,11 @@ CTX = LaunchContext(base_url="http://127.0.0.1:8765/v1", token=TOKEN, model="m';
 
 
 def test_registry_knows_every_agent_and_specs_are_pinned() -> None:
-    assert {spec.name for spec in cli_specs()} == {"opencode", "pi", "qwen-code"}  # Terminus runs in the server
-    assert (OPENCODE.version, PI.version, QWEN_CODE.version) == ("1.18.33", "0.73.1", "0.24.4")
+    assert {spec.name for spec in cli_specs()} == {"opencode", "pi", "qwen-code", "mini-swe-agent"}  # not Terminus
+    assert (OPENCODE.version, PI.version, QWEN_CODE.version, MINI_SWE_AGENT.version) == (
+        "1.18.33", "0.73.1", "0.24.4", "2.4.6")
+    with pytest.raises(SpecError):
+        PipPackage("mini-swe-agent", ">=2.4")
     assert get_agent("opencode").needs_llm and get_agent("terminus").needs_llm
     with pytest.raises(SpecError):
         NpmPackage("opencode-ai", "^1.18.33")
@@ -37,7 +41,7 @@ def test_registry_knows_every_agent_and_specs_are_pinned() -> None:
         dataclasses.replace(OPENCODE, version="1.18.34")  # the pinned package no longer matches
 
 
-@pytest.mark.parametrize("spec", [OPENCODE, PI, QWEN_CODE], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", [OPENCODE, PI, QWEN_CODE, MINI_SWE_AGENT], ids=lambda s: s.name)
 def test_token_only_in_env_or_private_files(spec) -> None:  # type: ignore[no-untyped-def]
     launch = spec.launch(CTX)
     assert not any(TOKEN in arg for arg in launch.argv)
@@ -113,3 +117,19 @@ def test_stream_json_events_are_summarised() -> None:
     assert report.texts == ["Running."] and report.tool_calls[0][0] == "run_shell_command"
     failed = parse_stream_json('{"type":"result","subtype":"error_max_turns","is_error":true}')
     assert failed.errors == ["error_max_turns"]
+
+
+def test_mini_swe_agent_events_are_summarised() -> None:
+    call = {"function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+    text = "\n".join([
+        '{"type": "message", "message": {"role": "system", "content": "sys"}}',
+        json.dumps({"type": "message", "message": {"role": "assistant", "content": "Looking.", "tool_calls": [call],
+                                                   "extra": {"response": {"usage": {"total_tokens": 40}}}}}),
+        '{"type": "message", "message": {"role": "tool", "content": "a.txt"}}',
+        "{broken",
+        '{"type": "result", "exit_status": "Submitted", "submission": ""}',
+    ])
+    report = parse_mini_events(text)
+    assert (report.steps, report.tokens, report.malformed, report.errors) == (1, 40, 1, [])
+    assert report.texts == ["Looking."] and report.tool_calls[0][0] == "bash"
+    assert parse_mini_events('{"type": "result", "exit_status": "LimitsExceeded"}').errors == ["LimitsExceeded"]
