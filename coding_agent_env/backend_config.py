@@ -137,6 +137,15 @@ class _RemoteConfig(_Config):
     timeouts: LauncherTimeouts = LauncherTimeouts(kill_grace_s=10.0, machinery_s=60.0)
     """A remote engine's round trips are slower than a local daemon's."""
 
+    public_relay: bool = False
+    """Let network policy `llm` run here through the server's public relay route: the sandbox keeps the
+    outbound network it has anyway, and the agent gets the public relay URL and its per-rollout token (never the
+    upstream key); reported as network `llm-public`. Off: `llm` is refused, naming this setting."""
+
+    agents_dir: str | None = None
+    """Where the pre-installed agents (`coding-agent-env agents install`'s layout) are inside the sandbox, for
+    CLI agents; None: CLI agents are refused here."""
+
 
 class HfConfig(_RemoteConfig):
     """The Hugging Face Sandbox backend: one HF Job per rollout, or sandboxes side by side on a running server."""
@@ -161,7 +170,8 @@ class HfConfig(_RemoteConfig):
 
     ENV: ClassVar[Mapping[str, str]] = {"image": "HF_SANDBOX_IMAGE", "flavor": "HF_SANDBOX_FLAVOR",
                                         "url": "HF_SANDBOX_URL", "token": "HF_SANDBOX_TOKEN",
-                                        "root": "HF_SANDBOX_ROOT"}
+                                        "root": "HF_SANDBOX_ROOT", "public_relay": "HF_SANDBOX_PUBLIC_RELAY",
+                                        "agents_dir": "HF_SANDBOX_AGENTS_DIR"}
 
 
 class E2bConfig(_RemoteConfig):
@@ -178,7 +188,9 @@ class E2bConfig(_RemoteConfig):
     root: str = "/home/user/coding-agent-env"
     """Directory in the E2B sandbox under which the rollout's root lives."""
 
-    ENV: ClassVar[Mapping[str, str]] = {"api_key": "E2B_API_KEY", "template": "E2B_TEMPLATE", "root": "E2B_SANDBOX_ROOT"}
+    ENV: ClassVar[Mapping[str, str]] = {"api_key": "E2B_API_KEY", "template": "E2B_TEMPLATE",
+                                        "root": "E2B_SANDBOX_ROOT", "public_relay": "E2B_PUBLIC_RELAY",
+                                        "agents_dir": "E2B_AGENTS_DIR"}
 
 
 BackendConfig = Annotated[LocalConfig | DockerConfig | HfConfig | E2bConfig, Field(discriminator="kind")]

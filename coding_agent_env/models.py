@@ -463,7 +463,9 @@ class RolloutResult(_Wire):
     mode: Mode = Field(default=Mode.BLACK_BOX, description="The request's mode.")
     isolation: str | None = Field(default=None, description="Isolation really in effect: bwrap, docker, none, ...")
     network: str | None = Field(
-        default=None, description="Network really in effect: none, llm (only the LLM relay) or host."
+        default=None,
+        description="Network really in effect: none, llm (only the LLM relay), llm-public (a remote sandbox's own "
+        "network, the agent given the relay's public URL and its token) or host.",
     )
     limits: dict[str, int] = Field(
         default_factory=dict,

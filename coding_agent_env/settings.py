@@ -97,6 +97,10 @@ class LlmEndpoint(BaseModel):
     """Merged into the request body when a rollout asks for `disable_thinking`."""
 
 
+PUBLIC_RELAY_PATH = "/llm/v1"
+"""Where the server serves the relay on its own port, for remote sandboxes (per-rollout bearer tokens only)."""
+
+
 def _default_agents_dir() -> Path:
     if os.geteuid() == 0:
         return Path("/opt/coding-agent-env/agents")
@@ -269,6 +273,17 @@ class Settings(BaseModel):
     llm_default_endpoint: str | None = None
     """Catalog entry used when a request names neither `endpoint` nor `base_url`; None: the request must."""
 
+    relay_public_url: str | None = None
+    """The relay's public route as remote sandboxes reach it (env RELAY_PUBLIC_URL), e.g.
+    `https://user-space.hf.space/llm/v1`. Unset: derived from `SPACE_HOST` on a Hugging Face Space, else the
+    relay's own loopback listener (an engine on this host)."""
+
+    space_host: str | None = None
+    """Set by Hugging Face Spaces (env SPACE_HOST): the Space's public host name."""
+
+    relay_max_calls_per_token: int = Field(default=16, ge=1)
+    """LLM calls one rollout may have in flight at once (429 beyond)."""
+
     relay_max_body_bytes: int = 32 * _MIB
     """Largest request body an agent may send to the relay (413 beyond)."""
 
@@ -319,6 +334,15 @@ class Settings(BaseModel):
         if both and self.vllm_endpoint_url != self.vllm_base_url.rstrip("/"):
             raise ValueError("vllm_base_url and vllm_url (the same setting) differ: set one")
         return self
+
+    @property
+    def public_relay_url(self) -> str | None:
+        """The relay's public base URL (ending in /v1) for remote sandboxes, when this server has one."""
+        if self.relay_public_url:
+            return self.relay_public_url.rstrip("/")
+        if self.space_host:
+            return f"https://{self.space_host}{PUBLIC_RELAY_PATH}"
+        return None
 
     @property
     def vllm_endpoint_url(self) -> str:

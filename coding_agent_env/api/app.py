@@ -20,11 +20,12 @@ from fastapi import FastAPI, WebSocket
 from coding_agent_env.api.endpoint import McpDispatcher
 from coding_agent_env.api.http import ENV_DESCRIPTION, build_router
 from coding_agent_env.api.mcp import McpEndpoint
+from coding_agent_env.api.relay_route import PublicRelayRoute
 from coding_agent_env.api.startup import check_backends
 from coding_agent_env.api.ws import serve_ws, serve_ws_mcp
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.session import SessionManager
-from coding_agent_env.settings import Settings
+from coding_agent_env.settings import PUBLIC_RELAY_PATH, Settings
 
 __all__ = ["HTTP_API_VERSION", "build_app"]
 
@@ -62,6 +63,10 @@ def build_app(settings: Settings | None = None) -> FastAPI:
     app.state.sessions = manager
     app.include_router(build_router(manager))
     app.add_route("/mcp", McpDispatcher(manager, mcp, settings), methods=["GET", "POST", "DELETE"], include_in_schema=False)
+
+    relay_route = PublicRelayRoute(manager.relay, settings)
+    on_shutdown.append(relay_route.aclose)
+    app.mount(PUBLIC_RELAY_PATH.rsplit("/", 1)[0], relay_route)
 
     @app.websocket("/ws")
     async def ws(websocket: WebSocket) -> None:

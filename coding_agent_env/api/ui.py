@@ -133,8 +133,11 @@ def _sandbox_choices(backends: Backends) -> list[tuple[str, str]]:
     choices = []
     for name in backends.names:
         try:
-            status = backends.get(name).check()
+            backend = backends.get(name)
+            status = backend.check()
             note = f"isolation: {status.isolation}" if status.available else f"unavailable: {status.detail}"
+            if status.available and backend.network_refusal("llm") is not None:
+                note += "; no CLI agents (the operator has not enabled the public relay)"
         except CodingAgentEnvError as exc:
             note = f"unavailable: {exc}"
         choices.append((f"{name} ({note})", name))

@@ -108,7 +108,8 @@ async def access(
             relay = await relay.get()
         lease = await relay.open_lease(rollout_id, upstream, ttl_s=ttl_s)
         try:
-            yield RolloutLlm(lease, sandbox_endpoint(lease) if from_sandbox else None)
+            endpoint = sandbox_endpoint(lease, settings.public_relay_url) if from_sandbox else None
+            yield RolloutLlm(lease, endpoint)
         finally:
             await shielded(lease.close())
     finally:

@@ -21,12 +21,14 @@ __all__ = ["sandbox_endpoint"]
 _FORWARDER = Path(__file__).with_name("forwarder.py")
 
 
-def sandbox_endpoint(lease: Lease) -> RelayEndpoint:
-    """The relay as a sandbox spec names it, for the rollout holding `lease`."""
+def sandbox_endpoint(lease: Lease, public_url: str | None = None) -> RelayEndpoint:
+    """The relay as a sandbox spec names it, for the rollout holding `lease`; `public_url` is the server's public
+    relay route (default: the relay's own listener, reachable by an engine on this host)."""
     return RelayEndpoint(
         socket_path=str(lease.socket_path),
         tcp_url=lease.base_url,
         forwarder_path=str(_readable_forwarder(lease.socket_path.parent)),
+        public_url=public_url or lease.base_url,
         serve=lease.serve,
     )
 

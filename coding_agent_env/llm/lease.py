@@ -111,6 +111,11 @@ class Lease:
     def calls_started(self) -> int:
         return self._next_index
 
+    @property
+    def in_flight(self) -> int:
+        """Calls being served now."""
+        return len(self._inflight)
+
     def turns(self) -> list[Turn]:
         """Every call recorded so far, in the order the calls arrived."""
         built = [entry if isinstance(entry, Turn) else entry.turn() for entry in self._turns]

@@ -182,6 +182,11 @@ class Relay:
 
         return stop
 
+    def accepts(self, token: str) -> bool:
+        """Whether `token` is a live lease's: what the public route checks before it forwards anything."""
+        lease = self._leases.get(token)
+        return lease is not None and lease.usable()
+
     def _revoke(self, token: str) -> None:
         self._leases.pop(token, None)
 
@@ -212,6 +217,9 @@ class Relay:
     async def _chat(self, request: web.Request, lease: Lease) -> web.StreamResponse:
         if lease.calls_started >= self._settings.relay_max_turns:
             return error_response(429, "this rollout made its allowed number of LLM calls", "turn_limit")
+        if lease.in_flight >= self._settings.relay_max_calls_per_token:
+            cap = self._settings.relay_max_calls_per_token
+            return error_response(429, f"this rollout has {cap} LLM calls in flight already", "concurrency_limit")
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:

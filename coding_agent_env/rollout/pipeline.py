@@ -90,7 +90,7 @@ async def run_rollout(
     agent.check_available(settings)
     backend_name = backends.resolve(request.sandbox)
     limits = resolve_limits(request, settings)
-    await backends.check_usable(backend_name)
+    await backends.check_usable(backend_name, network="llm" if agent.needs_llm and agent.llm_from_sandbox else None)
     upstream = resolve_upstream(request, settings) if agent.needs_llm else None
     rollout = _Rollout(request, settings, agent, backends, backend_name, emit)
     rollout.limits = limits

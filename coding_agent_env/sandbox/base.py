@@ -54,6 +54,9 @@ class RelayEndpoint:
     forwarder_path: str
     """A stdlib-only Python file, `forwarder.py SOCKET PORT`, that maps a loopback TCP port inside a
     network-less sandbox onto the bind-mounted socket."""
+    public_url: str | None = None
+    """The relay as a remote sandbox reaches it over the network (the server's public relay route, or the
+    relay's own listener for an engine on this host); the per-rollout token is what guards it."""
     serve: Callable[[socket.socket], Awaitable[Callable[[], Awaitable[None]]]] | None = None
     """Optional: serve the relay on a bound TCP socket the backend made (in a sandbox's network namespace, say),
     listening on it and taking ownership of it; returns the coroutine function that stops serving and closes
@@ -111,7 +114,8 @@ class SandboxSpec:
     """What a rollout asks of its sandbox. Backends ignore what they cannot use and report it.
 
     `network`: `none` (no network at all), `llm` (only the relay in `relay` is reachable, at
-    `Sandbox.relay_url`, from processes started by `spawn`), `host` (the host's network; operator opt-in)."""
+    `Sandbox.relay_url`, from processes started by `spawn`; on a remote backend the operator may let it mean the
+    relay's public URL over the pod's own network), `host` (the host's network; operator opt-in)."""
 
     rollout_id: str
     image: str | None = None
@@ -233,7 +237,8 @@ class Sandbox(abc.ABC):
     shell: str = "/bin/bash"
     """Shell used to run the task's command strings (`shell -c CMD`)."""
     network: str = "none"
-    """Network really in effect: `none`, `llm` (only the relay), or `host` (whatever the host or pod reaches,
+    """Network really in effect: `none`, `llm` (only the relay), `llm-public` (the pod's own outbound network,
+    the agent configured with the relay's public URL and token), or `host` (whatever the host or pod reaches,
     e.g. an unisolated fallback or a pod with outbound network)."""
     limits: Mapping[str, int] = MappingProxyType({})
     """Limits really enforced, by name: `data`, `fsize`, `cpu`, `nproc` (rlimits); `memory`, `disk` (bytes),
@@ -359,6 +364,11 @@ class SandboxBackend(abc.ABC):
     async def refusal(self) -> str | None:
         """Why this backend will make no sandbox here (said before anything runs), or None. Cheap after its
         first call; the default: none known until `create` says otherwise."""
+        return None
+
+    def network_refusal(self, network: str) -> str | None:
+        """Why this backend makes no sandbox with network policy `network` as configured, or None. Default: none
+        known until `create` says otherwise."""
         return None
 
     async def reap_orphans(self) -> int:

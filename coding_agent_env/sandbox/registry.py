@@ -78,14 +78,17 @@ class Backends:
                 self._built[name] = backend
             return backend
 
-    async def check_usable(self, name: str) -> None:
+    async def check_usable(self, name: str, network: str | None = None) -> None:
         """`BackendRefusedError` (a request error: nothing was made) when backend `name` will make no sandbox
-        on this host as configured (its SDK missing, say), saying how to fix it."""
+        on this host as configured (its SDK missing, say), or none with network policy `network`, saying how to
+        fix it."""
         try:
             backend = self.get(name)
         except MissingExtraError as exc:
             raise BackendRefusedError(str(exc)) from exc
         reason = await backend.refusal()
+        if reason is None and network is not None:
+            reason = backend.network_refusal(network)
         if reason is not None:
             raise BackendRefusedError(f"sandbox backend {name!r} refuses: {reason}")
 

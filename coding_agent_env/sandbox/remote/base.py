@@ -11,15 +11,15 @@ import abc
 import asyncio
 import base64
 
-from coding_agent_env.backend_config import LauncherTimeouts
-from coding_agent_env.errors import SandboxError, SandboxFileError, SandboxFileNotFoundError
-from coding_agent_env.sandbox.base import SandboxPaths
+from coding_agent_env.backend_config import E2bConfig, HfConfig, LauncherTimeouts
+from coding_agent_env.errors import SandboxError, SandboxFileError, SandboxFileNotFoundError, SandboxUnavailableError
+from coding_agent_env.sandbox.base import SandboxPaths, SandboxSpec
 from coding_agent_env.sandbox.launcher import client
 from coding_agent_env.sandbox.launcher.client import InnerLayout
 from coding_agent_env.sandbox.launcher.sandbox import LauncherSandbox
 from coding_agent_env.sandbox.launcher.transport import Transport
 
-__all__ = ["RemoteSandbox", "RemoteTransport", "remote_layout"]
+__all__ = ["RemoteSandbox", "RemoteTransport", "check_public_relay", "llm_refusal", "remote_layout"]
 
 
 class RemoteTransport(Transport):
@@ -34,6 +34,28 @@ def remote_layout(root: str) -> tuple[SandboxPaths, InnerLayout]:
     """The sandbox paths and the launcher's machinery under `root`."""
     paths = SandboxPaths(workdir=f"{root}/workspace", home=f"{root}/home", tmp=f"{root}/tmp", logs=f"{root}/logs")
     return paths, InnerLayout(base=f"{root}/.machinery")
+
+
+def llm_refusal(config: HfConfig | E2bConfig, backend: str, network: str) -> str | None:
+    """Why a remote backend refuses network policy `network` (`llm` needs the operator's public relay opt-in)."""
+    if network != "llm" or config.public_relay:
+        return None
+    return (f"network policy 'llm' on the {backend} backend needs the public relay route: the operator enables it "
+            f"with {config.ENV['public_relay']}=true (the agent then gets the relay's public URL and a per-rollout "
+            "token, never the key)")
+
+
+def check_public_relay(spec: SandboxSpec, config: HfConfig | E2bConfig, backend: str) -> str | None:
+    """The relay URL a remote sandbox with network policy `llm` gets (the server's public relay route), None for
+    other policies; `SandboxUnavailableError` when the operator has not enabled it for this backend."""
+    if spec.network != "llm":
+        return None
+    refusal = llm_refusal(config, backend, spec.network)
+    if refusal is not None:
+        raise SandboxUnavailableError(refusal)
+    if spec.relay is None or not spec.relay.public_url:
+        raise SandboxUnavailableError(f"network policy 'llm' on the {backend} backend: no public relay URL")
+    return spec.relay.public_url
 
 
 class RemoteSandbox(LauncherSandbox):

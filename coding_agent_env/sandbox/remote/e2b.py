@@ -4,7 +4,9 @@ The sandbox is made from the request's image taken as an E2B template (or `E2bCo
 lifetime of the rollout's deadline plus a margin (`SandboxSpec.lifetime_s`; `Settings.remote_sandbox_lifetime_s`
 when the spec names no deadline), so it never ends under its rollout and E2B ends one left behind by a crashed
 server soon after, the rollout id in its metadata, and internet access only under network policy
-`host` (operator opt-in); `llm` is refused (no relay socket can reach a remote VM). Commands run through the
+`host` (operator opt-in) or `llm` through the server's public relay route (`E2B_PUBLIC_RELAY=true`; network
+`llm-public`: the agent gets the public URL and its per-rollout token, never the key; CLI agents come from
+`E2B_AGENTS_DIR` in the template), else `llm` is refused before anything runs. Commands run through the
 in-sandbox launcher (timeouts that kill the tree, background processes, fresh verify context); their
 environment travels in the SDK's `envs` (never in the command string, which holds only shell-quoted argv
 and variable names); files go through the SDK's filesystem API.
@@ -26,7 +28,7 @@ from coding_agent_env.errors import SandboxError, SandboxFileNotFoundError, Sand
 from coding_agent_env.sandbox.base import BackendStatus, Sandbox, SandboxBackend, SandboxLimits, SandboxSpec, rlimits
 from coding_agent_env.sandbox.launcher.client import OutputCap
 from coding_agent_env.sandbox.launcher.transport import Ran
-from coding_agent_env.sandbox.remote.base import RemoteSandbox, RemoteTransport
+from coding_agent_env.sandbox.remote.base import RemoteSandbox, RemoteTransport, check_public_relay, llm_refusal
 from coding_agent_env.settings import Settings
 
 __all__ = ["E2bBackend", "E2bEngine"]
@@ -60,10 +62,12 @@ class E2bBackend(SandboxBackend):
         return BackendStatus(self.name, True, "e2b", f"E2B template {self._config.template!r}",
                              rlimits(self._settings, nproc=False))
 
+    def network_refusal(self, network: str) -> str | None:
+        return llm_refusal(self._config, self.name, network)
+
     async def create(self, spec: SandboxSpec) -> Sandbox:
         c, s = self._config, self._settings
-        if spec.network == "llm":
-            raise SandboxUnavailableError("network policy 'llm' is not available on the e2b backend")
+        public = check_public_relay(spec, c, self.name)
         if spec.network == "host" and not s.sandbox_allow_host_network:
             raise SandboxUnavailableError("network policy 'host' is not allowed by this server's operator")
         key = c.api_key.get_secret_value() if c.api_key else None
@@ -72,7 +76,7 @@ class E2bBackend(SandboxBackend):
                 template=spec.image or c.template,
                 timeout=spec.lifetime_s(s.remote_sandbox_lifetime_s),
                 metadata={"coding-agent-env.rollout": spec.rollout_id},
-                allow_internet_access=spec.network == "host",
+                allow_internet_access=spec.network == "host" or public is not None,
                 api_key=key,
             )
         except e2b.SandboxException as exc:
@@ -80,9 +84,17 @@ class E2bBackend(SandboxBackend):
         process_limits = (spec.limits or SandboxLimits.from_settings(s)).rlimits(nproc=False)
         # The VM's end would kill and remove everything too; tidying first keeps close deterministic.
         box = RemoteSandbox(E2bEngine(vm), f"{c.root}/{vm.sandbox_id}", backend=self.name, sandbox_id=str(vm.sandbox_id),
-                            isolation="e2b", network="host" if spec.network == "host" else "none",
+                            isolation="e2b", network=_network(spec.network, public),
                             timeouts=c.timeouts, rlimits=process_limits, tidy=True)
+        box.relay_url = public
+        box.agents_dir = c.agents_dir if spec.agents_dir is not None else None
         return await box.opened(box.install())
+
+
+def _network(policy: str, public: str | None) -> str:
+    if public is not None:
+        return "llm-public"
+    return "host" if policy == "host" else "none"
 
 
 class E2bEngine(RemoteTransport):

@@ -11,8 +11,10 @@ create parents and replace symlinks, and confined reads. The SDK's exec takes no
 command's environment is written as a file through the SDK's write call (an HTTP body, never a command
 string) and the launcher reads and deletes it before starting the command. The SDK buffers a command's
 whole output in the pod and in the client; we cap what we keep. Network policy: a pod has outbound
-network whatever the policy says (`check()` declares it); `llm` is refused (no relay socket can reach a
-remote pod). Orphans: a Job ends by itself at its lifetime.
+network whatever the policy says (`check()` declares it). `llm` runs through the server's public relay route
+when the operator enables it (`HF_SANDBOX_PUBLIC_RELAY=true`; network `llm-public`: the agent gets the public
+URL and its per-rollout token, never the key; CLI agents come from `HF_SANDBOX_AGENTS_DIR` in the pod), else it
+is refused before anything runs. Orphans: a Job ends by itself at its lifetime.
 """
 
 from __future__ import annotations
@@ -31,7 +33,13 @@ from coding_agent_env.errors import SandboxError, SandboxFileNotFoundError, Sand
 from coding_agent_env.sandbox.base import BackendStatus, Sandbox, SandboxBackend, SandboxLimits, SandboxSpec, rlimits
 from coding_agent_env.sandbox.launcher.client import OutputCap
 from coding_agent_env.sandbox.launcher.transport import Ran
-from coding_agent_env.sandbox.remote.base import RemoteSandbox, RemoteTransport, remote_layout
+from coding_agent_env.sandbox.remote.base import (
+    RemoteSandbox,
+    RemoteTransport,
+    check_public_relay,
+    llm_refusal,
+    remote_layout,
+)
 from coding_agent_env.settings import Settings
 
 __all__ = ["HfBackend", "HfEngine"]
@@ -79,10 +87,12 @@ class HfBackend(SandboxBackend):
         detail = f"one HF Job per rollout ({c.flavor}); pods have outbound network whatever the policy"
         return BackendStatus(self.name, True, "hf-job", detail, limits)
 
+    def network_refusal(self, network: str) -> str | None:
+        return llm_refusal(self._config, self.name, network)
+
     async def create(self, spec: SandboxSpec) -> Sandbox:
         c, s = self._config, self._settings
-        if spec.network == "llm":
-            raise SandboxUnavailableError("network policy 'llm' is not available on the hf backend")
+        public = check_public_relay(spec, c, self.name)
         if c.url:
             token = c.token.get_secret_value() if c.token else ""
             sdk = HfClient("attached", c.url, token, "self-hosted")  # no HF proxy: no HF token
@@ -97,8 +107,10 @@ class HfBackend(SandboxBackend):
         process_limits = (spec.limits or SandboxLimits.from_settings(s)).rlimits(nproc=False)
         # A pod (or the attached server's host) has outbound network whatever the policy.
         box = RemoteSandbox(engine, root, backend=self.name, sandbox_id=sandbox_id,
-                            isolation="hf-job" if job else "none", network="host", timeouts=c.timeouts,
-                            rlimits=process_limits, tidy=not job)
+                            isolation="hf-job" if job else "none", network="llm-public" if public else "host",
+                            timeouts=c.timeouts, rlimits=process_limits, tidy=not job)
+        box.relay_url = public
+        box.agents_dir = c.agents_dir if spec.agents_dir is not None else None
         return await box.opened(box.install())
 
 
