@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/llm.py [--calls 300] [--concurrency 64] [--streams 640]
 
-Separate processes, like production: the fake LLM (uvicorn), the relay (its own process, as in the server),
+Separate processes, like production: the fake LLM (uvicorn), the relay (its own process, as in the server, with
+the server's public relay route `/llm/v1` in front of it on a port of its own: `public`, as remote sandboxes call),
 the gate (`coding-agent-env gate` whose policy generates with the fake LLM, as a trainer's engine would, then
 the gate synthesises the stream), and this client. Same run, same client, same
 machine: latency p50/p99 per sequential call (streamed, 20 tokens) and throughput at N concurrent streams.
@@ -47,13 +48,34 @@ async def fake_policy(request: Any) -> dict[str, Any]:
 
 
 async def _relay_main(fake_url: str, out: str) -> None:
-    from coding_agent_env.llm import Relay, Upstream
+    """The relay, and the server's public relay route in front of it (`/llm/v1` on its own port, as remote
+    sandboxes reach it), in one process like the server."""
+    import socket
+
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    from coding_agent_env.api.relay_route import PublicRelayRoute
+    from coding_agent_env.llm import SharedRelay, Upstream
     from coding_agent_env.settings import Settings
 
-    async with Relay(Settings(state_dir=Path(tempfile.mkdtemp()))) as relay:
-        lease = await relay.open_lease("bench", Upstream(base_url=fake_url, api_key=None, model="m"))  # type: ignore[arg-type]
-        Path(out).write_text(json.dumps({"base_url": lease.base_url, "token": lease.token}))
-        await asyncio.Event().wait()
+    # One token stands for every concurrent stream here: lift the per-rollout cap on calls in flight.
+    settings = Settings(state_dir=Path(tempfile.mkdtemp()), relay_max_calls_per_token=100_000)
+    shared = SharedRelay(settings)
+    relay = await shared.get()
+    lease = await relay.open_lease("bench", Upstream(base_url=fake_url, api_key=None, model="m"))  # type: ignore[arg-type]
+    sock = socket.socket()
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind(("127.0.0.1", 0))
+    app = Starlette(routes=[Mount("/llm", app=PublicRelayRoute(shared, settings))])
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+    while not server.started:
+        await asyncio.sleep(0.01)
+    public = f"http://127.0.0.1:{sock.getsockname()[1]}/llm/v1"
+    Path(out).write_text(json.dumps({"base_url": lease.base_url, "public_url": public, "token": lease.token}))
+    await serving
 
 
 def _spawn(argv: list[str], ready: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -144,7 +166,7 @@ def main() -> None:
         procs.append(_spawn(gate_argv, tmp / "gate", {"BENCH_FAKE_URL": fake_url}))
         gate = json.loads((tmp / "gate").read_text().splitlines()[0])
         targets = {"direct": (fake_url, "none"), "relay": (relay["base_url"], relay["token"]),
-                   "gate": (gate["base_url"], gate["api_key"])}
+                   "public": (relay["public_url"], relay["token"]), "gate": (gate["base_url"], gate["api_key"])}
         asyncio.run(_measure(targets, args))
     finally:
         for proc in procs:
