@@ -4,23 +4,26 @@ Lifespan: check the sandbox backends, start the idle reaper and the MCP SDK's se
 every session (running rollouts are cancelled and their sandboxes torn down) before the MCP session manager
 stops, then release the backends.
 
-With `settings.enable_web_interface` (the default) the Gradio tab is mounted at `/web` and `/` redirects there;
-without the `ui` extra (gradio) installed the server runs without it and logs why.
+With `settings.enable_web_interface` (the default) the Gradio tab is served at `/web` and `/` redirects there. It is
+built in the background once the server is up (`api.web_gate`): until then `/web` answers 503 "starting" (never
+404); without the `ui` extra (gradio) it answers 503 saying which extra to install. The relay's public route for
+remote sandboxes is mounted at `/llm` (`api.relay_route`).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, WebSocket
+from fastapi.responses import RedirectResponse
 
 from coding_agent_env.api.endpoint import McpDispatcher
 from coding_agent_env.api.http import ENV_DESCRIPTION, build_router
 from coding_agent_env.api.mcp import McpEndpoint
 from coding_agent_env.api.relay_route import PublicRelayRoute
+from coding_agent_env.api.web_gate import WEB_PATH, WebGate
 from coding_agent_env.api.startup import check_backends
 from coding_agent_env.api.ws import serve_ws, serve_ws_mcp
 from coding_agent_env.sandbox.registry import Backends
@@ -42,6 +45,7 @@ def build_app(settings: Settings | None = None) -> FastAPI:
     manager = SessionManager(settings, backends)
     mcp = McpEndpoint(manager, settings)
     on_shutdown: list[Callable[[], Awaitable[None]]] = []
+    on_startup: list[Callable[[], None]] = []
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -50,6 +54,8 @@ def build_app(settings: Settings | None = None) -> FastAPI:
             manager.start()
             async with mcp.session_manager_running():
                 try:
+                    for start in on_startup:
+                        start()
                     yield
                 finally:
                     for stop in on_shutdown:
@@ -77,14 +83,21 @@ def build_app(settings: Settings | None = None) -> FastAPI:
         await serve_ws_mcp(websocket, manager, settings)
 
     if settings.enable_web_interface:
-        _mount_web(app, manager, on_shutdown)
+        web = _mount_web(app, manager)
+        app.state.web = web
+        on_startup.append(web.start)
+        on_shutdown.append(web.stop)
     return app
 
 
-def _mount_web(app: FastAPI, manager: SessionManager, on_shutdown: list[Callable[[], Awaitable[None]]]) -> None:
-    if importlib.util.find_spec("gradio") is None:
-        log.warning("web interface off: gradio is not installed (pip install 'coding-agent-env[ui]')")
-        return
-    from coding_agent_env.api.ui import mount_web  # gradio is heavy: imported only when the tab is served
+def _mount_web(app: FastAPI, manager: SessionManager) -> WebGate:
+    """`/` and `/web` redirect to `/web/`, where the gate serves the tab once `start()` has built it."""
+    gate = WebGate(manager)
 
-    on_shutdown.append(mount_web(app, manager).stop)
+    @app.get("/", include_in_schema=False)
+    @app.get(WEB_PATH, include_in_schema=False)
+    async def to_web() -> RedirectResponse:
+        return RedirectResponse(f"{WEB_PATH}/", status_code=307)
+
+    app.mount(WEB_PATH, gate)
+    return gate

@@ -1,6 +1,7 @@
 """The Gradio tab at `/web`: pick a preset, agent, sandbox and endpoint, edit the task, run, watch, inspect.
 
-`mount_web(app, manager)` adds `GET /` and `GET /web` (307 to `/web/`) and mounts the Blocks at `/web`.
+`build_web(manager)` builds the Blocks and gradio's app for them; `api.web_gate.WebGate` serves it at `/web`
+once built (in the background, so the server answers at once).
 Rollouts go through `UiRuns`, i.e. through the app's one `SessionManager` (shared capacity, INTEGRITY 17).
 A key typed into the api_key box goes into the request as a `SecretStr` and nowhere else: no output of the
 tab carries it, errors about the form never quote values, and the pipeline redacts it from results.
@@ -15,7 +16,8 @@ from typing import Any
 
 import gradio as gr
 from fastapi import FastAPI
-from fastapi.responses import RedirectResponse
+from starlette.routing import Mount
+from starlette.types import ASGIApp
 
 from coding_agent_env.api import ui_render as render
 from coding_agent_env.api.ui_form import (
@@ -34,14 +36,13 @@ from coding_agent_env.api.ui_episodes import UiEpisodes
 from coding_agent_env.api.ui_interactive import interactive_tab
 from coding_agent_env.api.ui_presets import PRESETS
 from coding_agent_env.api.ui_run import Progress, UiRuns
+from coding_agent_env.api.web_gate import WEB_PATH
 from coding_agent_env.errors import CodingAgentEnvError, RequestError
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.session import SessionManager
 from coding_agent_env.settings import Settings
 
-__all__ = ["WEB_PATH", "WebTab", "mount_web"]
-
-WEB_PATH = "/web"
+__all__ = ["WEB_PATH", "WebTab", "build_web"]
 
 _CSS = """
 .cae-badge {display:inline-block; padding:2px 12px; border-radius:6px; font-weight:700; color:#fff; margin-right:8px}
@@ -75,24 +76,23 @@ class WebTab:
             await self.episodes.stop()
 
 
-def mount_web(app: FastAPI, manager: SessionManager) -> WebTab:
-    """Mount the tab on `app`; returns the `WebTab` whose `stop()` the app's shutdown must await."""
+def build_web(manager: SessionManager) -> tuple[WebTab, FastAPI, ASGIApp]:
+    """Build the tab: (its `WebTab`, whose `stop()` the server's shutdown awaits; a holder app whose lifespan
+    runs the tab's startup (gradio's queue); the tab's ASGI app, to serve at `WEB_PATH`). Runs anywhere (a
+    worker thread included): nothing here needs the server's loop."""
     runs = UiRuns(manager)
     episodes = UiEpisodes(manager)
-
-    @app.get("/", include_in_schema=False)
-    @app.get(WEB_PATH, include_in_schema=False)
-    async def to_web() -> RedirectResponse:
-        return RedirectResponse(f"{WEB_PATH}/", status_code=307)
+    holder = FastAPI()
 
     def mount() -> None:
         blocks = build_blocks(runs, manager.settings, manager.backends, episodes)
         gr.mount_gradio_app(
-            app, blocks, path=WEB_PATH, ssr_mode=False, mcp_server=False, footer_links=[], theme=_THEME, css=_CSS
+            holder, blocks, path=WEB_PATH, ssr_mode=False, mcp_server=False, footer_links=[], theme=_THEME, css=_CSS
         )
 
     _with_running_loop(mount)
-    return WebTab(runs, episodes)
+    [gradio_app] = [route.app for route in holder.routes if isinstance(route, Mount) and route.path == WEB_PATH]
+    return WebTab(runs, episodes), holder, gradio_app
 
 
 def _with_running_loop(build: Callable[[], None]) -> None:

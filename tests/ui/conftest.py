@@ -58,12 +58,13 @@ class UiServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}")
             try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                # The tab is built in the background after /health answers: wait for the tab itself.
+                if httpx.get(self.url + "/web/", timeout=2).status_code == 200:
                     return self
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError("server did not become healthy in time")
+                raise RuntimeError("server and its tab did not come up in time")
             time.sleep(0.1)
 
     def stop(self) -> None:
