@@ -129,6 +129,17 @@ def _wait_healthy(url: str, name: str) -> None:
         time.sleep(0.5)
 
 
+def _wait_web(url: str) -> None:
+    """The tab is built in the background after /health answers: "starting" (503) until then, never 404."""
+    deadline = time.monotonic() + HEALTH_DEADLINE_S
+    while True:
+        status = httpx.get(url + "/web/", timeout=30).status_code
+        if status == 200:
+            return
+        assert status == 503 and time.monotonic() < deadline, status
+        time.sleep(0.2)
+
+
 def test_dockerfile_builds_serves_a_rollout_and_stops_cleanly() -> None:
     _require_docker()
     build = _docker(
@@ -144,7 +155,7 @@ def test_dockerfile_builds_serves_a_rollout_and_stops_cleanly() -> None:
         url = f"http://127.0.0.1:{port}"
         _wait_healthy(url, name)
         assert _docker("exec", name, "id", "-u").stdout.strip() == b"1000"  # non-root
-        assert httpx.get(url + "/web/", timeout=30).status_code == 200
+        _wait_web(url)
         params = {"name": "run_rollout", "arguments": ORACLE}
         body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
         reply = httpx.post(url + "/mcp", json=body, timeout=120).json()
