@@ -38,7 +38,7 @@ RUN useradd --create-home --uid 1000 user
 WORKDIR /app
 COPY --chown=user:user . /app
 RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-compile "/app[ui]"
+ && /opt/venv/bin/pip install --no-compile "/app[server,ui]"
 
 # The pinned CLI agents (OpenCode, Pi) from npm into AGENTS_DIR, once, here; never per rollout.
 RUN coding-agent-env agents install && npm cache clean --force && coding-agent-env agents list

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 import yaml
 
 from coding_agent_env.errors import CodingAgentEnvError
@@ -134,14 +133,28 @@ def plan(args: argparse.Namespace, settings: Settings | None = None) -> LaunchPl
     return LaunchPlan(app=app, host=host, port=port, reload=args.reload, app_dir=str(env_dir))
 
 
-def serve(args: argparse.Namespace, runner: Runner = uvicorn.run) -> int:
+SERVER_EXTRA_MISSING = "the server's dependencies are not installed: pip install 'coding-agent-env[server]'"
+
+
+def serve(args: argparse.Namespace, runner: Runner | None = None) -> int:
     """Plan, warn about all-interface binds, and hand the plan to `runner` (uvicorn.run)."""
     launch = plan(args)
     if launch.host in _ALL_INTERFACES:
         print(f"coding-agent-env: warning: binding all interfaces ({launch.host}); the server is reachable "
               "from other machines", file=sys.stderr)
+    if runner is None:
+        runner = server_runner()
     runner(launch.app, **launch.uvicorn_kwargs())
     return 0
+
+
+def server_runner() -> Runner:
+    """uvicorn's `run`; `CodingAgentEnvError` naming the extra when the server's dependencies are not installed."""
+    try:
+        import uvicorn
+    except ImportError:
+        raise CodingAgentEnvError(SERVER_EXTRA_MISSING) from None
+    return uvicorn.run
 
 
 def main(argv: list[str] | None = None) -> int:

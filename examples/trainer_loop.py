@@ -9,7 +9,7 @@ tiny scripted "agent" (`simulated_agent`) stands in for the environment so the e
 
 Where a vLLM policy plugs in: replace `ScriptedPolicy.answer` with a call to your engine that returns a chat
 completion (with `prompt_token_ids`, per-choice `token_ids` and `logprobs` if you want the relay to record
-them in `RolloutResult.turns` without retokenisation), e.g. `VllmPolicy` below.
+them in `RolloutResult.proxy_turns` without retokenisation), e.g. `VllmPolicy` below.
 """
 
 from __future__ import annotations

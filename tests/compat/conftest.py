@@ -55,6 +55,32 @@ def gen_b() -> Path:
     return released_client("openenv==0.10.0")
 
 
+@pytest.fixture(scope="session")
+def trainer_venv() -> Path:
+    """Python of a trainer's environment: openenv 0.10.0 and this package without its server extra, resolved
+    together by pip (created once); this checkout is re-installed (editable) every session, so a dependency
+    change that no longer resolves beside openenv fails here."""
+    venv = VENVS / "trainer-openenv-0.10.0"
+    python = venv / "bin" / "python"
+    if not (venv / ".ready").exists():
+        VENVS.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=120)
+        _pip(python, "openenv==0.10.0", "-e", str(ROOT))
+        (venv / ".ready").touch()
+    else:
+        _pip(python, "-e", str(ROOT))
+    return python
+
+
+def _pip(python: Path, *args: str) -> None:
+    done = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
+                          capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False)
+    if done.returncode != 0:
+        if any(marker in done.stderr for marker in _UNREACHABLE):
+            pytest.skip("pip cannot reach the package index")
+        raise AssertionError(f"pip install {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

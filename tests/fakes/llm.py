@@ -72,6 +72,9 @@ class FakeLLM:
     """Like vLLM's `--return-tokens-as-token-ids`: logprob tokens are `token_id:N` strings."""
     omit_token_ids: bool = False
     """An engine that ignores `return_token_ids` (no `prompt_token_ids`, no `token_ids`)."""
+    by_conversation: bool = False
+    """Pick each reply by the number of assistant messages in the request (the conversation's turn), not by
+    arrival: concurrent conversations then each get the whole script."""
     vocab: dict[str, int] = field(default_factory=dict)
     """The fake engine's tokenizer: each distinct piece gets the next id, shared by every call."""
     _served: int = 0
@@ -103,7 +106,10 @@ class FakeLLM:
         if scope["path"] != "/v1/chat/completions" or not isinstance(body, dict):
             await _json(send, 404, {"error": {"message": "not found", "type": "not_found"}})
             return
-        reply = self.script[min(self._served, len(self.script) - 1)]
+        position = self._served
+        if self.by_conversation:
+            position = sum(1 for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "assistant")
+        reply = self.script[min(position, len(self.script) - 1)]
         self._served += 1
         await self._answer(reply, body, send)
 
