@@ -17,7 +17,8 @@ LEAVES = {path.stem for path in PACKAGE.glob("*.py")} - ENTRY_POINTS - {"__init_
 """Root modules every layer may use (errors, settings, models, helpers)."""
 ALLOWED = {
     "gate": {"errors", "models", "settings"},
-    "harness": {"errors", "urls"},  # trainer-side: imports where openenv and TRL are (standard library and websockets)
+    # Trainer-side: imports where openenv and TRL are (no server dependencies; tests/compat/test_trainer_sessions.py).
+    "harness": {"errors", "urls", "models", "settings", "llm"},
     "reward": {"errors", "models", "settings"},
     "sandbox": LEAVES,
     "llm": LEAVES | {"sandbox"},
