@@ -18,7 +18,7 @@ LEAVES = {path.stem for path in PACKAGE.glob("*.py")} - ENTRY_POINTS - {"__init_
 ALLOWED = {
     "gate": {"errors", "models", "settings"},
     # Trainer-side: imports where openenv and TRL are (no server dependencies; tests/compat/test_trainer_sessions.py).
-    "harness": {"errors", "urls", "models", "settings", "llm"},
+    "harness": {"errors", "urls", "models", "settings", "llm", "rollout"},  # rollout: in-process sessions
     "reward": {"errors", "models", "settings"},
     "sandbox": LEAVES,
     "llm": LEAVES | {"sandbox"},
