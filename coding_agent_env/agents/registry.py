@@ -20,6 +20,7 @@ AGENTS: dict[str, str] = {
     "terminus": "coding_agent_env.agents.terminus.agent:TerminusAgent",
     "qwen-code": "coding_agent_env.agents.qwen_code:QwenCodeAgent",
     "mini-swe-agent": "coding_agent_env.agents.mini_swe_agent:MiniSweAgent",
+    "claude-code": "coding_agent_env.agents.claude_code:ClaudeCodeAgent",
 }
 """name -> import path of the agent class."""
 

@@ -36,8 +36,11 @@ def parse_stream_json(text: str) -> AgentReport:
             if event.get("is_error") or event.get("subtype") not in (None, "success"):
                 report.add_error(event.get("result") or event.get("subtype") or "error")
             turns = _int(event.get("num_turns"))
-            usage = event.get("usage")
-            report.tokens += _int(usage.get("total_tokens")) or 0 if isinstance(usage, dict) else 0
+            usage = event.get("usage") if isinstance(event.get("usage"), dict) else {}
+            total = _int(usage.get("total_tokens"))
+            if total is None:  # Claude Code reports the two parts only
+                total = (_int(usage.get("input_tokens")) or 0) + (_int(usage.get("output_tokens")) or 0)
+            report.tokens += total
     report.steps = turns if turns is not None else assistant_steps
     return report
 

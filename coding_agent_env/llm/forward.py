@@ -16,6 +16,7 @@ import aiohttp
 from aiohttp import web
 
 from coding_agent_env.llm.capture import TurnAssembler
+from coding_agent_env.llm.dialects import anthropic
 from coding_agent_env.llm.lease import Lease, PromptDelta
 from coding_agent_env.llm.rewrite import rewrite_request
 from coding_agent_env.llm.sse import SseParser
@@ -38,6 +39,7 @@ class _Call:
         self.stream = self.body.get("stream") is True
         self.assembler = TurnAssembler()
         self.status: int | None = None
+        self.anthropic = False
         self.error: str | None = None
         self.upstream_error: dict[str, Any] | None = None
         self.timestamp = time.time()
@@ -85,10 +87,14 @@ class _Call:
 
 
 async def relay_call(
-    request: web.Request, lease: Lease, body: dict[str, Any], session: aiohttp.ClientSession, settings: Settings
+    request: web.Request, lease: Lease, body: dict[str, Any], session: aiohttp.ClientSession, settings: Settings,
+    anthropic: bool = False,
 ) -> web.StreamResponse:
-    """Forward one call for `lease` and return the agent's response; records one turn in every case."""
+    """Forward one call for `lease` and return the agent's response; records one turn in every case. `body` is a
+    chat-completions request; with `anthropic` the agent spoke Anthropic Messages (already translated) and gets
+    its answer, errors included, in that dialect (the turn is recorded from the chat side either way)."""
     call = _Call(lease, body, settings)
+    call.anthropic = anthropic
     timeout = aiohttp.ClientTimeout(
         total=None, connect=settings.relay_connect_timeout_s, sock_read=settings.relay_read_timeout_s
     )
@@ -110,10 +116,10 @@ async def relay_call(
             return await _whole(call, upstream)
     except TimeoutError:
         call.error = "upstream timed out"
-        return error_response(504, call.error, "upstream_timeout")
+        return _error(call, 504, call.error, "upstream_timeout")
     except aiohttp.ClientError as exc:
         call.error = call.redact(f"upstream unreachable: {type(exc).__name__}")
-        return error_response(502, call.error, "upstream_unreachable")
+        return _error(call, 502, call.error, "upstream_unreachable")
     except BaseException:
         call.error = call.error or ("lease closed" if lease.closed else "call cancelled")
         raise
@@ -131,7 +137,18 @@ async def _upstream_error(call: _Call, upstream: aiohttp.ClientResponse) -> web.
     parsed = parse_json_object(text[:cap].encode())
     detail = parsed.get("error") if parsed is not None else None
     call.upstream_error = detail if isinstance(detail, dict) else {"message": text[:cap]}
+    if call.anthropic:
+        message = detail.get("message") if isinstance(detail, dict) else None
+        return _error(call, upstream.status, str(message or text[:cap]), "upstream_error")
     return web.Response(status=upstream.status, text=text, content_type=upstream.content_type or "application/json")
+
+
+def _error(call: _Call, status: int, message: str, kind: str) -> web.Response:
+    """An error in the agent's dialect."""
+    if call.anthropic:
+        return web.Response(status=status, text=json.dumps(anthropic.error_body(status, message)),
+                            content_type="application/json")
+    return error_response(status, message, kind)
 
 
 async def _whole(call: _Call, upstream: aiohttp.ClientResponse) -> web.Response:
@@ -139,12 +156,15 @@ async def _whole(call: _Call, upstream: aiohttp.ClientResponse) -> web.Response:
     raw = await read_at_most(upstream.content, limit + 1)
     if len(raw) > limit:
         call.error = f"upstream response larger than {limit} bytes"
-        return error_response(502, call.error, "upstream_response_too_large")
+        return _error(call, 502, call.error, "upstream_response_too_large")
     parsed = parse_json_object(raw)
     if parsed is None:
         call.error = "upstream response is not a JSON object"
-        return error_response(502, call.error, "upstream_bad_response")
+        return _error(call, 502, call.error, "upstream_bad_response")
     call.assembler.add_response(parsed)
+    if call.anthropic:
+        answer = anthropic.response_from_chat(parsed, call.body.get("model"))
+        return web.Response(text=json.dumps(answer), content_type="application/json")
     return web.Response(body=raw, content_type="application/json")
 
 
@@ -152,15 +172,19 @@ async def _stream(request: web.Request, call: _Call, upstream: aiohttp.ClientRes
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     parser = SseParser(call.settings.relay_max_response_bytes)
+    translator = anthropic.AnthropicStream(call.body.get("model")) if call.anthropic else None
     done = False
     try:
         async for chunk in upstream.content.iter_any():
-            await response.write(chunk)
+            if translator is None:
+                await response.write(chunk)
             for data in parser.feed(chunk):
                 if data.strip() == _DONE:
                     done = True
                 elif (parsed := parse_json_object(data)) is not None:
                     call.assembler.add_chunk(parsed)
+                    if translator is not None and (events := translator.feed(parsed)):
+                        await response.write(events)
     except ConnectionResetError:
         call.error = "client disconnected"
         return response
@@ -172,10 +196,15 @@ async def _stream(request: web.Request, call: _Call, upstream: aiohttp.ClientRes
         if not done:
             call.error = "upstream stream ended without [DONE]"
     try:
-        if call.error is not None:
+        if call.error is not None and translator is not None:
+            body = anthropic.error_body(502, call.error)
+            await response.write(f"event: error\ndata: {json.dumps(body)}\n\n".encode())
+        elif call.error is not None:
             # Tell the client in-band (the openai client raises on an `error` event) instead of ending cleanly.
             event = {"error": {"message": call.error, "type": "upstream_stream_error", "code": 502}}
             await response.write(f"data: {json.dumps(event)}\n\n".encode())
+        elif translator is not None:
+            await response.write(translator.finish())
         await response.write_eof()
     except ConnectionResetError:
         call.error = call.error or "client disconnected"

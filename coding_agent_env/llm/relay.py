@@ -5,6 +5,8 @@ One `Relay` per server process, started on the server's event loop. It listens o
 never on the public port. Routes, each requiring a lease's bearer token (401 otherwise):
 
     POST /v1/chat/completions   forwarded to the lease's upstream with the server-held key; turn recorded
+    POST /v1/messages           Anthropic Messages (token also as `x-api-key`), translated to and from chat
+                                completions (`llm.dialects.anthropic`); turn recorded the same way
     GET  /v1/models             the lease's model, answered locally
 
 `serve_listener(sock)` serves the same routes on a listening socket made elsewhere: the local backend makes
@@ -32,6 +34,7 @@ import aiohttp
 from aiohttp import web
 
 from coding_agent_env.errors import RelayError
+from coding_agent_env.llm.dialects import anthropic
 from coding_agent_env.llm.forward import relay_call
 from coding_agent_env.llm.lease import Lease
 from coding_agent_env.llm.upstream import Upstream
@@ -205,16 +208,20 @@ class Relay:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         lease = self._authorize(request)
-        if lease is None:
-            return error_response(401, "invalid, expired or revoked relay token", "authentication_error")
         path = request.path.rstrip("/")
+        if lease is None:
+            if path in anthropic.PATHS:
+                return _anthropic_error(401, "invalid, expired or revoked relay token")
+            return error_response(401, "invalid, expired or revoked relay token", "authentication_error")
         if path in _CHAT_PATHS and request.method == "POST":
             return await self._chat(request, lease)
+        if path in anthropic.PATHS and request.method == "POST":
+            return await self._chat(request, lease, dialect="anthropic")
         if path in _MODEL_PATHS and request.method == "GET":
             return _models(lease)
         return error_response(404, f"no route {request.method} {path}", "not_found")
 
-    async def _chat(self, request: web.Request, lease: Lease) -> web.StreamResponse:
+    async def _chat(self, request: web.Request, lease: Lease, dialect: str | None = None) -> web.StreamResponse:
         if lease.calls_started >= self._settings.relay_max_turns:
             return error_response(429, "this rollout made its allowed number of LLM calls", "turn_limit")
         if lease.in_flight >= self._settings.relay_max_calls_per_token:
@@ -229,14 +236,25 @@ class Relay:
         body = parse_json_object(raw)
         if body is None:
             return error_response(400, "request body is not a JSON object", "invalid_request_error")
+        if dialect == "anthropic":
+            try:
+                body = anthropic.to_chat(body)
+            except anthropic.DialectError as exc:
+                return _anthropic_error(400, str(exc))
         assert self._session is not None
         task = asyncio.current_task()
         assert task is not None
         lease.track(task)
         try:
-            return await relay_call(request, lease, body, self._session, self._settings)
+            return await relay_call(request, lease, body, self._session, self._settings,
+                                    anthropic=dialect == "anthropic")
         finally:
             lease.untrack(task)
+
+
+def _anthropic_error(status: int, message: str) -> web.Response:
+    return web.Response(status=status, text=json.dumps(anthropic.error_body(status, message)),
+                        content_type="application/json")
 
 
 def _models(lease: Lease) -> web.Response:

@@ -20,10 +20,12 @@ def parse_json_object(raw: bytes | str) -> dict[str, Any] | None:
 
 
 def bearer_token(request: web.BaseRequest) -> str | None:
+    """The caller's token: `Authorization: Bearer ...`, or Anthropic clients' `x-api-key`."""
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        return None
+        key = request.headers.get("x-api-key", "").strip()
+        return key or None
     return token.strip()
 
 

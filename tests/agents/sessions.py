@@ -10,7 +10,7 @@ import json
 
 from tests.fakes.llm import Reply
 
-AGENTS = ("opencode", "pi", "terminus", "qwen-code", "mini-swe-agent")
+AGENTS = ("opencode", "pi", "terminus", "qwen-code", "mini-swe-agent", "claude-code")
 
 CORRECT = '''def binary_search(items, target):
     lo, hi = 0, len(items) - 1
@@ -46,6 +46,8 @@ def run_command(agent: str, command: str, note: str = "Running a command.") -> R
         call = ("terminal", json.dumps({"command": command}))
     elif agent == "opencode":
         call = ("bash", json.dumps({"command": command, "description": "run a command"}))
+    elif agent == "claude-code":
+        call = ("Bash", json.dumps({"command": command, "description": "run a command"}))
     elif agent == "qwen-code":
         call = ("run_shell_command", json.dumps({"command": command, "is_background": False}))
     else:

@@ -16,6 +16,7 @@ import asyncio
 import json
 import socket
 import threading
+import uuid
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -145,6 +146,7 @@ class _Answer:
         self.top = int(body.get("top_logprobs") or 0)
         self.token_ids = body.get("return_token_ids") is True and not app.omit_token_ids
         self.usage_chunk = bool((body.get("stream_options") or {}).get("include_usage"))
+        self.call_id = uuid.uuid4().hex[:12]  # unique per reply, as an engine's tool-call ids are
         self.tokens = _pieces(reply.content)
         tool_pieces = [_tool_piece(name, args) for name, args in reply.tool_calls]
         self.sampled = [*self.tokens, *tool_pieces, _END]
@@ -177,7 +179,7 @@ class _Answer:
 
     def _tool_calls(self) -> list[dict[str, Any]]:
         return [
-            {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": args}}
+            {"id": f"call_{self.call_id}_{i}", "type": "function", "function": {"name": name, "arguments": args}}
             for i, (name, args) in enumerate(self.reply.tool_calls)
         ]
 
