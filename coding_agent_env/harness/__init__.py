@@ -12,7 +12,6 @@ from coding_agent_env.harness.episodes import (
     ToolResult,
     VerifyResult,
 )
-from coding_agent_env.harness.rollouts import RolloutSession, RolloutSessionFactory
 
 __all__ = [
     "EpisodeSession",
@@ -24,3 +23,13 @@ __all__ = [
     "ToolResult",
     "VerifyResult",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The rollout sessions need the training trace (and so aiohttp, a base dependency); the episode sessions need
+    # only the standard library and websockets: import the former on first use.
+    if name in ("RolloutSession", "RolloutSessionFactory"):
+        from coding_agent_env.harness import rollouts
+
+        return getattr(rollouts, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

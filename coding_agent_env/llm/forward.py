@@ -16,7 +16,7 @@ import aiohttp
 from aiohttp import web
 
 from coding_agent_env.llm.capture import TurnAssembler
-from coding_agent_env.llm.dialects import anthropic
+from coding_agent_env.llm.dialects import Dialect
 from coding_agent_env.llm.lease import Lease, PromptDelta
 from coding_agent_env.llm.rewrite import rewrite_request
 from coding_agent_env.llm.sse import SseParser
@@ -39,7 +39,7 @@ class _Call:
         self.stream = self.body.get("stream") is True
         self.assembler = TurnAssembler()
         self.status: int | None = None
-        self.anthropic = False
+        self.dialect: Dialect | None = None
         self.error: str | None = None
         self.upstream_error: dict[str, Any] | None = None
         self.timestamp = time.time()
@@ -88,13 +88,13 @@ class _Call:
 
 async def relay_call(
     request: web.Request, lease: Lease, body: dict[str, Any], session: aiohttp.ClientSession, settings: Settings,
-    anthropic: bool = False,
+    dialect: Dialect | None = None,
 ) -> web.StreamResponse:
     """Forward one call for `lease` and return the agent's response; records one turn in every case. `body` is a
-    chat-completions request; with `anthropic` the agent spoke Anthropic Messages (already translated) and gets
-    its answer, errors included, in that dialect (the turn is recorded from the chat side either way)."""
+    chat-completions request; with a `dialect` the agent spoke that dialect (its request already translated) and
+    gets its answer, errors included, in it (the turn is recorded from the chat side either way)."""
     call = _Call(lease, body, settings)
-    call.anthropic = anthropic
+    call.dialect = dialect
     timeout = aiohttp.ClientTimeout(
         total=None, connect=settings.relay_connect_timeout_s, sock_read=settings.relay_read_timeout_s
     )
@@ -137,7 +137,7 @@ async def _upstream_error(call: _Call, upstream: aiohttp.ClientResponse) -> web.
     parsed = parse_json_object(text[:cap].encode())
     detail = parsed.get("error") if parsed is not None else None
     call.upstream_error = detail if isinstance(detail, dict) else {"message": text[:cap]}
-    if call.anthropic:
+    if call.dialect is not None:
         message = detail.get("message") if isinstance(detail, dict) else None
         return _error(call, upstream.status, str(message or text[:cap]), "upstream_error")
     return web.Response(status=upstream.status, text=text, content_type=upstream.content_type or "application/json")
@@ -145,8 +145,8 @@ async def _upstream_error(call: _Call, upstream: aiohttp.ClientResponse) -> web.
 
 def _error(call: _Call, status: int, message: str, kind: str) -> web.Response:
     """An error in the agent's dialect."""
-    if call.anthropic:
-        return web.Response(status=status, text=json.dumps(anthropic.error_body(status, message)),
+    if call.dialect is not None:
+        return web.Response(status=status, text=json.dumps(call.dialect.error_body(status, message)),
                             content_type="application/json")
     return error_response(status, message, kind)
 
@@ -162,8 +162,8 @@ async def _whole(call: _Call, upstream: aiohttp.ClientResponse) -> web.Response:
         call.error = "upstream response is not a JSON object"
         return _error(call, 502, call.error, "upstream_bad_response")
     call.assembler.add_response(parsed)
-    if call.anthropic:
-        answer = anthropic.response_from_chat(parsed, call.body.get("model"))
+    if call.dialect is not None:
+        answer = call.dialect.response(parsed, call.body.get("model"))
         return web.Response(text=json.dumps(answer), content_type="application/json")
     return web.Response(body=raw, content_type="application/json")
 
@@ -172,7 +172,8 @@ async def _stream(request: web.Request, call: _Call, upstream: aiohttp.ClientRes
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     parser = SseParser(call.settings.relay_max_response_bytes)
-    translator = anthropic.AnthropicStream(call.body.get("model")) if call.anthropic else None
+    dialect = call.dialect
+    translator = dialect.stream(call.body.get("model")) if dialect is not None else None
     done = False
     try:
         async for chunk in upstream.content.iter_any():
@@ -196,9 +197,8 @@ async def _stream(request: web.Request, call: _Call, upstream: aiohttp.ClientRes
         if not done:
             call.error = "upstream stream ended without [DONE]"
     try:
-        if call.error is not None and translator is not None:
-            body = anthropic.error_body(502, call.error)
-            await response.write(f"event: error\ndata: {json.dumps(body)}\n\n".encode())
+        if call.error is not None and dialect is not None:
+            await response.write(dialect.stream_error(dialect.error_body(502, call.error)))
         elif call.error is not None:
             # Tell the client in-band (the openai client raises on an `error` event) instead of ending cleanly.
             event = {"error": {"message": call.error, "type": "upstream_stream_error", "code": 502}}

@@ -7,6 +7,9 @@ never on the public port. Routes, each requiring a lease's bearer token (401 oth
     POST /v1/chat/completions   forwarded to the lease's upstream with the server-held key; turn recorded
     POST /v1/messages           Anthropic Messages (token also as `x-api-key`), translated to and from chat
                                 completions (`llm.dialects.anthropic`); turn recorded the same way
+    POST /v1/responses          the OpenAI Responses API, likewise (`llm.dialects.responses`)
+    POST /v1beta/models/M:generateContent, :streamGenerateContent   Google's (token as `x-goog-api-key`),
+                                likewise (`llm.dialects.google`)
     GET  /v1/models             the lease's model, answered locally
 
 `serve_listener(sock)` serves the same routes on a listening socket made elsewhere: the local backend makes
@@ -34,7 +37,8 @@ import aiohttp
 from aiohttp import web
 
 from coding_agent_env.errors import RelayError
-from coding_agent_env.llm.dialects import anthropic
+from coding_agent_env.llm.dialects import ANTHROPIC, GOOGLE, RESPONSES, Dialect, anthropic, google, responses
+from coding_agent_env.llm.dialects.anthropic import DialectError
 from coding_agent_env.llm.forward import relay_call
 from coding_agent_env.llm.lease import Lease
 from coding_agent_env.llm.upstream import Upstream
@@ -210,18 +214,22 @@ class Relay:
         lease = self._authorize(request)
         path = request.path.rstrip("/")
         if lease is None:
-            if path in anthropic.PATHS:
-                return _anthropic_error(401, "invalid, expired or revoked relay token")
+            dialect = _dialect_of(path)
+            if dialect is not None:
+                return _dialect_error(dialect[0], 401, "invalid, expired or revoked relay token")
             return error_response(401, "invalid, expired or revoked relay token", "authentication_error")
         if path in _CHAT_PATHS and request.method == "POST":
             return await self._chat(request, lease)
-        if path in anthropic.PATHS and request.method == "POST":
-            return await self._chat(request, lease, dialect="anthropic")
+        if request.method == "POST" and (dialect := _dialect_of(path)) is not None:
+            return await self._chat(request, lease, dialect=dialect)
         if path in _MODEL_PATHS and request.method == "GET":
             return _models(lease)
         return error_response(404, f"no route {request.method} {path}", "not_found")
 
-    async def _chat(self, request: web.Request, lease: Lease, dialect: str | None = None) -> web.StreamResponse:
+    async def _chat(
+        self, request: web.Request, lease: Lease, dialect: tuple[Dialect, Callable[[dict[str, Any]], dict[str, Any]]]
+        | None = None,
+    ) -> web.StreamResponse:
         if lease.calls_started >= self._settings.relay_max_turns:
             return error_response(429, "this rollout made its allowed number of LLM calls", "turn_limit")
         if lease.in_flight >= self._settings.relay_max_calls_per_token:
@@ -236,24 +244,37 @@ class Relay:
         body = parse_json_object(raw)
         if body is None:
             return error_response(400, "request body is not a JSON object", "invalid_request_error")
-        if dialect == "anthropic":
+        if dialect is not None:
             try:
-                body = anthropic.to_chat(body)
-            except anthropic.DialectError as exc:
-                return _anthropic_error(400, str(exc))
+                body = dialect[1](body)
+            except DialectError as exc:
+                return _dialect_error(dialect[0], 400, str(exc))
         assert self._session is not None
         task = asyncio.current_task()
         assert task is not None
         lease.track(task)
         try:
             return await relay_call(request, lease, body, self._session, self._settings,
-                                    anthropic=dialect == "anthropic")
+                                    dialect=dialect[0] if dialect is not None else None)
         finally:
             lease.untrack(task)
 
 
-def _anthropic_error(status: int, message: str) -> web.Response:
-    return web.Response(status=status, text=json.dumps(anthropic.error_body(status, message)),
+def _dialect_of(path: str) -> tuple[Dialect, Callable[[dict[str, Any]], dict[str, Any]]] | None:
+    """The dialect a POST to `path` speaks, with its request translation; None for chat completions and the rest."""
+    if path in anthropic.PATHS:
+        return ANTHROPIC, anthropic.to_chat
+    if path in responses.PATHS:
+        return RESPONSES, responses.to_chat
+    found = google.parse_path(path)
+    if found is not None:
+        model, streamed = found
+        return GOOGLE, lambda body: google.to_chat(body, model, streamed)
+    return None
+
+
+def _dialect_error(dialect: Dialect, status: int, message: str) -> web.Response:
+    return web.Response(status=status, text=json.dumps(dialect.error_body(status, message)),
                         content_type="application/json")
 
 

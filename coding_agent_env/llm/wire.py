@@ -20,11 +20,12 @@ def parse_json_object(raw: bytes | str) -> dict[str, Any] | None:
 
 
 def bearer_token(request: web.BaseRequest) -> str | None:
-    """The caller's token: `Authorization: Bearer ...`, or Anthropic clients' `x-api-key`."""
+    """The caller's token: `Authorization: Bearer ...`, or Anthropic clients' `x-api-key`, or Google's
+    `x-goog-api-key`."""
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        key = request.headers.get("x-api-key", "").strip()
+        key = (request.headers.get("x-api-key") or request.headers.get("x-goog-api-key") or "").strip()
         return key or None
     return token.strip()
 
