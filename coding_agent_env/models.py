@@ -42,7 +42,7 @@ __all__ = [
     "validation_summary",
 ]
 
-AGENT_NAMES: tuple[str, ...] = ("opencode", "pi", "terminus", "qwen-code", "mini-swe-agent", "claude-code", "oracle", "nop")
+AGENT_NAMES: tuple[str, ...] = ("opencode", "pi", "terminus", "qwen-code", "mini-swe-agent", "claude-code", "codex", "gemini-cli", "oracle", "nop")
 """Agents a request may name. Which of them this server can run is decided by the agent registry."""
 
 
@@ -143,9 +143,9 @@ class RolloutRequest(_Wire):
         max_length=WireLimits.MAX_COMMANDS,
         description="Reference solution commands, run by the 'oracle' agent in place of an LLM agent.",
     )
-    agent: Literal["opencode", "pi", "terminus", "qwen-code", "mini-swe-agent", "claude-code", "oracle", "nop"] | None = Field(
+    agent: Literal["opencode", "pi", "terminus", "qwen-code", "mini-swe-agent", "claude-code", "codex", "gemini-cli", "oracle", "nop"] | None = Field(
         default=None,
-        description="Agent to run: opencode, pi, terminus, qwen-code, mini-swe-agent, claude-code (LLM agents), oracle (runs `solution`) or nop; "
+        description="Agent to run: opencode, pi, terminus, qwen-code, mini-swe-agent, claude-code, codex, gemini-cli (LLM agents), oracle (runs `solution`) or nop; "
         "default: the server's (DEFAULT_AGENT, opencode unless set).",
     )
     endpoint: str | None = Field(

@@ -263,7 +263,7 @@ class Settings(BaseModel):
     """The `vllm` catalog entry (env VLLM_BASE_URL, or VLLM_URL with `/v1` added when missing; VLLM_API_KEY,
     VLLM_MODEL); no key needed by default, and thinking is off unless a request asks for it."""
 
-    default_agent: Literal["opencode", "pi", "terminus", "qwen-code", "mini-swe-agent", "claude-code", "oracle", "nop"] = "opencode"
+    default_agent: Literal["opencode", "pi", "terminus", "qwen-code", "mini-swe-agent", "claude-code", "codex", "gemini-cli", "oracle", "nop"] = "opencode"
     """The agent a request that names none runs (env DEFAULT_AGENT): `pi` makes this server a drop-in for
     OpenEnv's `pi_env`, whose client does not send one."""
 

@@ -21,6 +21,8 @@ AGENTS: dict[str, str] = {
     "qwen-code": "coding_agent_env.agents.qwen_code:QwenCodeAgent",
     "mini-swe-agent": "coding_agent_env.agents.mini_swe_agent:MiniSweAgent",
     "claude-code": "coding_agent_env.agents.claude_code:ClaudeCodeAgent",
+    "codex": "coding_agent_env.agents.codex:CodexAgent",
+    "gemini-cli": "coding_agent_env.agents.gemini_cli:GeminiCliAgent",
 }
 """name -> import path of the agent class."""
 

@@ -10,7 +10,7 @@ import json
 
 from tests.fakes.llm import Reply
 
-AGENTS = ("opencode", "pi", "terminus", "qwen-code", "mini-swe-agent", "claude-code")
+AGENTS = ("opencode", "pi", "terminus", "qwen-code", "mini-swe-agent", "claude-code", "codex", "gemini-cli")
 
 CORRECT = '''def binary_search(items, target):
     lo, hi = 0, len(items) - 1
@@ -48,6 +48,10 @@ def run_command(agent: str, command: str, note: str = "Running a command.") -> R
         call = ("bash", json.dumps({"command": command, "description": "run a command"}))
     elif agent == "claude-code":
         call = ("Bash", json.dumps({"command": command, "description": "run a command"}))
+    elif agent == "codex":
+        call = ("exec_command", json.dumps({"cmd": command}))
+    elif agent == "gemini-cli":
+        call = ("run_shell_command", json.dumps({"command": command}))
     elif agent == "qwen-code":
         call = ("run_shell_command", json.dumps({"command": command, "is_background": False}))
     else:

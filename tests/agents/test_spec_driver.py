@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from coding_agent_env.agents.claude_code import CLAUDE_CODE
+from coding_agent_env.agents.codex import CODEX
 from coding_agent_env.agents.driver import launcher_script
+from coding_agent_env.agents.gemini_cli import GEMINI_CLI
 from coding_agent_env.agents.install import MARKER, AgentNotInstalledError, check_installed, status
 from coding_agent_env.agents.mini_swe_agent import MINI_SWE_AGENT, parse_mini_events
 from coding_agent_env.agents.opencode import OPENCODE
@@ -30,9 +32,10 @@ CTX = LaunchContext(base_url="http://127.0.0.1:8765/v1", token=TOKEN, model="m';
 
 
 def test_registry_knows_every_agent_and_specs_are_pinned() -> None:
-    assert {spec.name for spec in cli_specs()} == {"opencode", "pi", "qwen-code", "mini-swe-agent", "claude-code"}
-    assert (OPENCODE.version, PI.version, QWEN_CODE.version, MINI_SWE_AGENT.version, CLAUDE_CODE.version) == (
-        "1.18.33", "0.73.1", "0.24.4", "2.4.6", "2.1.331")
+    assert {spec.name for spec in cli_specs()} == {"opencode", "pi", "qwen-code", "mini-swe-agent", "claude-code",
+                                                   "codex", "gemini-cli"}  # Terminus runs in the server
+    assert (OPENCODE.version, PI.version, QWEN_CODE.version, MINI_SWE_AGENT.version, CLAUDE_CODE.version,
+            CODEX.version, GEMINI_CLI.version) == ("1.18.33", "0.73.1", "0.24.4", "2.4.6", "2.1.331", "0.169.0", "0.61.0")
     with pytest.raises(SpecError):
         PipPackage("mini-swe-agent", ">=2.4")
     assert get_agent("opencode").needs_llm and get_agent("terminus").needs_llm
@@ -42,7 +45,8 @@ def test_registry_knows_every_agent_and_specs_are_pinned() -> None:
         dataclasses.replace(OPENCODE, version="1.18.34")  # the pinned package no longer matches
 
 
-@pytest.mark.parametrize("spec", [OPENCODE, PI, QWEN_CODE, MINI_SWE_AGENT, CLAUDE_CODE], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", [OPENCODE, PI, QWEN_CODE, MINI_SWE_AGENT, CLAUDE_CODE, CODEX, GEMINI_CLI],
+                         ids=lambda s: s.name)
 def test_token_only_in_env_or_private_files(spec) -> None:  # type: ignore[no-untyped-def]
     launch = spec.launch(CTX)
     assert not any(TOKEN in arg for arg in launch.argv)
