@@ -6,6 +6,6 @@ dataset of any size is read in bounded memory and one bad entry never stops the 
 """
 
 from coding_agent_env.tasks.base import LoadedTask, TaskError, TaskOptions
-from coding_agent_env.tasks.source import iter_tasks
+from coding_agent_env.tasks.source import count_tasks, iter_tasks
 
-__all__ = ["LoadedTask", "TaskError", "TaskOptions", "iter_tasks"]
+__all__ = ["LoadedTask", "TaskError", "TaskOptions", "count_tasks", "iter_tasks"]
