@@ -20,8 +20,9 @@ from coding_agent_env.errors import InvalidTaskError
 from coding_agent_env.models import AGENT_NAMES
 from coding_agent_env.runs.batch import BatchPlan, RecordSink, run_batch
 from coding_agent_env.runs.executor import Executor, InProcessExecutor, ServerExecutor
-from coding_agent_env.runs.journal import Journal
+from coding_agent_env.runs.journal import Journal, Record
 from coding_agent_env.runs.progress import LiveProgress, summary_table
+from coding_agent_env.runs.store import ResultsStore
 from coding_agent_env.sandbox.base import SandboxLimits
 from coding_agent_env.settings import Settings
 from coding_agent_env.tasks import TaskOptions, count_tasks, iter_tasks
@@ -50,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ignore-dockerfile", action="store_true",
                         help="run Harbor tasks whose Dockerfile needs Docker on another backend anyway")
     parser.add_argument("--no-progress", action="store_true", help="no live display (counts still printed)")
+    parser.add_argument("--results-db", type=Path, help="results store to add the rollouts to (default: "
+                        "RESULTS_DB, else STATE_DIR/results.sqlite)")
+    parser.add_argument("--no-store", action="store_true", help="keep the rollouts only in --out")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -64,10 +68,34 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return overrides
 
 
-def run(args: argparse.Namespace, sinks: list[RecordSink] | None = None) -> int:
+class StoreSink:
+    """Adds each finished record to the results store, under this batch's run id."""
+
+    def __init__(self, store: ResultsStore, run_id: str) -> None:
+        self.store, self.run_id = store, run_id
+
+    def add(self, record: Record) -> None:
+        self.store.add(self.run_id, record)
+
+
+def _describe(args: argparse.Namespace) -> str:
+    """The batch's command line, without anything secret (keys never are on it)."""
+    return " ".join(["run", *args.tasks, *(f"--{k.replace('_', '-')} {getattr(args, k)}" for k in
+                     ("agent", "model", "endpoint", "sandbox", "server", "attempts") if getattr(args, k))])
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    if args.no_store:
+        return _run(args, settings, [])
+    with ResultsStore.from_settings(settings, args.results_db) as store:
+        run_id = store.new_run("batch", _describe(args))
+        return _run(args, settings, [StoreSink(store, run_id)])
+
+
+def _run(args: argparse.Namespace, settings: Settings, sinks: list[RecordSink]) -> int:
     if args.attempts < 1 or args.concurrency < 1:
         raise InvalidTaskError("--attempts and --concurrency must be at least 1")
-    settings = Settings.from_env()
     sandbox = args.sandbox or settings.default_backend
     options = TaskOptions(sandbox=sandbox, caps=SandboxLimits.from_settings(settings),
                           ignore_dockerfile=args.ignore_dockerfile)
@@ -80,7 +108,7 @@ def run(args: argparse.Namespace, sinks: list[RecordSink] | None = None) -> int:
     try:
         with progress:
             summary = asyncio.run(run_batch(iter_tasks(args.tasks, options), plan, executor, Journal(args.out),
-                                            progress, sinks or ()))
+                                            progress, sinks))
     except KeyboardInterrupt:
         console.print(f"interrupted: {progress.line()}; finished rollouts are in {args.out}; rerun to go on", soft_wrap=True)
         return EXIT_INTERRUPTED
