@@ -53,7 +53,8 @@ def reward_from_json(text: str) -> str:
         if "reward" in data:
             data = data["reward"]
         else:
-            numbers = [value for value in data.values() if isinstance(value, (int, float)) and not isinstance(value, bool)]
+            numbers = [value for value in data.values()
+                       if isinstance(value, (int, float)) and not isinstance(value, bool)]
             if len(numbers) != 1:
                 raise ValueError("an object without a 'reward' key or a single numeric value")
             data = numbers[0]

@@ -10,7 +10,8 @@ journal holds.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -72,12 +73,19 @@ async def run_batch(
         journal.done.add(record.key)
         summary.add(record.task_id, record.result)
         observer.skipped(record)
-    sinks = list(sinks)
     jobs = _jobs(items, plan, journal, summary, observer)
     journal.open()
+    # One writer thread: records are written in the order they finish, and an fsync or a busy store never
+    # stalls the event loop the running rollouts share.
+    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-writer")
+    sinks = list(sinks)
+
+    async def keep(record: Record) -> None:
+        await asyncio.get_running_loop().run_in_executor(writer, _write, record, journal, sinks)
+
     try:
         async with executor:
-            workers = [asyncio.ensure_future(_worker(index, jobs, executor, journal, summary, observer, sinks))
+            workers = [asyncio.ensure_future(_worker(index, jobs, executor, keep, summary, observer))
                        for index in range(plan.concurrency)]
             try:
                 await asyncio.gather(*workers)
@@ -86,12 +94,23 @@ async def run_batch(
                     worker.cancel()
                 await asyncio.gather(*workers, return_exceptions=True)
     finally:
+        writer.shutdown(wait=True)  # every record handed over is written before the journal closes
         journal.close()
     return summary
 
 
+def _write(record: Record, journal: Journal, sinks: list[RecordSink]) -> None:
+    journal.append(record)
+    for sink in sinks:
+        sink.add(record)
+
+
 def _jobs(
-    items: Iterable[LoadedTask | TaskError], plan: BatchPlan, journal: Journal, summary: Summary, observer: BatchObserver
+    items: Iterable[LoadedTask | TaskError],
+    plan: BatchPlan,
+    journal: Journal,
+    summary: Summary,
+    observer: BatchObserver,
 ) -> Iterator[Job]:
     for item in items:
         if isinstance(item, TaskError):
@@ -109,10 +128,9 @@ async def _worker(
     index: int,
     jobs: Iterator[Job],
     executor: Executor,
-    journal: Journal,
+    keep: Callable[[Record], Awaitable[None]],
     summary: Summary,
     observer: BatchObserver,
-    sinks: list[RecordSink],
 ) -> None:
     for job in jobs:  # shared by the workers: each takes the next job when it is free
         observer.started(job)
@@ -123,8 +141,7 @@ async def _worker(
             observer.problem(TaskError(job.task.source, f"cannot run here: {exc}", unsupported=True))
             continue
         record = Record(job.task_id, job.attempt, result, job.task.source, job.task.notes)
-        journal.append(record)
+        # Shielded: a record whose rollout finished is written even when Ctrl-C cancels this worker now.
+        await asyncio.shield(keep(record))
         summary.add(record.task_id, result)
-        for sink in sinks:
-            sink.add(record)
         observer.finished(record)

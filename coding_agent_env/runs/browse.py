@@ -22,7 +22,8 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("list", "show", "export"))
     parser.add_argument("rollout_id", nargs="?", help="for show")
-    parser.add_argument("--results-db", type=Path, help="the store (default: RESULTS_DB, else STATE_DIR/results.sqlite)")
+    parser.add_argument("--results-db", type=Path,
+                        help="the store (default: RESULTS_DB, else STATE_DIR/results.sqlite)")
     parser.add_argument("--runs", action="store_true", help="list runs instead of rollouts")
     parser.add_argument("--run", dest="run_id", help="only this run")
     parser.add_argument("--task", help="task ids containing this")
@@ -56,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
         elif args.runs:
             for r in store.runs(args.limit):
                 mean = "-" if r.mean_reward is None else f"{r.mean_reward:.3f}"
-                print(f"{r.run_id}  {_when(r.started)}  {r.origin:6}  {r.rollouts:6} rollouts  mean {mean}  {r.description}")
+                print(f"{r.run_id}  {_when(r.started)}  {r.origin:6}  {r.rollouts:6} rollouts  mean {mean}  "
+                      f"{r.description}")
         else:
             for row in store.rollouts(filters, args.limit):
                 reward = "-" if row.reward is None else f"{row.reward:.3f}"

@@ -110,7 +110,8 @@ def _run(args: argparse.Namespace, settings: Settings, sinks: list[RecordSink]) 
             summary = asyncio.run(run_batch(iter_tasks(args.tasks, options), plan, executor, Journal(args.out),
                                             progress, sinks))
     except KeyboardInterrupt:
-        console.print(f"interrupted: {progress.line()}; finished rollouts are in {args.out}; rerun to go on", soft_wrap=True)
+        console.print(f"interrupted: {progress.line()}; finished rollouts are in {args.out}; rerun to go on",
+                      soft_wrap=True)
         return EXIT_INTERRUPTED
     console.print(progress.line(), soft_wrap=True)
     Console(file=sys.stdout).print(summary_table(summary, args.attempts))

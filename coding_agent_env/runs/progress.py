@@ -28,7 +28,8 @@ class LiveProgress:
         self.running = 0
         self.done = self.passed = self.failed = self.infra = self.skipped_count = self.problems = 0
         self._started = time.monotonic()
-        self._live = Live(console=console, refresh_per_second=4, get_renderable=self._render, transient=True) if live else None
+        self._live = (Live(console=console, refresh_per_second=4, get_renderable=self._render, transient=True)
+                      if live else None)
 
     def __enter__(self) -> LiveProgress:
         if self._live is not None:
@@ -55,7 +56,8 @@ class LiveProgress:
         if error.unsupported and self.running:
             self.running -= 1  # a refusal ends a started job
         self.problems += 1
-        self.console.print(Text(f"{'unsupported' if error.unsupported else 'bad task'}: {error.line()}", style="yellow"), soft_wrap=True)
+        kind = "unsupported" if error.unsupported else "bad task"
+        self.console.print(Text(f"{kind}: {error.line()}", style="yellow"), soft_wrap=True)
 
     def _count(self, record: Record) -> None:
         reward = record.result.reward
@@ -89,7 +91,8 @@ def summary_table(summary: Summary, attempts: int) -> Group:
     for key in ("rollouts", "scored", "passed", "failed", "infra_errors", "load_errors", "unsupported",
                 "mean_reward", *[k for k in data if k.startswith("pass@")]):
         value = data[key]
-        scores.add_row(key.replace("_", " "), "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value))
+        shown = "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+        scores.add_row(key.replace("_", " "), shown)
     phases = Table(title="seconds per phase")
     for column in ("phase", "p50", "p90", "max"):
         phases.add_column(column, justify="right" if column != "phase" else "left")

@@ -150,7 +150,8 @@ class ResultsStore:
                result.status.value, result.reward, time.time(), result.wall_s, record.source,
                json.dumps(list(record.notes)), result.model_dump_json())
         with self._lock:
-            self._db.execute(f"INSERT OR REPLACE INTO rollouts ({_COLUMNS}, result) VALUES ({', '.join('?' * 13)})", row)
+            self._db.execute(f"INSERT OR REPLACE INTO rollouts ({_COLUMNS}, result) VALUES ({', '.join('?' * 13)})",
+                             row)
             self._writes += 1
             due = self._writes % PRUNE_EVERY == 0
         if due:

@@ -37,14 +37,14 @@ def env(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     return values
 
 
-def test_examples_with_the_oracle_and_resume(tmp_path: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_examples_with_the_oracle_and_resume(tmp_path: Path, env: dict[str, str],
+                                             capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out.jsonl"
     assert main(["run", str(EXAMPLES), "--agent", "oracle", "-k", "2", "-n", "3", "--out", str(out)]) == 0
     first = lines(out)
     assert len(first) == 8 and all(rec["result"]["reward"] == 1.0 for rec in first)
-    assert {(rec["task_id"], rec["attempt"]) for rec in first} == {(t, a) for t in
-                                                                    ("fix-median", "fizzbuzz", "hello-file", "word-count")
-                                                                    for a in (1, 2)}
+    names = ("fix-median", "fizzbuzz", "hello-file", "word-count")
+    assert {(rec["task_id"], rec["attempt"]) for rec in first} == {(t, a) for t in names for a in (1, 2)}
     printed = capsys.readouterr().out
     assert "pass@2" in printed and "mean reward" in printed
     assert main(["run", str(EXAMPLES), "--agent", "oracle", "-k", "3", "--out", str(out)]) == 0
@@ -60,13 +60,15 @@ def test_bad_entries_are_reported_and_the_rest_run(tmp_path: Path, env: dict[str
     make_task(tasks, "silent", test_sh="true")
     make_task(tasks, "bad-toml", toml="[agent")
     jsonl = tmp_path / "more.jsonl"
-    jsonl.write_text('{"instruction": "x", "task_id": "j1", "solution": ["echo 1 > f"], "verify": ["test -f f"]}\nnope\n')
+    good = {"instruction": "x", "task_id": "j1", "solution": ["echo 1 > f"], "verify": ["test -f f"]}
+    jsonl.write_text(json.dumps(good) + "\nnope\n")
     out = tmp_path / "out.jsonl"
     assert main(["run", str(tasks), str(jsonl), "--agent", "oracle", "--out", str(out), "--no-progress"]) == 0
     records = {rec["task_id"]: rec for rec in lines(out)}
     assert set(records) == {"good", "silent", "j1"}
     assert records["good"]["result"]["reward"] == 1.0 and records["j1"]["result"]["reward"] == 1.0
-    assert records["silent"]["result"]["reward"] == 0.0 and "no reward file" in records["silent"]["result"]["reward_note"]
+    silent = records["silent"]["result"]
+    assert silent["reward"] == 0.0 and "no reward file" in silent["reward_note"]
     err = capsys.readouterr().err
     assert "unsupported" in err and "needs-docker" in err and "--sandbox docker" in err
     assert "bad-toml" in err and "malformed task.toml" in err and f"{jsonl}:2" in err

@@ -35,7 +35,8 @@ async def test_tests_hidden_from_the_agent_and_plants_do_not_count(tmp_path: Pat
 
 
 async def test_reward_json_and_missing_reward(tmp_path: Path, settings: Settings) -> None:
-    json_task = make_task(tmp_path, "json", test_sh='mkdir -p /logs/verifier; echo \'{"reward": 0.5}\' > /logs/verifier/reward.json')
+    json_task = make_task(tmp_path, "json",
+                          test_sh='mkdir -p /logs/verifier; echo \'{"reward": 0.5}\' > /logs/verifier/reward.json')
     silent = make_task(tmp_path, "silent", test_sh="exit 0")
     first = await run_rollout(_load(json_task).request.model_copy(update={"agent": "oracle"}), settings=settings)
     second = await run_rollout(_load(silent).request.model_copy(update={"agent": "oracle"}), settings=settings)

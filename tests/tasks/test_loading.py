@@ -27,7 +27,8 @@ def test_jsonl_bad_lines_by_number_rest_go_on(tmp_path: Path) -> None:
     path = tmp_path / "set.jsonl"
     path.write_text("\n".join(lines) + "\n")
     items = list(iter_tasks([path]))
-    assert [type(item).__name__ for item in items] == ["LoadedTask", "TaskError", "TaskError", "TaskError", "LoadedTask"]
+    kinds = [type(item).__name__ for item in items]
+    assert kinds == ["LoadedTask", "TaskError", "TaskError", "TaskError", "LoadedTask"]
     assert [item.source for item in items if isinstance(item, TaskError)] == [f"{path}:2", f"{path}:4", f"{path}:5"]
     assert all("sk-secret-value" not in item.message for item in items if isinstance(item, TaskError))
     assert [item.task_id for item in items if isinstance(item, LoadedTask)] == ["t1", "t5"]
@@ -65,7 +66,8 @@ def test_harbor_directory_of_tasks_and_bad_input(tmp_path: Path) -> None:
     items = {Path(item.source).name: item for item in iter_tasks([tmp_path])}
     assert isinstance(items["a-good"], LoadedTask) and items["a-good"].task_id == "a-good"
     assert isinstance(items["b-bad-toml"], TaskError) and "malformed task.toml" in items["b-bad-toml"].message
-    assert isinstance(items["c-no-instruction"], TaskError) and "instruction.md is missing" in items["c-no-instruction"].message
+    missing = items["c-no-instruction"]
+    assert isinstance(missing, TaskError) and "instruction.md is missing" in missing.message
     refused = items["d-runs"]
     assert isinstance(refused, TaskError) and refused.unsupported
     assert "--sandbox docker" in refused.message and "RUN (line 2)" in refused.message
