@@ -41,7 +41,7 @@ from coding_agent_env.tasks import LoadedTask, TaskError, iter_tasks  # noqa: E4
 COMMANDS = ["echo 1 > a.txt", "echo 2 > b.txt", "grep -qx 1 a.txt", "grep -qx 2 b.txt"]
 TASK = {"instruction": "write b.txt", "agent": "oracle", "setup": [COMMANDS[0]], "solution": [COMMANDS[1]],
         "verify": COMMANDS[2:]}
-ROUNDS = 2
+ROUNDS = 3
 
 
 class Quiet:
@@ -60,6 +60,9 @@ class Quiet:
         pass
 
     def problem(self, error: TaskError) -> None:
+        raise RuntimeError(error.line())
+
+    def refused(self, job: Job, error: TaskError) -> None:
         raise RuntimeError(error.line())
 
 

@@ -50,6 +50,7 @@ class BatchObserver(Protocol):
     def finished(self, record: Record) -> None: ...
     def skipped(self, record: Record) -> None: ...
     def problem(self, error: TaskError) -> None: ...
+    def refused(self, job: Job, error: TaskError) -> None: ...
 
 
 class RecordSink(Protocol):
@@ -138,7 +139,7 @@ async def _worker(
             result = await executor.run(job.task, job.request, index)
         except Refused as exc:
             summary.unsupported += 1
-            observer.problem(TaskError(job.task.source, f"cannot run here: {exc}", unsupported=True))
+            observer.refused(job, TaskError(job.task.source, f"cannot run here: {exc}", unsupported=True))
             continue
         record = Record(job.task_id, job.attempt, result, job.task.source, job.task.notes)
         # Shielded: a record whose rollout finished is written even when Ctrl-C cancels this worker now.

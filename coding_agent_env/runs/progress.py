@@ -52,9 +52,11 @@ class LiveProgress:
         self._count(record)
         self.skipped_count += 1
 
+    def refused(self, job: Job, error: TaskError) -> None:
+        self.running -= 1
+        self.problem(error)
+
     def problem(self, error: TaskError) -> None:
-        if error.unsupported and self.running:
-            self.running -= 1  # a refusal ends a started job
         self.problems += 1
         kind = "unsupported" if error.unsupported else "bad task"
         self.console.print(Text(f"{kind}: {error.line()}", style="yellow"), soft_wrap=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -61,7 +62,8 @@ def test_bad_entries_are_reported_and_the_rest_run(tmp_path: Path, env: dict[str
     make_task(tasks, "bad-toml", toml="[agent")
     jsonl = tmp_path / "more.jsonl"
     good = {"instruction": "x", "task_id": "j1", "solution": ["echo 1 > f"], "verify": ["test -f f"]}
-    jsonl.write_text(json.dumps(good) + "\nnope\n")
+    too_big = {"instruction": "x", "task_id": "j3", "limits": {"memory_mb": 10**9}}
+    jsonl.write_text(json.dumps(good) + "\nnope\n" + json.dumps(too_big) + "\n")
     out = tmp_path / "out.jsonl"
     assert main(["run", str(tasks), str(jsonl), "--agent", "oracle", "--out", str(out), "--no-progress"]) == 0
     records = {rec["task_id"]: rec for rec in lines(out)}
@@ -69,9 +71,12 @@ def test_bad_entries_are_reported_and_the_rest_run(tmp_path: Path, env: dict[str
     assert records["good"]["result"]["reward"] == 1.0 and records["j1"]["result"]["reward"] == 1.0
     silent = records["silent"]["result"]
     assert silent["reward"] == 0.0 and "no reward file" in silent["reward_note"]
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err, table = captured.err, captured.out
     assert "unsupported" in err and "needs-docker" in err and "--sandbox docker" in err
     assert "bad-toml" in err and "malformed task.toml" in err and f"{jsonl}:2" in err
+    assert f"{jsonl}:3: cannot run here" in err and "SANDBOX_MEMORY_MB" in err  # refused, not an agent's failure
+    assert re.search(r"unsupported\s+│ 2 ", table) and re.search(r"load errors\s+│ 2 ", table)
 
 
 def test_interrupted_run_resumes_without_redoing_or_losing(tmp_path: Path, env: dict[str, str]) -> None:
