@@ -182,9 +182,13 @@ def _environment(
     if plan is None:
         fields["files"] = _text_tree(env_dir, "environment/") if env_dir.is_dir() else {}
         return None
-    fields["files"] = _copied_files(env_dir, plan)
     if options.sandbox == "docker":
+        # The image holds the files where the Dockerfile put them, but the sandbox's workdir may be a fresh
+        # volume (Docker's disk budget) and its WORKDIR may not be ours: what it copied under its WORKDIR is
+        # laid into ours too, so the agent starts beside them.
+        fields["files"] = _copied_files(env_dir, plan, strict=False)
         return DockerEnvironment(env_dir, content_hash(env_dir))
+    fields["files"] = _copied_files(env_dir, plan, strict=True)
     if plan.unsupported:
         steps = ", ".join(plan.unsupported[:3]) + (" ..." if len(plan.unsupported) > 3 else "")
         if not options.ignore_dockerfile:
@@ -199,8 +203,9 @@ def _environment(
     return None
 
 
-def _copied_files(env_dir: Path, plan: DockerfilePlan) -> dict[str, str]:
-    """The files the Dockerfile's COPYs put under its WORKDIR, by path relative to it."""
+def _copied_files(env_dir: Path, plan: DockerfilePlan, *, strict: bool) -> dict[str, str]:
+    """The files the Dockerfile's COPYs put under its WORKDIR, by path relative to it. With `strict`, a COPY
+    elsewhere (or any COPY without a WORKDIR) is refused: only Docker can honour it."""
     files: dict[str, str] = {}
     for copy in plan.copies:
         for source in copy.sources:
@@ -212,15 +217,18 @@ def _copied_files(env_dir: Path, plan: DockerfilePlan) -> dict[str, str]:
             items = _text_tree(src, f"environment/{source}/").items() if src.is_dir() else [(src.name, None)]
             for rel, text in items:
                 target = posixpath.join(dest, rel) if many else dest
-                files[_under_workdir(target, plan.workdir)] = text if text is not None else _read_text(
-                    src, f"environment/{source}")
+                inside = _under_workdir(target, plan.workdir, strict=strict)
+                if inside is not None:
+                    files[inside] = text if text is not None else _read_text(src, f"environment/{source}")
     files.pop("Dockerfile", None)
     return files
 
 
-def _under_workdir(target: str, workdir: str) -> str:
+def _under_workdir(target: str, workdir: str, *, strict: bool) -> str | None:
     rel = posixpath.relpath(target, workdir)
-    if rel == "." or rel.startswith(".."):
+    if workdir == "/" or rel == "." or rel.startswith(".."):
+        if not strict:
+            return None
         raise _Refused(f"environment/Dockerfile copies to {target}, outside its WORKDIR {workdir}: run it on the "
                        "Docker backend (--sandbox docker)", unsupported=True)
     return rel

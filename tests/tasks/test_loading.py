@@ -91,3 +91,11 @@ def test_content_hash_follows_environment(tmp_path: Path) -> None:
 def test_examples_load() -> None:
     items = list(iter_tasks([EXAMPLES]))
     assert len(items) >= 4 and all(isinstance(item, LoadedTask) for item in items), items
+
+
+def test_copies_outside_the_workdir_need_docker(tmp_path: Path) -> None:
+    task = make_task(tmp_path, "t", dockerfile="FROM x\nCOPY data.txt /opt/data.txt\n", env_files={"data.txt": "d"})
+    (local,) = iter_tasks([task])
+    assert isinstance(local, TaskError) and local.unsupported and "--sandbox docker" in local.message
+    (docker,) = iter_tasks([task], TaskOptions(sandbox="docker"))
+    assert isinstance(docker, LoadedTask) and docker.request.files == {}  # the image holds it
