@@ -188,7 +188,7 @@ def _environment(
         # laid into ours too, so the agent starts beside them.
         fields["files"] = _copied_files(env_dir, plan, strict=False)
         return DockerEnvironment(env_dir, content_hash(env_dir))
-    fields["files"] = _copied_files(env_dir, plan, strict=True)
+    fields["files"] = _copied_files(env_dir, plan, strict=not options.ignore_dockerfile)
     if plan.unsupported:
         steps = ", ".join(plan.unsupported[:3]) + (" ..." if len(plan.unsupported) > 3 else "")
         if not options.ignore_dockerfile:
