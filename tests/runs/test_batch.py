@@ -175,3 +175,27 @@ def test_through_a_running_server(tmp_path: Path, env: dict[str, str]) -> None:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def test_an_llm_agent_cannot_see_the_hidden_tests(tmp_path: Path, env: dict[str, str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.agents.sessions import session, write_file_command
+    from tests.fakes.llm import FakeLLM, FakeLLMServer
+
+    marker = "HIDDEN-EXPECTATION-5150"
+    test_sh = (f"mkdir -p /logs/verifier; grep -q {marker} /tests/expected.txt && [ \"$(cat done.txt)\" = ok ] "
+               f"&& echo 1 > {REWARD} || echo 0 > {REWARD}")
+    task = make_task(tmp_path / "tasks", "peek", test_sh=test_sh, extra_tests={"expected.txt": marker})
+    key = "sk-peek-SECRET-0123456789"
+    monkeypatch.setenv("BATCH_TEST_KEY", key)
+    out = tmp_path / "out.jsonl"
+    look = "ls -la /tests/ /logs/ 2>&1; cat /tests/* /logs/tests/* 2>&1; grep -rs HIDDEN / --include=*.txt | head"
+    with FakeLLMServer(FakeLLM(api_key=key)) as fake:
+        fake.app.script = session("terminus", look, write_file_command("done.txt", "ok\n"))
+        assert main(["run", str(task), "--agent", "terminus", "--base-url", fake.base_url, "--api-key-env",
+                     "BATCH_TEST_KEY", "--model", "fake/coder-1", "--out", str(out), "--no-progress"]) == 0
+        seen = json.dumps([request.body for request in fake.app.requests])
+    (record,) = lines(out)
+    assert record["result"]["reward"] == 1.0, record["result"]["error"]  # verify did see the tests
+    assert "No such file" in seen  # the agent looked, and its output went back to the model
+    assert marker not in seen and marker not in json.dumps(record["result"]["proxy_turns"])
