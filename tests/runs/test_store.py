@@ -59,3 +59,25 @@ def test_two_writers_share_the_file(tmp_path: Path) -> None:
         for n in range(20):
             (one if n % 2 else two).add(run_one if n % 2 else run_two, record(n, 0.5))
         assert len(one.rollouts()) == 20 and {r.origin for r in two.runs()} == {"batch", "server"}
+
+
+def test_runs_command_lists_shows_and_exports(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    from coding_agent_env.cli import main
+
+    db = tmp_path / "r.sqlite"
+    with ResultsStore(db) as store:
+        run = store.new_run("batch", "run demo")
+        for n in range(4):
+            store.add(run, record(n, n / 4))
+    assert main(["runs", "list", "--results-db", str(db), "--min-reward", "0.5"]) == 0
+    listed = capsys.readouterr().out
+    assert "r2" in listed and "r3" in listed and "r1 " not in listed
+    assert main(["runs", "list", "--runs", "--results-db", str(db)]) == 0
+    assert "run demo" in capsys.readouterr().out
+    assert main(["runs", "show", "r3", "--results-db", str(db)]) == 0
+    assert json.loads(capsys.readouterr().out)["reward"] == 0.75
+    out = tmp_path / "export.jsonl"
+    assert main(["runs", "export", "--results-db", str(db), "--task", "task-0", "-o", str(out)]) == 0
+    assert [json.loads(line)["result"]["rollout_id"] for line in out.read_text().splitlines()] == ["r0", "r3"]
+    assert main(["runs", "show", "nope", "--results-db", str(db)]) == 2
+    assert main(["runs", "list", "--results-db", str(tmp_path / "none.sqlite")]) == 2
