@@ -8,6 +8,7 @@ scored attempts with c passes (Chen et al. 2021), averaged over tasks with at le
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -16,6 +17,9 @@ from coding_agent_env.models import RolloutResult, RolloutStatus
 __all__ = ["PHASES", "Summary", "pass_at_k", "percentile"]
 
 PHASES = ("provision_s", "setup_s", "agent_s", "verify_s", "collect_s", "teardown_s", "total_s")
+TIMING_SAMPLES = 10_000
+"""Phase times kept per phase for the percentiles: beyond it, a uniform sample of this size (reservoir), so a
+batch of any length summarises in bounded memory."""
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -49,11 +53,21 @@ class Summary:
     phases: dict[str, list[float]] = field(default_factory=lambda: {phase: [] for phase in PHASES})
     load_errors: int = 0
     unsupported: int = 0
+    _timed: int = 0
+    _sampler: random.Random = field(default_factory=lambda: random.Random(0))
 
     def add(self, task_id: str, result: RolloutResult) -> None:
         self.statuses[result.status.value] += 1
-        for phase in PHASES:
-            self.phases[phase].append(getattr(result.timings, phase))
+        self._timed += 1
+        slot = self._timed - 1 if self._timed <= TIMING_SAMPLES else self._sampler.randrange(self._timed)
+        if slot < TIMING_SAMPLES:
+            for phase in PHASES:
+                samples = self.phases[phase]
+                value = getattr(result.timings, phase)
+                if slot == len(samples):
+                    samples.append(value)
+                else:
+                    samples[slot] = value
         if result.reward is None:
             return
         counts = self.per_task[task_id]

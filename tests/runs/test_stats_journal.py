@@ -50,3 +50,14 @@ def test_journal_resumes_and_cuts_a_torn_line(tmp_path: Path) -> None:
     again.close()
     assert [r.key for r in read_records(path)] == [("t1", 1), ("t2", 1)]
     assert all(line.endswith("}") for line in path.read_text().splitlines())
+
+
+def test_phase_times_are_sampled_within_a_bound() -> None:
+    from coding_agent_env.runs import stats
+
+    summary = Summary()
+    for i in range(stats.TIMING_SAMPLES * 2):
+        summary.add(f"t{i}", result(1.0, total=float(i % 100)))
+    assert all(len(values) == stats.TIMING_SAMPLES for values in summary.phases.values())
+    assert 40 <= summary.as_dict(1)["phases"]["total_s"]["p50"] <= 60  # type: ignore[index]
+    assert summary.rollouts == stats.TIMING_SAMPLES * 2
