@@ -1,6 +1,8 @@
 """The `coding-agent-env` command.
 
     coding-agent-env rollout TASK [--json]     run one rollout locally (TASK: JSON/YAML file, or - for stdin)
+    coding-agent-env run TASKS... [...]        a batch: many tasks, k attempts, progress, JSONL, a summary
+    coding-agent-env runs list|show|export     what the results store holds
     coding-agent-env check                     report which sandbox backends and agents can run here
     coding-agent-env agents install|list       install the pinned CLI agents once / show what is installed
     coding-agent-env gate [...]                run the trainer-side LLM gate
@@ -28,6 +30,8 @@ from coding_agent_env.agents.registry import available_agents
 from coding_agent_env.errors import CodingAgentEnvError, InvalidTaskError
 from coding_agent_env.models import RolloutRequest, RolloutResult
 from coding_agent_env.rollout import run_rollout
+from coding_agent_env.runs import browse as runs_browse
+from coding_agent_env.runs import command as runs_command
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.settings import Settings
 
@@ -43,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     rollout.add_argument("task", help="a JSON or YAML file with RolloutRequest fields, or - for stdin")
     rollout.add_argument("--json", action="store_true", help="print the full RolloutResult as JSON")
     rollout.add_argument("--agent", help="override the task's agent")
+    runs_command.add_arguments(commands.add_parser("run", help="run a batch of tasks (request files, JSONL, Harbor "
+                                                   "task directories) with progress, a resumable JSONL and a summary"))
+    runs_browse.add_arguments(commands.add_parser("runs", help="list, show or export (JSONL) the results store"))
     commands.add_parser("check", help="report which sandbox backends and agents can run here")
     agents_cli.add_arguments(commands.add_parser("agents", help="install or list the pinned CLI agents"))
     serve.add_arguments(commands.add_parser("serve", help="serve this environment, or an OpenEnv env directory"))
@@ -136,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["gate"]:
         return _cmd_gate(argv[1:])  # the gate parses its own options, --help included
     args = _parser().parse_args(argv)
-    handlers = {"rollout": _cmd_rollout, "check": _cmd_check, "serve": serve.serve, "agents": agents_cli.run}
+    handlers = {"rollout": _cmd_rollout, "check": _cmd_check, "serve": serve.serve, "agents": agents_cli.run,
+                "run": runs_command.run, "runs": runs_browse.run}
     try:
         return handlers[args.command](args)
     except CodingAgentEnvError as exc:

@@ -131,6 +131,17 @@ class RolloutRequest(_Wire):
         description="Hidden test files: relative path -> content, written only for verify (never visible during "
         "setup or the agent's phase), replacing whatever the agent left at those paths.",
     )
+    verify_files_root: Literal["workdir", "/tests"] = Field(
+        default="workdir",
+        description="Where `verify_files` are placed for verify: relative to the workdir, or under `/tests` (Harbor's "
+        "layout; the directory is made afresh just before verify and removed with the sandbox). `/tests` needs a "
+        "backend that can show it (local bubblewrap, Docker); elsewhere the rollout ends as an infra_error.",
+    )
+    reward_file_required: bool = Field(
+        default=False,
+        description="Whether verify must write the reward file (Harbor's rule): when it writes none, the reward is 0 "
+        "and `reward_note` says so, instead of the fraction of verify commands that passed.",
+    )
     artifacts: list[str] = Field(
         default_factory=list,
         max_length=WireLimits.MAX_ARTIFACT_PATTERNS,

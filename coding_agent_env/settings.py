@@ -226,6 +226,19 @@ class Settings(BaseModel):
     port: int = Field(default=8000, ge=1, le=65535)
     """TCP port the server listens on."""
 
+    results_db: Path | None = None
+    """The results store (SQLite) that `coding-agent-env run` and, with `RESULTS_FROM_SERVER`, the server write
+    every finished rollout to, and the web tab's Runs view reads; None: `STATE_DIR/results.sqlite`."""
+
+    results_from_server: bool = False
+    """Whether the server keeps every rollout it runs in the results store (batches always do)."""
+
+    results_max_rollouts: int = Field(default=100_000, ge=0)
+    """Retention: the newest this many rollouts are kept (0: no cap)."""
+
+    results_max_age_days: float = Field(default=0.0, ge=0)
+    """Retention: rollouts older than this many days are removed (0: no age limit)."""
+
     enable_web_interface: bool = True
     """Serve the Gradio tab at /web (`/` redirects there); needs the `ui` extra (gradio)."""
 

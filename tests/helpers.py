@@ -63,8 +63,10 @@ def sandbox_dirs(settings: Settings) -> list[str]:
     """Sandbox roots, and relay sockets (the relay's own directory stays: it holds the forwarder copy)."""
     if not settings.state_dir.exists():
         return []
-    # `relay` holds the forwarder copy, `bubblewrap` the bundled bwrap installed for sandbox uids: the server's.
-    found = sorted(p.name for p in settings.state_dir.iterdir() if p.name not in ("relay", "bubblewrap"))
+    # `relay` holds the forwarder copy, `bubblewrap` the bundled bwrap installed for sandbox uids, `results.sqlite`
+    # the results store (and its WAL files): the server's.
+    found = sorted(p.name for p in settings.state_dir.iterdir()
+                   if p.name not in ("relay", "bubblewrap") and not p.name.startswith("results.sqlite"))
     return found + sorted(f"relay/{p.name}" for p in (settings.state_dir / "relay").glob("*.sock"))
 
 

@@ -26,6 +26,7 @@ from coding_agent_env.api.relay_route import PublicRelayRoute
 from coding_agent_env.api.web_gate import WEB_PATH, WebGate
 from coding_agent_env.api.startup import check_backends
 from coding_agent_env.api.ws import serve_ws, serve_ws_mcp
+from coding_agent_env.runs.recorder import ServerRecorder
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.session import SessionManager
 from coding_agent_env.settings import PUBLIC_RELAY_PATH, Settings
@@ -46,6 +47,10 @@ def build_app(settings: Settings | None = None) -> FastAPI:
     mcp = McpEndpoint(manager, settings)
     on_shutdown: list[Callable[[], Awaitable[None]]] = []
     on_startup: list[Callable[[], None]] = []
+    if settings.results_from_server:
+        recorder = ServerRecorder(settings)
+        manager.on_result = recorder
+        on_shutdown.append(recorder.aclose)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

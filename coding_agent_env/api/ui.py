@@ -35,6 +35,7 @@ from coding_agent_env.api.ui_form import (
 from coding_agent_env.api.ui_episodes import UiEpisodes
 from coding_agent_env.api.ui_interactive import interactive_tab
 from coding_agent_env.api.ui_presets import PRESETS
+from coding_agent_env.api.ui_runs import runs_tab
 from coding_agent_env.api.ui_run import Progress, UiRuns
 from coding_agent_env.api.web_gate import WEB_PATH
 from coding_agent_env.errors import CodingAgentEnvError, RequestError
@@ -148,7 +149,7 @@ def build_blocks(
     runs: UiRuns, settings: Settings, backends: Backends, episodes: UiEpisodes | None = None
 ) -> gr.Blocks:
     """Two tabs: "Rollout" (preset -> editors, Run (streaming), Cancel) and, with `episodes`, "Interactive"
-    (`ui_interactive`)."""
+    (`ui_interactive`), then "Runs" (the results store, `ui_runs`)."""
     with gr.Blocks(title="coding-agent-env", analytics_enabled=False) as blocks:
         gr.Markdown("# coding-agent-env")
         warning = isolation_warning(backends)
@@ -163,6 +164,8 @@ def build_blocks(
                     "shell), then submit a final answer to verify and score it."
                 )
                 interactive_tab(episodes, _sandbox_choices(backends))
+        with gr.Tab("Runs", elem_id="tab-runs"):
+            runs_tab(settings)
     return blocks
 
 

@@ -47,6 +47,7 @@ from coding_agent_env.rollout.commands import CommandRunner
 from coding_agent_env.rollout.limits import resolve_limits
 from coding_agent_env.rollout.redact import Redactor
 from coding_agent_env.rollout.setup import run_setup
+from coding_agent_env.rollout.verify import tests_dir
 from coding_agent_env.rollout.verification import CleanRoomSetupFailed, Verification, VerifyPlan, verify_task
 from coding_agent_env.sandbox.base import RelayEndpoint, Sandbox, SandboxLimits, SandboxSpec
 from coding_agent_env.sandbox.registry import Backends
@@ -242,6 +243,8 @@ class _Rollout:
         self.spec = spec
         self.sandbox = await backend.create(spec)
         self._resources.push_async_callback(self.sandbox.close)
+        if self.request.verify_files_root == "/tests":
+            tests_dir(self.sandbox)  # refuse before the agent runs a task whose tests could not be shown
         self.emit(ev.Provisioned(rollout_id=self.rollout_id, sandbox_id=self.sandbox.id, isolation=self.sandbox.isolation))
         for path, text in self.request.files.items():
             await self.sandbox.write_text(path, text)

@@ -30,7 +30,7 @@ from coding_agent_env.rollout.cleanroom import (
 )
 from coding_agent_env.rollout.commands import CommandRunner
 from coding_agent_env.rollout.setup import run_setup
-from coding_agent_env.rollout.verify import run_verify
+from coding_agent_env.rollout.verify import run_verify, tests_dir
 from coding_agent_env.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from coding_agent_env.settings import Settings
 
@@ -82,7 +82,7 @@ async def verify_task(sandbox: Sandbox, plan: VerifyPlan, out: Verification) -> 
     """Verify the task whose agent worked in `sandbox` (none of its processes alive), filling `out`."""
     if not plan.task.artifacts:
         out.context = "workspace"
-        await place_verify_files(sandbox, plan.task.verify_files)
+        await _place(sandbox, plan.task)
         await _run(sandbox, plan, out)
         return
     out.context = "clean_room"
@@ -93,10 +93,28 @@ async def verify_task(sandbox: Sandbox, plan: VerifyPlan, out: Verification) -> 
         failure = await run_setup(plan.runner(room), plan.task.setup)
         if failure is not None:
             raise CleanRoomSetupFailed(f"{failure.message} in the clean room: {failure.result.stderr[-500:]}")
-        await furnish(room, taken.data, plan.task.verify_files)
+        await furnish(room, taken.data, {} if _under_tests(plan.task) else plan.task.verify_files)
+        if _under_tests(plan.task):
+            await _place(room, plan.task)
         await _run(room, plan, out)
     finally:
         await shielded(_close_room(room, out))
+
+
+def _under_tests(task: RolloutRequest) -> bool:
+    return task.verify_files_root == "/tests"
+
+
+async def _place(sandbox: Sandbox, task: RolloutRequest) -> None:
+    """The hidden verify files where the task wants them. Under `/tests` the whole directory behind it is
+    removed and made anew first, so nothing the agent put there survives."""
+    if not _under_tests(task):
+        await place_verify_files(sandbox, task.verify_files)
+        return
+    root = tests_dir(sandbox)
+    await sandbox.remove(root)
+    await sandbox.mkdir(root)
+    await place_verify_files(sandbox, {f"{root}/{path}": text for path, text in task.verify_files.items()}, clear=False)
 
 
 async def _close_room(room: Sandbox, out: Verification) -> None:
@@ -115,6 +133,8 @@ async def _run(sandbox: Sandbox, plan: VerifyPlan, out: Verification) -> None:
         plan.on_result(index, result)
 
     outcome = await run_verify(plan.runner(sandbox), plan.task.verify, on_result=record, env=plan.env)
-    scored = score(outcome.results, outcome.reward_text)
+    scored = score(outcome.results, outcome.reward_text, file_required=plan.task.reward_file_required)
     out.reward = scored.reward
     out.reward_note = outcome.reward_problem or scored.note
+    if plan.task.reward_file_required and outcome.reward_problem:
+        out.reward = 0.0

@@ -149,6 +149,9 @@ class SandboxPaths:
     home: str
     tmp: str
     logs: str
+    tests: str | None = None
+    """`/tests` when the sandbox shows `{logs}/tests` there (Harbor's hidden tests, see
+    `RolloutRequest.verify_files_root`); None when it cannot."""
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,10 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from coding_agent_env.llm import SharedRelay
+from coding_agent_env.models import RolloutResult
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.session.errors import CapacityError, SessionAttachedError, UnknownSessionError
 from coding_agent_env.session.session import Session, SessionKind
@@ -47,6 +49,8 @@ class SessionManager:
         self.relay = SharedRelay(settings)
         self._own_backends = backends is None
         self.backends = Backends(settings) if backends is None else backends
+        self.on_result: Callable[[RolloutResult], None] | None = None
+        """Hears every rollout a session of this manager finishes (set before sessions are made)."""
 
     @property
     def active(self) -> int:
@@ -60,7 +64,7 @@ class SessionManager:
         """Take a slot for a new session, or raise CapacityError."""
         if self.active >= self.capacity:
             raise CapacityError(self.active, self.capacity)
-        session = Session(kind, self.settings, relay=self.relay, backends=self.backends)
+        session = Session(kind, self.settings, relay=self.relay, backends=self.backends, on_result=self.on_result)
         self._sessions[session.id] = session
         log.info("session %s (%s) created: %d/%d", session.id, kind.value, self.active, self.capacity)
         return session

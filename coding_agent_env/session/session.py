@@ -15,10 +15,11 @@ when it detaches, and meanwhile it runs nothing new.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from enum import Enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from coding_agent_env.episode import (
@@ -36,6 +37,8 @@ from coding_agent_env.rollout.events import Emit
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.session.errors import SessionBusyError, SessionClosedError
 from coding_agent_env.settings import Settings
+
+log = logging.getLogger(__name__)
 
 __all__ = ["NoEpisodeError", "Session", "SessionKind", "SessionState"]
 
@@ -73,7 +76,9 @@ class Session:
         session_id: str | None = None,
         relay: SharedRelay | None = None,
         backends: Backends | None = None,
+        on_result: Callable[[RolloutResult], None] | None = None,
     ) -> None:
+        """`on_result` hears every rollout this session finishes (the results store, by setting)."""
         self.id = session_id or str(uuid.uuid4())
         self.kind = kind
         self.settings = settings
@@ -89,6 +94,7 @@ class Session:
         self.episode: Episode | None = None
         self._relay = relay
         self._backends = backends
+        self._on_result = on_result
 
     # -- episode ---------------------------------------------------------------------------------------
 
@@ -177,6 +183,11 @@ class Session:
         self.rollouts_completed += 1
         self.last_reward = result.reward
         self.last_status = result.status.value
+        if self._on_result is not None:
+            try:
+                self._on_result(result)
+            except Exception:  # keeping a record must never cost the caller its result
+                log.exception("session %s: recording rollout %s failed", self.id, result.rollout_id)
         return result
 
     # -- interactive episodes --------------------------------------------------------------------------

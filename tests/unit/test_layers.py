@@ -26,6 +26,8 @@ ALLOWED = {
     "rollout": LEAVES | {"sandbox", "llm", "agents", "reward"},
     "episode": LEAVES | {"sandbox", "agents", "reward", "rollout"},  # shares the rollout's commands and verify
     "session": LEAVES | {"rollout", "episode", "llm", "sandbox"},  # it hands the app's relay and sandbox backends down
+    "tasks": LEAVES | {"sandbox", "rollout"},
+    "runs": LEAVES | {"tasks", "rollout", "sandbox", "client"},  # `run --server` drives a server over the client
 }
 """What each layer may import besides itself."""
 

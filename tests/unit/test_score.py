@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from coding_agent_env.models import CommandResult
-from coding_agent_env.reward.score import parse_reward_file, score
+from coding_agent_env.reward.score import parse_reward_file, reward_from_json, score
 
 
 def cmd(ok: bool) -> CommandResult:
@@ -51,3 +53,15 @@ def test_reward_file_parsing_is_total(text: str) -> None:
 def test_score_is_in_range_or_null(oks: list[bool], text: str | None) -> None:
     reward = score([cmd(ok) for ok in oks], text).reward
     assert reward is None or 0.0 <= reward <= 1.0
+
+
+def test_reward_from_json_harbor_shapes() -> None:
+
+    assert parse_reward_file(reward_from_json('{"reward": 0.5}')) == 0.5
+    assert parse_reward_file(reward_from_json('{"accuracy": 1}')) == 1.0
+    assert parse_reward_file(reward_from_json("0.25")) == 0.25
+    for bad in ('{"a": 1, "b": 0}', '{"reward": "1"}', "[1]", "nope", '{"reward": true}'):
+        with pytest.raises(ValueError):
+            reward_from_json(bad)
+    with pytest.raises(ValueError):
+        parse_reward_file(reward_from_json('{"reward": 2}'))

@@ -126,6 +126,24 @@ class DockerBackend(SandboxBackend):
             choice = "control" if local and HostDir.fits(self._settings.state_dir) else "exec"
         return ControlChannel.prepare(self._settings.state_dir) if choice == "control" else EngineExec()
 
+    async def build_image(self, context: str, tag: str) -> bool:
+        """Build `context` (a directory with a Dockerfile) as `tag` with the engine's build API, unless an image
+        of that tag exists (tags are content hashes: same tag, same build). True when it built one. Nothing is
+        pulled that is not already present (`pull=False`); a failed build is a SandboxError with the engine's
+        last lines."""
+        if await call("look up image", self.client().images.list, name=tag):
+            return False
+        await call("build image", self._build, context, tag)
+        return True
+
+    def _build(self, context: str, tag: str) -> None:
+        try:
+            self.client().images.build(path=context, tag=tag, rm=True, pull=False, forcerm=True)
+        except docker.errors.BuildError as exc:
+            tail = " | ".join(str(item.get("stream") or item.get("error") or "").strip()
+                              for item in list(exc.build_log)[-3:])
+            raise SandboxError(f"building {tag} failed: {exc.msg}: {tail}"[:1000]) from exc
+
     async def create(self, spec: SandboxSpec) -> Sandbox:
         if not self._reaped:
             self._reaped = True

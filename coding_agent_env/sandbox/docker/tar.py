@@ -96,8 +96,9 @@ def read_member(chunks: Iterator[bytes], max_bytes: int | None, tail: bool) -> b
         return b"".join(window)[-max_bytes:] if max_bytes else b""
 
 
-def tree_tar(dirs: dict[str, tuple[int, int]], files: dict[str, bytes]) -> bytes:
-    """A tar of directories (`name: (uid, mode)`, parents before children) and files (mode 0644, root's)."""
+def tree_tar(dirs: dict[str, tuple[int, int]], files: dict[str, bytes], links: dict[str, str] | None = None) -> bytes:
+    """A tar of directories (`name: (uid, mode)`, parents before children), files (mode 0644, root's) and
+    symlinks (`name: target`)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, (uid, mode) in dirs.items():
@@ -106,6 +107,10 @@ def tree_tar(dirs: dict[str, tuple[int, int]], files: dict[str, bytes]) -> bytes
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
+        for name, target in (links or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
     return buf.getvalue()
 
 

@@ -46,7 +46,9 @@ __all__ = [
 INNER_UID = 1000
 SUBDIRS = {"workdir": "work", "home": "home", "tmp": "tmp", "logs": "logs"}
 """Each sandbox path's host directory under the sandbox root."""
-BWRAP_PATHS = SandboxPaths(workdir="/workspace", home="/home/sandbox", tmp="/tmp", logs="/logs")
+BWRAP_PATHS = SandboxPaths(workdir="/workspace", home="/home/sandbox", tmp="/tmp", logs="/logs", tests="/tests")
+TESTS_TARGET = f"{BWRAP_PATHS.logs}/tests"
+"""What `/tests` links to: a directory only verify fills (see `RolloutRequest.verify_files_root`)."""
 AGENTS_MOUNT = "/opt/agents"
 _RELAY_SOCKET = "/run/llm.sock"
 _RELAY_FORWARDER = "/run/llm-forwarder.py"
@@ -231,7 +233,7 @@ class Bwrap(Launch):
             binds += ["--bind", box.relay.socket_path, _RELAY_SOCKET]
             binds += ["--ro-bind", box.relay.forwarder_path, _RELAY_FORWARDER]
             argv = [box.shell, "-c", _RELAY_LAUNCHER, "relay-launcher", str(box.relay_port), *argv]
-        binds += ["--bind", str(hosts["logs"]), paths.logs]
+        binds += ["--bind", str(hosts["logs"]), paths.logs, "--symlink", TESTS_TARGET, "/tests"]
         if fresh:
             binds += ["--tmpfs", paths.home, "--tmpfs", paths.tmp]
         else:

@@ -30,6 +30,8 @@ def init(argv: list[str], dispatch: Dispatch, launcher: str) -> int:
     try:
         if "dirs" in args:
             _make_dirs(args["dirs"])
+        if "links" in args:
+            _make_links(args["links"])
         if "forward-socket" in args:
             error = _start_forwarder(args["forward-socket"], args["forward-port"])
     except OSError as exc:
@@ -50,6 +52,14 @@ def _make_dirs(spec: str) -> None:
         os.makedirs(path, 0o755, exist_ok=True)
         os.chown(path, int(uid), int(uid))
         os.chmod(path, int(mode, 8))
+
+
+def _make_links(spec: str) -> None:
+    """`LINK=TARGET,...`: symlinks made where nothing is yet (an image's own directory there is left alone)."""
+    for item in spec.split(","):
+        link, target = item.split("=")
+        if not os.path.lexists(link):
+            os.symlink(target, link)
 
 
 def _json_text(text: str) -> str:

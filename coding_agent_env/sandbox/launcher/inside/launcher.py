@@ -15,7 +15,7 @@ directory of the sandbox and run it as `python3 launcher.py MODE ...`. Modes:
 - `kill --token T --run-dir D`: SIGTERM that launcher and wait (bounded) until it is gone; a launcher
   that has not started yet exits as soon as it does.
 - `killall --run-dir D`: the same for every launcher that has a pid file in D.
-- `init [--dirs SPEC] [--forward-socket SOCKET --forward-port PORT] [--ctl SOCKET]`: a PID 1 for
+- `init [--dirs SPEC] [--links LINK=TARGET,...] [--forward-socket SOCKET --forward-port PORT] [--ctl SOCKET]`: a PID 1 for
   containers. It reaps zombies. With `--dirs` (`PATH:UID:OCTAL_MODE,...`) it first makes those
   directories (parents root-owned 0755) and sets their owner and mode. With `--forward-*` it starts the LLM
   forwarder (as root, `python3 -I -S forwarder.py --detach`) on 127.0.0.1:PORT piping to SOCKET and waits

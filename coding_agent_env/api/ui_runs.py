@@ -1,0 +1,144 @@
+"""The web tab's "Runs" view: what the results store holds (batches, and the server's own rollouts when
+`RESULTS_FROM_SERVER` is on), filtered by task, agent, status and reward, and one rollout's page: its verdict,
+commands and outputs, files, LLM turns, timings and raw result.
+
+Reads only; the store is opened per action (it may be written by other processes meanwhile: SQLite WAL), and
+the handlers are plain functions, which Gradio runs on its worker threads, off the server's event loop.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import Any
+
+import gradio as gr
+
+from coding_agent_env.api import ui_render as render
+from coding_agent_env.models import AGENT_NAMES, RolloutStatus
+from coding_agent_env.runs.store import Filters, ResultsStore, default_path
+from coding_agent_env.settings import Settings
+
+__all__ = ["ROLLOUT_COLUMNS", "runs_tab"]
+
+ROLLOUT_COLUMNS = ["rollout_id", "finished", "task", "attempt", "agent", "sandbox", "status", "reward", "seconds"]
+RUN_COLUMNS = ["run", "started", "origin", "rollouts", "mean reward", "command"]
+_LIST_LIMIT = 500
+
+
+def _when(stamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+
+
+def _open(settings: Settings) -> ResultsStore | None:
+    path = default_path(settings)
+    return ResultsStore(path) if path.exists() else None
+
+
+def _bound(text: str | None) -> float | None:
+    try:
+        return float(text) if text and text.strip() else None
+    except ValueError:
+        return None
+
+
+def list_rows(settings: Settings, task: str, agent: str, status: str, min_reward: str, max_reward: str,
+              run_id: str) -> tuple[list[list[object]], list[list[object]], str]:
+    """(the rollouts matching, the runs, a note) for the filters as the form gives them ("" means any; a reward
+    bound that is not a number is ignored)."""
+    store = _open(settings)
+    if store is None:
+        return [], [], f"No results store yet at {default_path(settings)}: run a batch (`coding-agent-env run`)."
+    with store:
+        filters = Filters(run_id or None, task or None, agent or None, status or None, _bound(min_reward),
+                          _bound(max_reward))
+        rows = store.rollouts(filters, _LIST_LIMIT)
+        runs = store.runs()
+    rollouts = [[r.rollout_id, _when(r.finished), r.task_id, r.attempt, r.agent, r.sandbox, r.status,
+                 "" if r.reward is None else round(r.reward, 4), round(r.wall_s, 2)] for r in rows]
+    run_rows = [[r.run_id, _when(r.started), r.origin, r.rollouts,
+                 "" if r.mean_reward is None else round(r.mean_reward, 4), r.description] for r in runs]
+    return rollouts, run_rows, f"{len(rollouts)} rollouts shown (newest first, at most {_LIST_LIMIT})."
+
+
+def timings_html(result: Any) -> str:
+    timings = result.timings.model_dump()
+    cells = "".join(f"<td>{html.escape(name.removesuffix('_s'))}</td><td>{value:.3f}s</td>"
+                    for name, value in timings.items())
+    return f'<table class="cae-timings"><tr>{cells}</tr></table>'
+
+
+def rollout_page(settings: Settings, rollout_id: str) -> dict[str, Any]:
+    """The parts of one rollout's page, by name; `notice` alone when it cannot be shown."""
+    store = _open(settings)
+    rollout_id = (rollout_id or "").strip()
+    result = None
+    if store is not None and rollout_id:
+        with store:
+            result = store.result(rollout_id)
+    if result is None:
+        return {"notice": render.message_html(f"No rollout {rollout_id!r} in the results store.")}
+    return {
+        "notice": render.badge_html(result),
+        "timings": timings_html(result),
+        "setup": render.command_rows(result.setup_results),
+        "verify": render.command_rows(result.verify_results),
+        "files": render.files_html(result),
+        "turns": render.turns_markdown(result),
+        "agent_log": result.agent_log_tail,
+        "raw": result.model_dump_json(indent=2),
+    }
+
+
+def runs_tab(settings: Settings) -> None:
+    """Lay out the Runs view and wire its events (call inside a `gr.Tab`)."""
+    with gr.Row():
+        task = gr.Textbox(label="task contains", elem_id="runs-task")
+        agent = gr.Dropdown(["", *AGENT_NAMES], value="", label="agent", elem_id="runs-agent")
+        status = gr.Dropdown(["", *(s.value for s in RolloutStatus)], value="", label="status", elem_id="runs-status")
+        # Text, not gr.Number: an empty Number arrives as 0, which would filter everything but reward 0 out.
+        min_reward = gr.Textbox(label="reward at least", elem_id="runs-min-reward")
+        max_reward = gr.Textbox(label="reward at most", elem_id="runs-max-reward")
+        run_id = gr.Textbox(label="run", elem_id="runs-run")
+    refresh = gr.Button("Refresh", elem_id="runs-refresh")
+    note = gr.Markdown(elem_id="runs-note")
+    rollouts = gr.Dataframe(headers=ROLLOUT_COLUMNS, label="Rollouts (select a row to open it)", wrap=True,
+                            interactive=False, elem_id="runs-rollouts")
+    with gr.Accordion("Runs", open=False):
+        runs = gr.Dataframe(headers=RUN_COLUMNS, label="Runs", wrap=True, interactive=False, elem_id="runs-runs")
+    with gr.Row():
+        chosen = gr.Textbox(label="rollout id", elem_id="runs-rollout-id")
+        open_button = gr.Button("Open", elem_id="runs-open")
+    page = {"notice": gr.HTML(elem_id="runs-verdict"), "timings": gr.HTML(elem_id="runs-timings")}
+    with gr.Tabs():
+        with gr.Tab("Commands"):
+            page["setup"] = gr.Dataframe(headers=render.COMMAND_COLUMNS, label="Setup", wrap=True)
+            page["verify"] = gr.Dataframe(headers=render.COMMAND_COLUMNS, label="Verify", wrap=True,
+                                          elem_id="runs-verify")
+        with gr.Tab("Files"):
+            page["files"] = gr.HTML(elem_id="runs-files")
+        with gr.Tab("Turns"):
+            page["turns"] = gr.Markdown(elem_id="runs-turns")
+        with gr.Tab("Agent log"):
+            page["agent_log"] = gr.Code(language=None, label="agent log (tail)")
+        with gr.Tab("Raw JSON"):
+            page["raw"] = gr.Code(language="json", label="RolloutResult")
+
+    def refreshed(*values: Any) -> tuple[Any, ...]:
+        return list_rows(settings, *values)
+
+    def opened(rollout_id: str) -> dict[Any, Any]:
+        parts = rollout_page(settings, rollout_id)
+        return {page[name]: value for name, value in parts.items()}
+
+    def selected(event: gr.SelectData, table: Any) -> str:
+        row = event.index[0] if isinstance(event.index, (list, tuple)) else event.index
+        try:
+            return str(table.iloc[row, 0])
+        except (AttributeError, IndexError):
+            return ""
+
+    filters = [task, agent, status, min_reward, max_reward, run_id]
+    refresh.click(refreshed, filters, [rollouts, runs, note])
+    open_button.click(opened, [chosen], list(page.values()))
+    rollouts.select(selected, [rollouts], [chosen]).then(opened, [chosen], list(page.values()))

@@ -1,0 +1,148 @@
+"""The batch loop: tasks (streamed) x attempts, run by `concurrency` workers, each finished rollout written to the
+journal (and the store) at once, the summary kept as it goes.
+
+Memory stays bounded by the concurrency, not the dataset: tasks are read lazily as workers free up, and results
+are written and dropped. Interrupting (Ctrl-C cancels the loop) tears the running rollouts' sandboxes down (the
+pipeline's shielded teardown) and loses nothing already finished; a rerun skips the (task_id, attempt) pairs its
+journal holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from coding_agent_env.models import RolloutRequest
+from coding_agent_env.runs.executor import Executor, Refused
+from coding_agent_env.runs.journal import Journal, Record, read_records
+from coding_agent_env.runs.stats import Summary
+from coding_agent_env.tasks import LoadedTask, TaskError
+
+__all__ = ["BatchObserver", "BatchPlan", "Job", "RecordSink", "run_batch"]
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    attempts: int = 1
+    concurrency: int = 1
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Request fields set on every task (agent, model, endpoint, base_url, api_key, sandbox)."""
+
+
+@dataclass(frozen=True)
+class Job:
+    task: LoadedTask
+    attempt: int
+    request: RolloutRequest
+
+    @property
+    def task_id(self) -> str:
+        return self.task.task_id
+
+
+class BatchObserver(Protocol):
+    """What a progress display hears. Called on the loop's thread; must not block."""
+
+    def started(self, job: Job) -> None: ...
+    def finished(self, record: Record) -> None: ...
+    def skipped(self, record: Record) -> None: ...
+    def problem(self, error: TaskError) -> None: ...
+    def refused(self, job: Job, error: TaskError) -> None: ...
+
+
+class RecordSink(Protocol):
+    """Where else a finished record goes (the results store)."""
+
+    def add(self, record: Record) -> None: ...
+
+
+async def run_batch(
+    items: Iterable[LoadedTask | TaskError],
+    plan: BatchPlan,
+    executor: Executor,
+    journal: Journal,
+    observer: BatchObserver,
+    sinks: Iterable[RecordSink] = (),
+) -> Summary:
+    """Run every attempt of every task not already in the journal; the summary covers the journal's earlier
+    records too. Load errors and refusals go to `observer.problem` and the summary, never into the journal."""
+    summary = Summary()
+    for record in read_records(journal.path):
+        journal.done.add(record.key)
+        summary.add(record.task_id, record.result)
+        observer.skipped(record)
+    jobs = _jobs(items, plan, journal, summary, observer)
+    journal.open()
+    # One writer thread: records are written in the order they finish, and an fsync or a busy store never
+    # stalls the event loop the running rollouts share.
+    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-writer")
+    sinks = list(sinks)
+
+    async def keep(record: Record) -> None:
+        await asyncio.get_running_loop().run_in_executor(writer, _write, record, journal, sinks)
+
+    try:
+        async with executor:
+            workers = [asyncio.ensure_future(_worker(index, jobs, executor, keep, summary, observer))
+                       for index in range(plan.concurrency)]
+            try:
+                await asyncio.gather(*workers)
+            finally:
+                for worker in workers:
+                    worker.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
+    finally:
+        writer.shutdown(wait=True)  # every record handed over is written before the journal closes
+        journal.close()
+    return summary
+
+
+def _write(record: Record, journal: Journal, sinks: list[RecordSink]) -> None:
+    journal.append(record)
+    for sink in sinks:
+        sink.add(record)
+
+
+def _jobs(
+    items: Iterable[LoadedTask | TaskError],
+    plan: BatchPlan,
+    journal: Journal,
+    summary: Summary,
+    observer: BatchObserver,
+) -> Iterator[Job]:
+    for item in items:
+        if isinstance(item, TaskError):
+            summary.unsupported += item.unsupported
+            summary.load_errors += not item.unsupported
+            observer.problem(item)
+            continue
+        request = item.request.model_copy(update=plan.overrides) if plan.overrides else item.request
+        for attempt in range(1, plan.attempts + 1):
+            if (item.task_id, attempt) not in journal.done:
+                yield Job(item, attempt, request)
+
+
+async def _worker(
+    index: int,
+    jobs: Iterator[Job],
+    executor: Executor,
+    keep: Callable[[Record], Awaitable[None]],
+    summary: Summary,
+    observer: BatchObserver,
+) -> None:
+    for job in jobs:  # shared by the workers: each takes the next job when it is free
+        observer.started(job)
+        try:
+            result = await executor.run(job.task, job.request, index)
+        except Refused as exc:
+            summary.unsupported += 1
+            observer.refused(job, TaskError(job.task.source, f"cannot run here: {exc}", unsupported=True))
+            continue
+        record = Record(job.task_id, job.attempt, result, job.task.source, job.task.notes)
+        # Shielded: a record whose rollout finished is written even when Ctrl-C cancels this worker now.
+        await asyncio.shield(keep(record))
+        summary.add(record.task_id, result)
+        observer.finished(record)

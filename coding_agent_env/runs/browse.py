@@ -1,0 +1,77 @@
+"""`coding-agent-env runs`: what the results store holds.
+
+    runs list [--runs] [filters]        the newest rollouts (or runs), one line each
+    runs show ROLLOUT_ID                one rollout's whole result (JSON)
+    runs export [filters] [-o FILE]     matching rollouts as JSONL (default stdout)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from coding_agent_env.errors import InvalidTaskError
+from coding_agent_env.runs.store import Filters, ResultsStore, default_path
+from coding_agent_env.settings import Settings
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=("list", "show", "export"))
+    parser.add_argument("rollout_id", nargs="?", help="for show")
+    parser.add_argument("--results-db", type=Path,
+                        help="the store (default: RESULTS_DB, else STATE_DIR/results.sqlite)")
+    parser.add_argument("--runs", action="store_true", help="list runs instead of rollouts")
+    parser.add_argument("--run", dest="run_id", help="only this run")
+    parser.add_argument("--task", help="task ids containing this")
+    parser.add_argument("--agent")
+    parser.add_argument("--status")
+    parser.add_argument("--min-reward", type=float)
+    parser.add_argument("--max-reward", type=float)
+    parser.add_argument("--limit", type=int, default=50)
+    parser.add_argument("-o", "--output", type=Path, help="export to this file")
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    path = args.results_db or default_path(settings)
+    if not path.exists():
+        raise InvalidTaskError(f"no results store at {path}")
+    filters = Filters(args.run_id, args.task, args.agent, args.status, args.min_reward, args.max_reward)
+    with ResultsStore(path) as store:
+        if args.action == "show":
+            result = store.result(args.rollout_id or "")
+            if result is None:
+                raise InvalidTaskError(f"no rollout {args.rollout_id!r} in {path}")
+            print(result.model_dump_json(indent=2))
+        elif args.action == "export":
+            if args.output:
+                with args.output.open("w", encoding="utf-8") as out:
+                    count = store.export(out, filters)
+                print(f"{count} rollouts written to {args.output}", file=sys.stderr)
+            else:
+                try:
+                    store.export(sys.stdout, filters)
+                except BrokenPipeError:  # `runs export | head`: the reader has what it wanted
+                    # Python's documented remedy: point stdout at /dev/null so the exit-time flush cannot fail.
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+        elif args.runs:
+            for r in store.runs(args.limit):
+                mean = "-" if r.mean_reward is None else f"{r.mean_reward:.3f}"
+                print(f"{r.run_id}  {_when(r.started)}  {r.origin:6}  {r.rollouts:6} rollouts  mean {mean}  "
+                      f"{r.description}")
+        else:
+            for row in store.rollouts(filters, args.limit):
+                reward = "-" if row.reward is None else f"{row.reward:.3f}"
+                print(f"{row.rollout_id}  {_when(row.finished)}  {row.task_id}#{row.attempt}  {row.agent}  "
+                      f"{row.sandbox}  {row.status}  reward {reward}  {row.wall_s:.1f}s")
+    return 0
+
+
+def _when(stamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))

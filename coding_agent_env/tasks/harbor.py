@@ -1,0 +1,256 @@
+"""Harbor (Terminal-Bench 2) task directories -> requests.
+
+A task directory holds `task.toml`, `instruction.md`, `environment/` (a `Dockerfile` and what it copies),
+`solution/solve.sh` and `tests/test.sh`. The mapping:
+
+- `task_id`: `task.toml`'s `name` (top level, or in `[task]`), else the directory's name;
+- the instruction is `instruction.md`; `[agent].timeout_sec` is the agent's deadline and `[verifier].timeout_sec`
+  each command's; `[environment]` `cpus` / `memory_mb` become limits (clamped to the server's, noted),
+  `allow_internet = true` and a workdir other than ours are noted as not honoured (sandboxes have no internet;
+  commands start in the sandbox's workdir);
+- the `oracle` agent runs `solution/solve.sh`;
+- `tests/` become hidden verify files under `/tests` (written only for verify, removed with the sandbox), verify
+  runs `bash /tests/test.sh`, and the reward must come from `/logs/verifier/reward.txt` or `reward.json`;
+- `environment/`: on Docker the image is built from it (`DockerEnvironment`); elsewhere the files its Dockerfile
+  `COPY`s into the workdir are laid there, and a Dockerfile doing more than FROM / WORKDIR / COPY / ENV is refused
+  (naming the Docker backend) unless `TaskOptions.ignore_dockerfile`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from coding_agent_env.models import RolloutRequest, validation_summary
+from coding_agent_env.settings import WireLimits
+from coding_agent_env.tasks.base import DockerEnvironment, LoadedTask, TaskError, TaskOptions
+from coding_agent_env.tasks.dockerfile import DockerfilePlan, parse_dockerfile
+
+__all__ = ["is_harbor_task", "load_harbor_task"]
+
+SANDBOX_WORKDIR = "/workspace"
+"""Where every backend starts commands (see `SandboxPaths.workdir`)."""
+
+
+class _Refused(Exception):
+    def __init__(self, message: str, *, unsupported: bool = False) -> None:
+        super().__init__(message)
+        self.unsupported = unsupported
+
+
+def is_harbor_task(path: Path) -> bool:
+    return (path / "task.toml").is_file()
+
+
+def load_harbor_task(path: Path, options: TaskOptions) -> LoadedTask | TaskError:
+    """One Harbor task directory as a request; a `TaskError` naming the directory and the problem otherwise."""
+    try:
+        return _load(path, options)
+    except _Refused as exc:
+        return TaskError(str(path), str(exc), unsupported=exc.unsupported)
+
+
+def _load(path: Path, options: TaskOptions) -> LoadedTask:
+    config = _read_toml(path / "task.toml")
+    notes: list[str] = []
+    agent, verifier, environment = (_table(config, name) for name in ("agent", "verifier", "environment"))
+    fields: dict[str, Any] = {
+        "task_id": _task_name(config) or path.name,
+        "instruction": _read_text(path / "instruction.md", "instruction.md"),
+        "verify": ["bash /tests/test.sh"],
+        "verify_files": _text_tree(path / "tests", "tests/"),
+        "verify_files_root": "/tests",
+        "reward_file_required": True,
+    }
+    if "test.sh" not in fields["verify_files"]:
+        raise _Refused("tests/test.sh is missing")
+    solve = path / "solution" / "solve.sh"
+    if solve.is_file():
+        fields["solution"] = [_read_text(solve, "solution/solve.sh")]
+    _timeouts(fields, agent, verifier, notes)
+    fields["limits"] = _limits(environment, options, notes)
+    if environment.get("allow_internet") is True:
+        notes.append("allow_internet = true not honoured: sandboxes have no internet (only the LLM relay)")
+    docker_env = _environment(path, fields, environment, options, notes)
+    try:
+        request = RolloutRequest.model_validate(fields)
+    except ValidationError as exc:
+        raise _Refused(f"not a valid request: {validation_summary(exc)}") from None
+    return LoadedTask(request, str(path), tuple(notes), docker_env)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise _Refused(f"cannot read task.toml: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise _Refused(f"malformed task.toml: {exc}") from None
+
+
+def _table(config: dict[str, Any], name: str) -> dict[str, Any]:
+    table = config.get(name, {})
+    if not isinstance(table, dict):
+        raise _Refused(f"malformed task.toml: [{name}] is not a table")
+    return table
+
+
+def _task_name(config: dict[str, Any]) -> str | None:
+    task = config.get("task")
+    name = task.get("name") if isinstance(task, dict) else config.get("name")
+    return name if isinstance(name, str) and name.strip() else None
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise _Refused(f"{what} is missing") from None
+    except UnicodeDecodeError:
+        raise _Refused(f"{what} is not UTF-8 text") from None
+    except OSError as exc:
+        raise _Refused(f"cannot read {what}: {exc.strerror or exc}") from None
+
+
+def _text_tree(root: Path, what: str) -> dict[str, str]:
+    """Every regular file under `root` as text, by relative path."""
+    if not root.is_dir():
+        raise _Refused(f"{what} is missing")
+    files: dict[str, str] = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink() or not path.is_file():
+            continue
+        rel = path.relative_to(root).as_posix()
+        files[rel] = _read_text(path, f"{what}{rel}")
+    return files
+
+
+def _seconds(table: dict[str, Any], section: str) -> float | None:
+    value = table.get("timeout_sec")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise _Refused(f"malformed task.toml: [{section}].timeout_sec must be a positive number")
+    return float(value)
+
+
+def _timeouts(fields: dict[str, Any], agent: dict[str, Any], verifier: dict[str, Any], notes: list[str]) -> None:
+    agent_s, verify_s = _seconds(agent, "agent"), _seconds(verifier, "verifier")
+    if agent_s is not None:
+        if agent_s > WireLimits.MAX_AGENT_TIMEOUT_S:
+            notes.append(f"[agent].timeout_sec {agent_s:g} cut to {WireLimits.MAX_AGENT_TIMEOUT_S:g}")
+        fields["agent_timeout_s"] = min(agent_s, WireLimits.MAX_AGENT_TIMEOUT_S)
+    if verify_s is not None:
+        if verify_s > WireLimits.MAX_COMMAND_TIMEOUT_S:
+            notes.append(f"[verifier].timeout_sec {verify_s:g} cut to {WireLimits.MAX_COMMAND_TIMEOUT_S:g}")
+        fields["command_timeout_s"] = min(verify_s, WireLimits.MAX_COMMAND_TIMEOUT_S)
+
+
+def _limits(environment: dict[str, Any], options: TaskOptions, notes: list[str]) -> dict[str, Any] | None:
+    limits: dict[str, Any] = {}
+    for key in ("cpus", "memory_mb"):
+        value = environment.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise _Refused(f"malformed task.toml: [environment].{key} must be a positive number")
+        cap = getattr(options.caps, key, None) if options.caps is not None else None
+        if cap and value > cap:
+            notes.append(f"[environment].{key} {value:g} cut to this server's cap of {cap:g}")
+            value = cap
+        limits[key] = int(value) if key == "memory_mb" else float(value)
+    return limits or None
+
+
+def _environment(
+    path: Path, fields: dict[str, Any], environment: dict[str, Any], options: TaskOptions, notes: list[str]
+) -> DockerEnvironment | None:
+    """Lay out `environment/` for the chosen backend; returns what Docker must build, if anything."""
+    env_dir = path / "environment"
+    dockerfile = env_dir / "Dockerfile"
+    plan = parse_dockerfile(_read_text(dockerfile, "environment/Dockerfile")) if dockerfile.is_file() else None
+    workdir = environment.get("workdir") or (plan.workdir if plan is not None else None)
+    if isinstance(workdir, str) and workdir not in ("/", SANDBOX_WORKDIR):
+        notes.append(f"workdir {workdir} not honoured: commands start in {SANDBOX_WORKDIR}, where the task's "
+                     "files are laid")
+    if plan is None:
+        fields["files"] = _text_tree(env_dir, "environment/") if env_dir.is_dir() else {}
+        return None
+    if options.sandbox == "docker":
+        # The image holds the files where the Dockerfile put them, but the sandbox's workdir may be a fresh
+        # volume (Docker's disk budget) and its WORKDIR may not be ours: what it copied under its WORKDIR is
+        # laid into ours too, so the agent starts beside them.
+        fields["files"] = _copied_files(env_dir, plan, strict=False)
+        return DockerEnvironment(env_dir, content_hash(env_dir))
+    fields["files"] = _copied_files(env_dir, plan, strict=not options.ignore_dockerfile)
+    if plan.unsupported:
+        steps = ", ".join(plan.unsupported[:3]) + (" ..." if len(plan.unsupported) > 3 else "")
+        if not options.ignore_dockerfile:
+            raise _Refused(
+                f"its Dockerfile does more than FROM / WORKDIR / COPY / ENV ({steps}): run it on the Docker "
+                f"backend (--sandbox docker), or pass --ignore-dockerfile to run it on {options.sandbox} anyway",
+                unsupported=True,
+            )
+        notes.append(f"Dockerfile steps skipped on {options.sandbox}: {steps}")
+    if plan.env:
+        notes.append(f"Dockerfile ENV not set on {options.sandbox}: {'; '.join(plan.env)[:200]}")
+    return None
+
+
+def _copied_files(env_dir: Path, plan: DockerfilePlan, *, strict: bool) -> dict[str, str]:
+    """The files the Dockerfile's COPYs put under its WORKDIR, by path relative to it. With `strict`, a COPY
+    elsewhere (or any COPY without a WORKDIR) is refused: only Docker can honour it."""
+    files: dict[str, str] = {}
+    for copy in plan.copies:
+        for source in copy.sources:
+            src = (env_dir / source).resolve()
+            if not src.is_relative_to(env_dir.resolve()) or not src.exists():
+                raise _Refused(f"environment/Dockerfile copies {source!r}, which is not in environment/")
+            many = src.is_dir() or len(copy.sources) > 1 or copy.dest.endswith("/")
+            dest = copy.dest.rstrip("/") or "/"
+            items = _text_tree(src, f"environment/{source}/").items() if src.is_dir() else [(src.name, None)]
+            for rel, text in items:
+                target = posixpath.join(dest, rel) if many else dest
+                inside = _under_workdir(target, plan.workdir, strict=strict)
+                if inside is not None:
+                    files[inside] = text if text is not None else _read_text(src, f"environment/{source}")
+    files.pop("Dockerfile", None)
+    return files
+
+
+def _under_workdir(target: str, workdir: str, *, strict: bool) -> str | None:
+    rel = posixpath.relpath(target, workdir)
+    if workdir == "/" or rel == "." or rel.startswith(".."):
+        if not strict:
+            return None
+        raise _Refused(f"environment/Dockerfile copies to {target}, outside its WORKDIR {workdir}: run it on the "
+                       "Docker backend (--sandbox docker)", unsupported=True)
+    return rel
+
+
+def content_hash(root: Path) -> str:
+    """SHA-256 over every file under `root`: its relative path, mode's executable bit and bytes."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(b"x" if path.stat().st_mode & 0o111 else b"-")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def iter_harbor_dir(path: Path, options: TaskOptions) -> Iterator[LoadedTask | TaskError]:
+    """A task directory, or a directory of them (each subdirectory with a `task.toml`, in name order)."""
+    if is_harbor_task(path):
+        yield load_harbor_task(path, options)
+        return
+    for child in sorted(path.iterdir()):
+        if child.is_dir() and is_harbor_task(child):
+            yield load_harbor_task(child, options)
+        elif child.is_dir() and ((child / "instruction.md").exists() or (child / "tests").is_dir()):
+            yield TaskError(str(child), "task.toml is missing")

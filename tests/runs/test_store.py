@@ -1,0 +1,83 @@
+"""The results store: filters, export, retention by count and by age, two writers."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from pathlib import Path
+
+from coding_agent_env.models import RolloutResult, RolloutStatus
+from coding_agent_env.runs.journal import Record
+from coding_agent_env.runs.store import Filters, ResultsStore
+
+
+def record(n: int, reward: float | None, agent: str = "oracle") -> Record:
+    status = RolloutStatus.COMPLETED if reward is not None else RolloutStatus.INFRA_ERROR
+    result = RolloutResult(rollout_id=f"r{n}", task_id=f"task-{n % 3}", agent=agent, sandbox="local", status=status,
+                           reward=reward)
+    return Record(f"task-{n % 3}", 1 + n // 3, result, source=f"src/{n}", notes=("a note",))
+
+
+def test_filters_export_and_show(tmp_path: Path) -> None:
+    with ResultsStore(tmp_path / "r.sqlite") as store:
+        run = store.new_run("batch", "run x")
+        for n in range(9):
+            store.add(run, record(n, None if n == 4 else n / 8, agent="pi" if n % 2 else "oracle"))
+        assert len(store.rollouts()) == 9
+        assert {r.task_id for r in store.rollouts(Filters(task="task-1"))} == {"task-1"}
+        assert [r.rollout_id for r in store.rollouts(Filters(status="infra_error"))] == ["r4"]
+        assert {r.rollout_id for r in store.rollouts(Filters(min_reward=0.75))} == {"r6", "r7", "r8"}
+        assert all(r.agent == "pi" for r in store.rollouts(Filters(agent="pi", max_reward=0.5)))
+        out = io.StringIO()
+        assert store.export(out, Filters(run_id=run)) == 9
+        lines = [json.loads(line) for line in out.getvalue().splitlines()]
+        assert lines[0]["run_id"] == run and lines[0]["notes"] == ["a note"]
+        assert RolloutResult.model_validate(lines[8]["result"]).rollout_id == "r8"
+        assert store.result("r3").reward == 3 / 8 and store.result("nope") is None
+        (summary,) = store.runs()
+        assert summary.rollouts == 9 and summary.description == "run x"
+
+
+def test_retention_by_count_and_age(tmp_path: Path) -> None:
+    path = tmp_path / "r.sqlite"
+    with ResultsStore(path, max_rollouts=5) as store:
+        run = store.new_run("batch")
+        for n in range(8):
+            store.add(run, record(n, 1.0))
+        assert store.prune() == 3
+        assert sorted(r.rollout_id for r in store.rollouts()) == ["r3", "r4", "r5", "r6", "r7"]
+    with ResultsStore(path, max_age_days=1) as store:
+        assert store.prune() == 0
+        assert store.prune(now=time.time() + 86400 + 60) == 5 and store.rollouts() == [] and store.runs() == []
+
+
+def test_two_writers_share_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "r.sqlite"
+    with ResultsStore(path) as one, ResultsStore(path) as two:
+        run_one, run_two = one.new_run("batch"), two.new_run("server")
+        for n in range(20):
+            (one if n % 2 else two).add(run_one if n % 2 else run_two, record(n, 0.5))
+        assert len(one.rollouts()) == 20 and {r.origin for r in two.runs()} == {"batch", "server"}
+
+
+def test_runs_command_lists_shows_and_exports(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    from coding_agent_env.cli import main
+
+    db = tmp_path / "r.sqlite"
+    with ResultsStore(db) as store:
+        run = store.new_run("batch", "run demo")
+        for n in range(4):
+            store.add(run, record(n, n / 4))
+    assert main(["runs", "list", "--results-db", str(db), "--min-reward", "0.5"]) == 0
+    listed = capsys.readouterr().out
+    assert "r2" in listed and "r3" in listed and "r1 " not in listed
+    assert main(["runs", "list", "--runs", "--results-db", str(db)]) == 0
+    assert "run demo" in capsys.readouterr().out
+    assert main(["runs", "show", "r3", "--results-db", str(db)]) == 0
+    assert json.loads(capsys.readouterr().out)["reward"] == 0.75
+    out = tmp_path / "export.jsonl"
+    assert main(["runs", "export", "--results-db", str(db), "--task", "task-0", "-o", str(out)]) == 0
+    assert [json.loads(line)["result"]["rollout_id"] for line in out.read_text().splitlines()] == ["r0", "r3"]
+    assert main(["runs", "show", "nope", "--results-db", str(db)]) == 2
+    assert main(["runs", "list", "--results-db", str(tmp_path / "none.sqlite")]) == 2
