@@ -89,9 +89,25 @@ def _spawn(argv: list[str], ready: Path, env: dict[str, str] | None = None) -> s
     return proc
 
 
+# The same streamed call in each dialect the relay translates: the figure is the translation's cost.
+DIALECT_CALLS: dict[str, tuple[str, dict[str, Any]]] = {
+    "messages": ("/v1/messages", {"model": "m", "max_tokens": 64, "stream": True,
+                               "messages": [{"role": "user", "content": "hi"}]}),
+    "responses": ("/v1/responses", {"model": "m", "stream": True, "input": "hi"}),
+    "google": ("/v1beta/models/m:streamGenerateContent?alt=sse",
+               {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}),
+}
+
+
 async def _call(http: aiohttp.ClientSession, base_url: str, token: str) -> None:
     headers = {"Authorization": f"Bearer {token}"}
-    async with http.post(base_url + "/chat/completions", json=BODY, headers=headers) as response:
+    path, body = "/chat/completions", BODY
+    if "#" in base_url:  # "<relay url>#<dialect>": the same call in that dialect
+        base_url, dialect = base_url.split("#", 1)
+        path, body = DIALECT_CALLS[dialect]
+        base_url = base_url.removesuffix("/v1")
+        headers["x-goog-api-key"] = token
+    async with http.post(base_url + path, json=body, headers=headers) as response:
         assert response.status == 200, response.status
         async for _ in response.content.iter_any():
             pass
@@ -136,9 +152,9 @@ async def _measure(targets: dict[str, tuple[str, str]], args: argparse.Namespace
     d50, d99, drate = results["direct"]
     print(f"median of {args.rounds} interleaved rounds; {args.calls} sequential streamed calls; "
           f"{args.streams} streams at concurrency {args.concurrency}; token delay {args.token_delay_ms} ms")
-    print(f"{'path':8} {'p50 ms':>8} {'p99 ms':>8} {'added p50':>10} {'added p99':>10} {'streams/s':>10} {'ratio':>6}")
+    print(f"{'path':10} {'p50 ms':>8} {'p99 ms':>8} {'added p50':>10} {'added p99':>10} {'streams/s':>10} {'ratio':>6}")
     for name, (p50, p99, rate) in results.items():
-        print(f"{name:8} {p50:8.3f} {p99:8.3f} {p50 - d50:10.3f} {p99 - d99:10.3f} {rate:10.1f} {rate / drate:6.2f}")
+        print(f"{name:10} {p50:8.3f} {p99:8.3f} {p50 - d50:10.3f} {p99 - d99:10.3f} {rate:10.1f} {rate / drate:6.2f}")
 
 
 def main() -> None:
@@ -167,6 +183,8 @@ def main() -> None:
         gate = json.loads((tmp / "gate").read_text().splitlines()[0])
         targets = {"direct": (fake_url, "none"), "relay": (relay["base_url"], relay["token"]),
                    "public": (relay["public_url"], relay["token"]), "gate": (gate["base_url"], gate["api_key"])}
+        for dialect in DIALECT_CALLS:  # the relay speaking each agent dialect, translated to chat completions
+            targets[dialect] = (relay["base_url"] + "#" + dialect, relay["token"])
         asyncio.run(_measure(targets, args))
     finally:
         for proc in procs:
