@@ -1,7 +1,8 @@
 """The relay on the server's own port, for remote sandboxes: `/llm/v1/...` (`settings.PUBLIC_RELAY_PATH`).
 
 A cloud sandbox (HF Sandbox, E2B) cannot reach the relay's loopback listener; it reaches the server. This ASGI
-app is the relay's door on the server's port, guarded only by per-rollout bearer tokens: a request without a
+app is the relay's door on the server's port (every dialect the relay speaks), guarded only by per-rollout tokens
+(bearer, or `x-api-key` / `x-goog-api-key` as those clients send them): a request without a
 live lease's token gets 401 here, before anything is read or forwarded (so nothing reaches the relay's handler
 or the upstream); a body over `relay_max_body_bytes` gets 413. Accepted requests are forwarded to the relay's
 loopback listener, response streamed back as it comes (the relay applies its caps, per-token concurrency
@@ -21,7 +22,7 @@ from coding_agent_env.settings import PUBLIC_RELAY_PATH, Settings
 
 __all__ = ["PublicRelayRoute"]
 
-_FORWARDED = ("content-type", "accept", "authorization")
+_FORWARDED = ("content-type", "accept", "authorization", "x-api-key", "x-goog-api-key", "anthropic-version")
 _HOP_BY_HOP = frozenset(("connection", "keep-alive", "transfer-encoding", "content-length", "server", "date"))
 
 
@@ -46,7 +47,7 @@ class PublicRelayRoute:
         path = scope["path"] if scope["path"].startswith(prefix + "/") else prefix + scope["path"]
         suffix = path[len(prefix):]  # "/v1/chat/completions"
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        token = _bearer(headers.get("authorization"))
+        token = _bearer(headers.get("authorization")) or _key(headers)
         relay = self._relay.running
         if token is None or relay is None or not relay.accepts(token):
             await _error(send, 401, "invalid, expired or revoked relay token", "authentication_error")
@@ -59,6 +60,8 @@ class PublicRelayRoute:
             # No total deadline: a streamed answer lasts as long as the model generates; the relay bounds it.
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
         url = relay.base_url.removesuffix("/v1") + suffix
+        if scope.get("query_string"):
+            url += "?" + scope["query_string"].decode("latin-1")
         forwarded = {k: v for k, v in headers.items() if k in _FORWARDED}
         started = False
         try:
@@ -84,6 +87,12 @@ def _bearer(value: str | None) -> str | None:
         return None
     token = value[7:].strip()
     return token or None
+
+
+def _key(headers: dict[str, str]) -> str | None:
+    """The token as Anthropic (`x-api-key`) and Google (`x-goog-api-key`) clients send it."""
+    key = (headers.get("x-api-key") or headers.get("x-goog-api-key") or "").strip()
+    return key or None
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:

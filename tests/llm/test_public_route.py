@@ -35,9 +35,18 @@ async def test_bad_tokens_never_reach_the_relay_or_the_upstream(settings: Settin
             good = await http.post(CHAT, json=BODY, headers={"authorization": f"Bearer {lease.token}"})
             assert good.status_code == 200 and good.json()["choices"][0]["message"]["content"] == "ok"
             assert len(fake.app.requests) == 1 and len(lease.turns()) == 1
+            # Every dialect the relay speaks, with the token as each client sends it.
+            google = await http.post("/llm/v1beta/models/m:generateContent?alt=json",
+                                     headers={"x-goog-api-key": lease.token},
+                                     json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]})
+            assert google.status_code == 200 and google.json()["candidates"][0]["content"]["parts"] == [{"text": "ok"}]
+            messages = await http.post("/llm/v1/messages", headers={"x-api-key": lease.token}, json={
+                "model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": "hi"}]})
+            assert messages.status_code == 200 and messages.json()["content"] == [{"type": "text", "text": "ok"}]
+            assert len(fake.app.requests) == 3 and len(lease.turns()) == 3
             await lease.close()
             revoked = await http.post(CHAT, json=BODY, headers={"authorization": f"Bearer {lease.token}"})
-            assert revoked.status_code == 401 and len(fake.app.requests) == 1
+            assert revoked.status_code == 401 and len(fake.app.requests) == 3
     finally:
         await route.aclose()
         await shared.stop()
