@@ -1,4 +1,4 @@
-"""End-to-end rollout time per agent (OpenCode, Pi, Terminus) with the instant scripted fake LLM, beside
+"""End-to-end rollout time per agent (every CLI agent, and Terminus) with the instant scripted fake LLM, beside
 running the same agent directly in the same run: no server, no sandbox, no relay, the agent talks to the fake
 LLM itself. A CLI agent runs its own launcher with the same config; Terminus, whose loop runs in the server
 for a rollout, runs as its standalone program (`terminus.loop`: the same conversation, commands in a host
@@ -30,7 +30,7 @@ from coding_agent_env.agents.driver import SESSION_TITLE, launcher_script  # noq
 from coding_agent_env.agents.registry import cli_specs, get_agent  # noqa: E402
 from coding_agent_env.agents.spec import LaunchContext  # noqa: E402
 from coding_agent_env.agents.terminus.agent import standalone_argv, standalone_config  # noqa: E402
-from coding_agent_env.llm import Relay  # noqa: E402
+from coding_agent_env.llm import Relay, Upstream  # noqa: E402
 from coding_agent_env.models import RolloutRequest, RolloutStatus, Timings  # noqa: E402
 from coding_agent_env.rollout import run_rollout  # noqa: E402
 from coding_agent_env.settings import Settings  # noqa: E402
@@ -38,10 +38,12 @@ from tests.agents.sessions import CORRECT, TASK, VERIFY, session, write_file_com
 from tests.fakes.llm import FakeLLM, FakeLLMServer  # noqa: E402
 
 KEY = "sk-bench"
+DIALECT_AGENTS = frozenset({"claude-code", "codex", "gemini-cli"})
+"""Agents that speak a dialect other than chat completions (the relay translates)."""
 MODEL = "fake/coder-1"
 
 
-def direct_run(agent: str, settings: Settings, base_url: str) -> tuple[float, float]:
+def direct_run(agent: str, settings: Settings, base_url: str, token: str = KEY) -> tuple[float, float]:
     """The agent run as a plain subprocess in a fresh HOME and workdir: (agent seconds, seconds of the task's
     verify commands then run the same way). A CLI agent runs its own launcher; Terminus runs as its
     standalone program (`terminus.loop`: the same conversation, commands in a host shell)."""
@@ -58,7 +60,7 @@ def direct_run(agent: str, settings: Settings, base_url: str) -> tuple[float, fl
             argv, stdin = standalone_argv(config), TASK.encode()
             env["TERMINUS_API_KEY"] = KEY
         else:
-            argv, stdin = cli_launch(agent, settings, base_url, home, work, agent_dir, env), None
+            argv, stdin = cli_launch(agent, settings, base_url, home, work, agent_dir, env, token), None
         started = time.perf_counter()
         done = subprocess.run(argv, input=stdin, cwd=work, env=env, capture_output=True, timeout=300, check=False)
         elapsed = time.perf_counter() - started
@@ -74,12 +76,13 @@ def direct_run(agent: str, settings: Settings, base_url: str) -> tuple[float, fl
 
 
 def cli_launch(
-    agent: str, settings: Settings, base_url: str, home: str, work: str, agent_dir: str, env: dict[str, str]
+    agent: str, settings: Settings, base_url: str, home: str, work: str, agent_dir: str, env: dict[str, str],
+    token: str = KEY,
 ) -> list[str]:
     """Write a CLI agent's launch files and launcher as the driver would; its argv (and `env` completed)."""
     [spec] = [spec for spec in cli_specs() if spec.name == agent]
     prefix = str(settings.agents_dir / spec.prefix_name)
-    ctx = LaunchContext(base_url=base_url, token=KEY, model=MODEL, home=home, workdir=work,
+    ctx = LaunchContext(base_url=base_url, token=token, model=MODEL, home=home, workdir=work,
                         agent_dir=agent_dir, prefix=prefix, title=SESSION_TITLE)
     launch = spec.launch(ctx)
     for item in launch.files:
@@ -134,7 +137,16 @@ async def compare(agent: str, settings: Settings, fake: FakeLLMServer, relay: Re
     ours, direct, checked, timings = [], [], [], []
     for _ in range(runs):  # interleaved, so both see the same machine load
         fake.app.reset(list(script))
-        agent_s, verify_s = await asyncio.to_thread(direct_run, agent, settings, fake.base_url)
+        if agent in DIALECT_AGENTS:
+            # The fake speaks chat completions only: the direct run of an agent speaking another dialect goes
+            # through a bare relay lease (translation only, no sandbox); bench/llm.py measures the translation.
+            lease = await relay.open_lease("direct", Upstream(base_url=fake.base_url, api_key=KEY, model=MODEL))  # type: ignore[arg-type]
+            try:
+                agent_s, verify_s = await asyncio.to_thread(direct_run, agent, settings, lease.base_url, lease.token)
+            finally:
+                await lease.close()
+        else:
+            agent_s, verify_s = await asyncio.to_thread(direct_run, agent, settings, fake.base_url)
         direct.append(agent_s)
         checked.append(agent_s + verify_s)
         fake.app.reset(list(script))
