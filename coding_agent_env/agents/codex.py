@@ -3,7 +3,10 @@ Responses API, translated by the relay (`llm.dialects.responses`) to the upstrea
 
 Configured without touching the workspace: `CODEX_HOME` is a private directory in the agent dir whose
 `config.toml` declares one model provider, the relay (`wire_api = "responses"`), reading the rollout's token from
-the environment (`env_key`), update checks off. `codex exec --json -` reads the prompt from stdin and prints JSONL
+the environment (`env_key`). Every other call Codex would make is off: update checks, analytics (its events
+and Statsig metrics), feedback uploads, the plugin and app catalog syncs. The sandbox has no DNS, and Codex's
+resolver waits out its timeouts before failing (seconds per rollout), so these are switched off rather than left
+to fail. `codex exec --json -` reads the prompt from stdin and prints JSONL
 events; `--dangerously-bypass-approvals-and-sandbox` runs every command without a prompt or Codex's own sandbox
 (the rollout's sandbox is the boundary); `--skip-git-repo-check` for workdirs that are not repositories.
 """
@@ -30,6 +33,19 @@ def config_toml(ctx: LaunchContext) -> str:
         f"model = {json.dumps(ctx.model)}",
         'model_provider = "relay"',
         "check_for_update_on_startup = false",
+        "",
+        "[analytics]",
+        "enabled = false",
+        "",
+        "[feedback]",
+        "enabled = false",
+        "",
+        "[otel]",
+        'metrics_exporter = "none"',
+        "",
+        "[features]",
+        "plugins = false",
+        "apps = false",
         "",
         "[model_providers.relay]",
         'name = "relay"',
