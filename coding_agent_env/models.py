@@ -57,6 +57,10 @@ class RolloutStatus(str, Enum):
     CANCELLED = "cancelled"
 
 
+NativeDialect = Literal["anthropic", "responses", "google"]
+"""Agent wire dialects other than chat completions, by the names the relay gives them."""
+
+
 class Mode(str, Enum):
     """How LLM calls are handled: `transparent_proxy` also asks the upstream for logprobs and token ids."""
 
@@ -217,6 +221,14 @@ class RolloutRequest(_Wire):
     top_logprobs: int = Field(
         default=0, ge=0, le=20, description="Logprobs per token to request in transparent_proxy mode."
     )
+    native_dialects: list[NativeDialect] = Field(
+        default_factory=list,
+        max_length=3,
+        description="Agent dialects the upstream serves itself: a call in one goes upstream unchanged (model and "
+        "max_tokens_cap applied) instead of translated to chat completions: anthropic at {base_url}/messages, "
+        "responses at {base_url}/responses, google at {base_url}/models/MODEL:generateContent. Default: the "
+        "endpoint's (LLM_ENDPOINTS native_dialects); none for a caller-supplied base_url.",
+    )
     task_id: str | None = Field(
         default=None, max_length=WireLimits.MAX_NAME_CHARS, description="Caller's id for the task, echoed in the result."
     )
@@ -360,6 +372,11 @@ class Turn(_Wire):
         default=None, description="Why the call failed: the upstream's error object, or the relay's (`message`)."
     )
     error: str | None = None
+    passthrough: NativeDialect | None = Field(
+        default=None,
+        description="The dialect the call went upstream in unchanged (the upstream speaks it natively); null: sent "
+        "as chat completions. The message, tool calls, finish reason and usage are read back from that dialect.",
+    )
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] = Field(
         default_factory=list, description="The sampled token ids, when the upstream returned them."

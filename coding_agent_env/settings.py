@@ -96,6 +96,10 @@ class LlmEndpoint(BaseModel):
     )
     """Merged into the request body when a rollout asks for `disable_thinking`."""
 
+    native_dialects: tuple[Literal["anthropic", "responses", "google"], ...] = ()
+    """Agent dialects `base_url` serves itself (anthropic: `{base_url}/messages`, responses: `{base_url}/responses`,
+    google: `{base_url}/models/M:generateContent`): calls in them are passed through, not translated."""
+
 
 PUBLIC_RELAY_PATH = "/llm/v1"
 """Where the server serves the relay on its own port, for remote sandboxes (per-rollout bearer tokens only)."""

@@ -25,12 +25,15 @@ from coding_agent_env.models import Turn
 from coding_agent_env.settings import Settings
 from coding_agent_env.streams import read_at_most
 
-__all__ = ["relay_call"]
+__all__ = ["RelayedCall", "error_for", "relay_call"]
 
 _DONE = "[DONE]"
 
 
-class _Call:
+class RelayedCall:
+    """One call in flight and what its turn is made of. `passthrough` names the dialect of a call sent upstream
+    as the agent wrote it (`llm.native`); otherwise `body` is the chat-completions request sent."""
+
     def __init__(self, lease: Lease, body: dict[str, Any], settings: Settings) -> None:
         self.lease = lease
         self.settings = settings
@@ -42,6 +45,7 @@ class _Call:
         self.dialect: Dialect | None = None
         self.error: str | None = None
         self.upstream_error: dict[str, Any] | None = None
+        self.passthrough: str | None = None
         self.timestamp = time.time()
         self.started = time.monotonic()
         self.ended: float | None = None
@@ -79,6 +83,7 @@ class _Call:
             upstream_status=self.status,
             upstream_error=self.upstream_error or ({"message": self.error} if self.error else None),
             error=self.error,
+            passthrough=self.passthrough,  # type: ignore[arg-type]
             prompt_token_ids=a.prompt_token_ids,
             completion_token_ids=a.sampled_ids(),
             completion_tokens=a.tokens or [],
@@ -93,7 +98,7 @@ async def relay_call(
     """Forward one call for `lease` and return the agent's response; records one turn in every case. `body` is a
     chat-completions request; with a `dialect` the agent spoke that dialect (its request already translated) and
     gets its answer, errors included, in it (the turn is recorded from the chat side either way)."""
-    call = _Call(lease, body, settings)
+    call = RelayedCall(lease, body, settings)
     call.dialect = dialect
     timeout = aiohttp.ClientTimeout(
         total=None, connect=settings.relay_connect_timeout_s, sock_read=settings.relay_read_timeout_s
@@ -116,10 +121,10 @@ async def relay_call(
             return await _whole(call, upstream)
     except TimeoutError:
         call.error = "upstream timed out"
-        return _error(call, 504, call.error, "upstream_timeout")
+        return error_for(call, 504, call.error, "upstream_timeout")
     except aiohttp.ClientError as exc:
         call.error = call.redact(f"upstream unreachable: {type(exc).__name__}")
-        return _error(call, 502, call.error, "upstream_unreachable")
+        return error_for(call, 502, call.error, "upstream_unreachable")
     except BaseException:
         call.error = call.error or ("lease closed" if lease.closed else "call cancelled")
         raise
@@ -129,7 +134,7 @@ async def relay_call(
         lease.record(call)
 
 
-async def _upstream_error(call: _Call, upstream: aiohttp.ClientResponse) -> web.Response:
+async def _upstream_error(call: RelayedCall, upstream: aiohttp.ClientResponse) -> web.Response:
     cap = call.settings.relay_max_error_chars
     raw = await read_at_most(upstream.content, cap * 4)
     text = call.redact(raw.decode("utf-8", "replace"))
@@ -139,11 +144,11 @@ async def _upstream_error(call: _Call, upstream: aiohttp.ClientResponse) -> web.
     call.upstream_error = detail if isinstance(detail, dict) else {"message": text[:cap]}
     if call.dialect is not None:
         message = detail.get("message") if isinstance(detail, dict) else None
-        return _error(call, upstream.status, str(message or text[:cap]), "upstream_error")
+        return error_for(call, upstream.status, str(message or text[:cap]), "upstream_error")
     return web.Response(status=upstream.status, text=text, content_type=upstream.content_type or "application/json")
 
 
-def _error(call: _Call, status: int, message: str, kind: str) -> web.Response:
+def error_for(call: RelayedCall, status: int, message: str, kind: str) -> web.Response:
     """An error in the agent's dialect."""
     if call.dialect is not None:
         return web.Response(status=status, text=json.dumps(call.dialect.error_body(status, message)),
@@ -151,16 +156,16 @@ def _error(call: _Call, status: int, message: str, kind: str) -> web.Response:
     return error_response(status, message, kind)
 
 
-async def _whole(call: _Call, upstream: aiohttp.ClientResponse) -> web.Response:
+async def _whole(call: RelayedCall, upstream: aiohttp.ClientResponse) -> web.Response:
     limit = call.settings.relay_max_response_bytes
     raw = await read_at_most(upstream.content, limit + 1)
     if len(raw) > limit:
         call.error = f"upstream response larger than {limit} bytes"
-        return _error(call, 502, call.error, "upstream_response_too_large")
+        return error_for(call, 502, call.error, "upstream_response_too_large")
     parsed = parse_json_object(raw)
     if parsed is None:
         call.error = "upstream response is not a JSON object"
-        return _error(call, 502, call.error, "upstream_bad_response")
+        return error_for(call, 502, call.error, "upstream_bad_response")
     call.assembler.add_response(parsed)
     if call.dialect is not None:
         answer = call.dialect.response(parsed, call.body.get("model"))
@@ -168,7 +173,7 @@ async def _whole(call: _Call, upstream: aiohttp.ClientResponse) -> web.Response:
     return web.Response(body=raw, content_type="application/json")
 
 
-async def _stream(request: web.Request, call: _Call, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+async def _stream(request: web.Request, call: RelayedCall, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     parser = SseParser(call.settings.relay_max_response_bytes)

@@ -10,6 +10,8 @@ never on the public port. Routes, each requiring a lease's bearer token (401 oth
     POST /v1/responses          the OpenAI Responses API, likewise (`llm.dialects.responses`)
     POST /v1beta/models/M:generateContent, :streamGenerateContent   Google's (token as `x-goog-api-key`),
                                 likewise (`llm.dialects.google`)
+                                A dialect the upstream serves itself (`Upstream.native_dialects`) is passed
+                                through unchanged instead (`llm.native`)
     GET  /v1/models             the lease's model, answered locally
 
 `serve_listener(sock)` serves the same routes on a listening socket made elsewhere: the local backend makes
@@ -32,6 +34,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -41,6 +44,7 @@ from coding_agent_env.llm.dialects import ANTHROPIC, GOOGLE, RESPONSES, Dialect,
 from coding_agent_env.llm.dialects.anthropic import DialectError
 from coding_agent_env.llm.forward import relay_call
 from coding_agent_env.llm.lease import Lease
+from coding_agent_env.llm.native import relay_native
 from coding_agent_env.llm.upstream import Upstream
 from coding_agent_env.llm.wire import bearer_token, error_response, parse_json_object
 from coding_agent_env.pids import pid_alive
@@ -244,16 +248,23 @@ class Relay:
         body = parse_json_object(raw)
         if body is None:
             return error_response(400, "request body is not a JSON object", "invalid_request_error")
+        native = dialect is not None and dialect[0].name in lease.upstream.native_dialects
+        original = body
         if dialect is not None:
             try:
                 body = dialect[1](body)
             except DialectError as exc:
-                return _dialect_error(dialect[0], 400, str(exc))
+                if not native:
+                    return _dialect_error(dialect[0], 400, str(exc))
+                body = {}  # the upstream takes what the translation cannot (images, say): no prompt recorded
         assert self._session is not None
         task = asyncio.current_task()
         assert task is not None
         lease.track(task)
         try:
+            if native:
+                assert dialect is not None
+                return await relay_native(request, lease, dialect[0], original, body, self._session, self._settings)
             return await relay_call(request, lease, body, self._session, self._settings,
                                     dialect=dialect[0] if dialect is not None else None)
         finally:

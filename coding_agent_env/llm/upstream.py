@@ -11,6 +11,7 @@ built-in default. Rules (INTEGRITY.md 3-4):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -43,6 +44,8 @@ class Upstream:
     token_ids: bool = False
     disable_thinking_body: dict[str, Any] = field(default_factory=lambda: dict(_GENERIC_THINKING_OFF))
     endpoint: str | None = None
+    native_dialects: frozenset[str] = frozenset()
+    """Agent dialects the upstream serves itself (calls in them are passed through, see `llm.native`)."""
 
     def __post_init__(self) -> None:
         _check_url(self.base_url)
@@ -101,6 +104,7 @@ def resolve_upstream(request: RolloutRequest, settings: Settings) -> Upstream:
         return _upstream(
             request, request.base_url, caller_key, model, token_ids=True, endpoint=None,
             thinking_default=named.disable_thinking_default if named is not None else False,
+            native=request.native_dialects,
         )
     name = request.endpoint or settings.llm_default_endpoint
     if name is None:
@@ -115,6 +119,7 @@ def resolve_upstream(request: RolloutRequest, settings: Settings) -> Upstream:
     return _upstream(
         request, entry.base_url, key, model, token_ids=entry.token_ids, endpoint=name,
         thinking=entry.disable_thinking_body, thinking_default=entry.disable_thinking_default,
+        native=request.native_dialects or entry.native_dialects,
     )
 
 
@@ -135,6 +140,7 @@ def _upstream(
     endpoint: str | None,
     thinking: dict[str, Any] | None = None,
     thinking_default: bool = False,
+    native: Sequence[str] = (),
 ) -> Upstream:
     try:
         return Upstream(
@@ -148,6 +154,7 @@ def _upstream(
             token_ids=token_ids,
             disable_thinking_body=dict(_GENERIC_THINKING_OFF if thinking is None else thinking),
             endpoint=endpoint,
+            native_dialects=frozenset(native),
         )
     except ValueError as exc:
         raise EndpointError(str(exc)) from None

@@ -7,6 +7,12 @@ chunk when `stream_options.include_usage` is set, then `data: [DONE]`. With `log
 per-token logprobs (and `top_logprobs` alternatives); with vLLM's `return_token_ids` the response carries
 `prompt_token_ids` and per-choice `token_ids`. Streamed and non-streamed answers agree token for token.
 
+With `native` it also serves agent dialects itself, like an upstream that speaks them (Anthropic's
+`/v1/messages` with `x-api-key`, `/v1/responses` with a bearer, Google's `/v1beta/models/M:generateContent` and
+`:streamGenerateContent` with `x-goog-api-key`): the request is read through the relay's own translation to
+chat and the scripted reply written back in the dialect the same way (the real agents accept those answers from
+the relay, so they are well-formed); for the relay's pass-through tests.
+
 Every request is kept in `FakeLLM.requests` (body, headers, path) so tests can see what reached "the model".
 """
 
@@ -16,8 +22,8 @@ import asyncio
 import json
 import socket
 import threading
-import uuid
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -78,6 +84,8 @@ class FakeLLM:
     arrival: concurrent conversations then each get the whole script."""
     vocab: dict[str, int] = field(default_factory=dict)
     """The fake engine's tokenizer: each distinct piece gets the next id, shared by every call."""
+    native: frozenset[str] = frozenset()
+    """Agent dialects served natively (anthropic, responses, google); see the module docstring."""
     _served: int = 0
 
     def token_id(self, piece: str) -> int:
@@ -101,6 +109,10 @@ class FakeLLM:
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         body = json.loads(raw) if raw else None
         self.requests.append(SeenRequest(scope["path"], scope["method"], headers, body))
+        dialect = _native_dialect(scope["path"]) if self.native else None
+        if dialect is not None and dialect[0] in self.native and isinstance(body, dict):
+            await self._native(dialect, headers, body, send)
+            return
         if self.api_key is not None and headers.get("authorization") != f"Bearer {self.api_key}":
             await _json(send, 401, {"error": {"message": "bad key", "type": "authentication_error"}})
             return
@@ -113,6 +125,38 @@ class FakeLLM:
         reply = self.script[min(position, len(self.script) - 1)]
         self._served += 1
         await self._answer(reply, body, send)
+
+    async def _native(self, dialect: tuple[str, Any, Any], headers: dict[str, str], body: dict[str, Any],
+                      send: Send) -> None:
+        name, to_chat, (whole, stream) = dialect
+        key = {"anthropic": headers.get("x-api-key"), "google": headers.get("x-goog-api-key")}.get(
+            name, headers.get("authorization", "").removeprefix("Bearer "))
+        if self.api_key is not None and key != self.api_key:
+            await _json(send, 401, {"error": {"message": "bad key", "type": "authentication_error"}})
+            return
+        try:
+            chat = to_chat(body)
+        except ValueError:  # what the relay's text-only translation refuses (images), a native upstream reads
+            chat = {"model": body.get("model"), "messages": [], "stream": body.get("stream") is True}
+        position = self._served
+        if self.by_conversation:
+            messages = chat.get("messages") or []
+            position = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+        reply = self.script[min(position, len(self.script) - 1)]
+        self._served += 1
+        if reply.status != 200:
+            await _json(send, reply.status, {"error": {"message": reply.error_message, "type": "scripted"}})
+            return
+        answer = _Answer(reply, chat, self)
+        if chat.get("stream") is not True:
+            await _json(send, 200, whole(answer.whole(), chat.get("model")))
+            return
+        translator = stream(chat.get("model"))
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        for chunk in answer.chunks():
+            if data := translator.feed(chunk):
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+        await send({"type": "http.response.body", "body": translator.finish(), "more_body": False})
 
     async def _answer(self, reply: Reply, body: dict[str, Any], send: Send) -> None:
         if reply.hang:
@@ -248,6 +292,22 @@ class _Answer:
 
 
 _END = "<|end|>"
+
+
+def _native_dialect(path: str) -> tuple[str, Any, Any] | None:
+    """(name, request -> chat, (whole translation, stream translator)) for a dialect path, else None."""
+    from coding_agent_env.llm.dialects import anthropic, google, responses
+
+    if path == "/v1/messages":
+        return "anthropic", anthropic.to_chat, (anthropic.response_from_chat, anthropic.AnthropicStream)
+    if path == "/v1/responses":
+        return "responses", responses.to_chat, (responses.response_from_chat, responses.ResponsesStream)
+    found = google.parse_path(path)
+    if found is not None:
+        model, streamed = found
+        return ("google", lambda body: google.to_chat(body, model, streamed),
+                (google.response_from_chat, google.GoogleStream))
+    return None
 
 
 def _pieces(text: str | None) -> list[str]:
