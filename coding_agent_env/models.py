@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import posixpath
+import re
 from enum import Enum
 from typing import Any, Literal
 
@@ -56,6 +57,10 @@ class RolloutStatus(str, Enum):
     INFRA_ERROR = "infra_error"
     CANCELLED = "cancelled"
 
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SANDBOX_OWN_ENV = frozenset({"HOME", "TMPDIR", "USER", "LOGNAME", "REWARD_FILE"})
+"""Variables that are the sandbox's (or verify's) own: neither a request's `env` nor an image's ENV sets them."""
 
 NativeDialect = Literal["anthropic", "responses", "google"]
 """Agent wire dialects other than chat completions, by the names the relay gives them."""
@@ -221,6 +226,13 @@ class RolloutRequest(_Wire):
     top_logprobs: int = Field(
         default=0, ge=0, le=20, description="Logprobs per token to request in transparent_proxy mode."
     )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=WireLimits.MAX_ENV_VARS,
+        description="Environment variables for every command in the sandbox (setup, the agent, verify), over the "
+        "image's own ENV: PATH may be set; HOME, TMPDIR, USER, LOGNAME and REWARD_FILE are the sandbox's. "
+        "A Harbor task's Dockerfile ENV arrives here on backends that do not build its image.",
+    )
     native_dialects: list[NativeDialect] = Field(
         default_factory=list,
         max_length=3,
@@ -282,6 +294,22 @@ class RolloutRequest(_Wire):
             if "\x00" in cmd:
                 raise ValueError("commands must not contain NUL bytes")
         return commands
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        total = 0
+        for name, value in env.items():
+            if not _ENV_NAME.fullmatch(name):
+                raise ValueError(f"env name {name[:64]!r} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)")
+            if name in SANDBOX_OWN_ENV:
+                raise ValueError(f"env may not set {name}: it is the sandbox's own")
+            if "\x00" in value:
+                raise ValueError(f"env {name} contains a NUL byte")
+            total += len(name) + len(value.encode("utf-8", "surrogateescape"))
+        if total > WireLimits.MAX_ENV_BYTES:
+            raise ValueError(f"env totals more than {WireLimits.MAX_ENV_BYTES} bytes")
+        return env
 
     @field_validator("instruction")
     @classmethod

@@ -56,6 +56,9 @@ class WireLimits:
     MAX_FILES_BYTES: ClassVar[int] = 16 * _MIB
     """Total of `files` and `verify_files`."""
     MAX_ARTIFACT_PATTERNS: ClassVar[int] = 256
+    MAX_ENV_VARS: ClassVar[int] = 128
+    MAX_ENV_BYTES: ClassVar[int] = 64 * 1024
+    """Total of `env`'s names and values."""
     MAX_PATH_BYTES: ClassVar[int] = 1024
     MAX_NAME_CHARS: ClassVar[int] = 512
     MAX_URL_CHARS: ClassVar[int] = 2048

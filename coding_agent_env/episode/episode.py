@@ -233,6 +233,7 @@ class Episode:
     async def _provision(self) -> None:
         spec = SandboxSpec(
             rollout_id=f"episode-{uuid.uuid4().hex}", image=self.task.image, network="none", limits=self.limits,
+            env=self.task.env,
             deadline_s=self.settings.episode_timeout_s + self.settings.teardown_timeout_s,
         )
         self.spec = spec

@@ -32,7 +32,8 @@ class CommandRunner:
 
     async def run(self, cmd: str, *, fresh: bool, env: Mapping[str, str] | None = None) -> CommandResult:
         """Run `cmd` to its end or its deadline. `fresh`: in a context the agent cannot have prepared (a new
-        private HOME and /tmp, the standard PATH), as verify needs. `SandboxError` only if it could not be run."""
+        private HOME and /tmp, the sandbox's base environment), as verify needs. `SandboxError` only if it could
+        not be run."""
         done = await self.sandbox.exec(
             [self.sandbox.shell, "-c", cmd],
             timeout=self.timeout_s,

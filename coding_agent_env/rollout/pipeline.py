@@ -238,6 +238,7 @@ class _Rollout:
             relay=relay,
             agents_dir=str(agents) if relay is not None and agents.is_dir() else None,
             limits=self.limits,
+            env=self.request.env,
             deadline_s=self.budget.total_s,
         )
         self.spec = spec

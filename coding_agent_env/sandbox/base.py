@@ -5,7 +5,8 @@ relative path is relative to `paths.workdir`; an absolute path must lie under on
 roots (`paths.workdir`, `paths.home`, `paths.tmp`, `paths.logs`). File operations never follow a symlink out
 of those roots.
 
-Environments are never inherited from the server: a command sees `base_env()` plus what the caller passes.
+Environments are never inherited from the server: a command sees `base_env()` (the standard variables, then the
+sandbox's `task_env`: its image's ENV and the request's `env`) plus what the caller passes.
 
 Lifecycle: created open by its backend's `create()`; `close()` kills every process it started and removes
 everything it made; `close()` is idempotent and safe after cancellation. Any use after close raises
@@ -24,6 +25,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from coding_agent_env.errors import SandboxClosedError
+from coding_agent_env.models import SANDBOX_OWN_ENV
 from coding_agent_env.settings import Settings
 
 __all__ = [
@@ -32,12 +34,15 @@ __all__ = [
     "FileEntry",
     "Process",
     "RelayEndpoint",
+    "SANDBOX_OWN_ENV",
+    "STANDARD_PATH",
     "Sandbox",
     "SandboxBackend",
     "SandboxLimits",
     "SandboxPaths",
     "SandboxSpec",
     "SandboxState",
+    "image_env",
     "rlimits",
     "scopes",
 ]
@@ -125,6 +130,8 @@ class SandboxSpec:
     """Host directory of pre-installed agents to make visible read-only (at `Sandbox.agents_dir`)."""
     limits: SandboxLimits | None = None
     """What the sandbox may use; None: the server's settings."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """The task's variables for every command (`RolloutRequest.env`), over the image's own (`Sandbox.task_env`)."""
     deadline_s: float | None = None
     """The rollout's whole deadline. A backend whose sandboxes end by themselves (a remote VM or Job) gives
     them at least this lifetime plus `REMOTE_LIFETIME_MARGIN_S`, so one never ends under a running rollout
@@ -220,6 +227,19 @@ class Process(abc.ABC):
         """Kill the whole process tree and reap it. Idempotent; safe when it already exited."""
 
 
+STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def image_env(entries: Sequence[str] | None) -> dict[str, str]:
+    """An image's `Config.Env` (`NAME=value` strings) as a mapping."""
+    env: dict[str, str] = {}
+    for entry in entries or ():
+        name, sep, value = entry.partition("=")
+        if sep and name:
+            env[name] = value
+    return env
+
+
 class Sandbox(abc.ABC):
     """One rollout's sandbox. See the module docstring for the path, env and lifecycle contract."""
 
@@ -249,6 +269,10 @@ class Sandbox(abc.ABC):
     limit_scopes: Mapping[str, str] = MappingProxyType({})
     """Each of `limits`' scope (see `scopes`)."""
 
+    task_env: Mapping[str, str] = MappingProxyType({})
+    """Variables the task sets for every command: the image's ENV where the backend runs an image, then the
+    spec's `env`. Set by the backend at create; `SANDBOX_OWN_ENV` names are never taken from it."""
+
     def __init__(self) -> None:
         self._state = SandboxState.OPEN
 
@@ -261,9 +285,10 @@ class Sandbox(abc.ABC):
             raise SandboxClosedError(f"sandbox {self.id} is closed")
 
     def base_env(self) -> dict[str, str]:
-        """The environment every command starts from (nothing of the server's own)."""
-        return {
-            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        """The environment every command starts from (nothing of the server's own): the standard variables, then
+        `task_env` (whose PATH, say, replaces ours; the sandbox's own HOME, TMPDIR, USER and LOGNAME stay)."""
+        env = {
+            "PATH": STANDARD_PATH,
             "HOME": self.paths.home,
             "TMPDIR": self.paths.tmp,
             "LANG": "C.UTF-8",
@@ -272,6 +297,10 @@ class Sandbox(abc.ABC):
             "LOGNAME": "sandbox",
             "PYTHONNOUSERSITE": "1",
         }
+        for name, value in self.task_env.items():
+            if name not in SANDBOX_OWN_ENV:
+                env[name] = value
+        return env
 
     @abc.abstractmethod
     async def exec(

@@ -1,17 +1,18 @@
 """What a Harbor task's Dockerfile asks for, as far as a sandbox without Docker can honour it.
 
 Only `FROM`, `WORKDIR`, `COPY` and `ENV` (and the inert `ARG`, `LABEL`, comments) can be honoured outside Docker:
-the files a `COPY` names are laid into the workdir, `WORKDIR` and `ENV` are reported. Anything else (`RUN`
-installing packages, say) needs the Docker backend.
+the files a `COPY` names are laid into the workdir, `ENV` becomes the request's `env` (`dockerfile_env`), `WORKDIR`
+is reported. Anything else (`RUN` installing packages, say) needs the Docker backend.
 """
 
 from __future__ import annotations
 
 import posixpath
+import re
 import shlex
 from dataclasses import dataclass, field
 
-__all__ = ["Copy", "DockerfilePlan", "parse_dockerfile"]
+__all__ = ["Copy", "DockerfilePlan", "dockerfile_env", "parse_dockerfile"]
 
 _HONOURED = frozenset({"FROM", "WORKDIR", "COPY", "ENV"})
 _INERT = frozenset({"ARG", "LABEL", "MAINTAINER"})
@@ -89,3 +90,47 @@ def _copy(plan: DockerfilePlan, rest: str, number: int) -> None:
     if last.endswith("/") or posixpath.basename(last) in (".", ".."):
         dest = dest.rstrip("/") + "/"  # a directory: sources go inside it
     plan.copies.append(Copy(tuple(words[:-1]), dest))
+
+
+_REFERENCE = re.compile(r"\$(?:\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)\}|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))")
+
+
+def dockerfile_env(plan: DockerfilePlan, base: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The variables the Dockerfile's `ENV`s set, in order, each value's `$NAME` / `${NAME}` expanded against
+    `base` and the ENVs before it (as Docker expands them at build time; an unknown name is empty), with the
+    problems: an ENV that cannot be parsed. Both forms: `ENV A=1 B="two words"` and `ENV A one value`."""
+    seen = dict(base)
+    out: dict[str, str] = {}
+    problems: list[str] = []
+    for raw in plan.env:
+        try:
+            pairs = _env_pairs(raw)
+        except ValueError:
+            problems.append(f"ENV {raw[:80]} (cannot parse)")
+            continue
+        for name, value in pairs:
+            value = _REFERENCE.sub(lambda m: seen.get(m["braced"] or m["bare"], ""), value)
+            seen[name] = out[name] = value
+    return out, problems
+
+
+def _env_pairs(raw: str) -> list[tuple[str, str]]:
+    words = shlex.split(raw, posix=True)
+    if not words:
+        raise ValueError("empty")
+    if "=" not in words[0]:  # the legacy form: one name, the rest of the line its value
+        name, _, value = raw.strip().partition(" ")
+        return [(_name(name), value.strip())]
+    pairs = []
+    for word in words:
+        name, sep, value = word.partition("=")
+        if not sep:
+            raise ValueError(word)
+        pairs.append((_name(name), value))
+    return pairs
+
+
+def _name(name: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ValueError(name)
+    return name

@@ -12,8 +12,9 @@ A task directory holds `task.toml`, `instruction.md`, `environment/` (a `Dockerf
 - `tests/` become hidden verify files under `/tests` (written only for verify, removed with the sandbox), verify
   runs `bash /tests/test.sh`, and the reward must come from `/logs/verifier/reward.txt` or `reward.json`;
 - `environment/`: on Docker the image is built from it (`DockerEnvironment`); elsewhere the files its Dockerfile
-  `COPY`s into the workdir are laid there, and a Dockerfile doing more than FROM / WORKDIR / COPY / ENV is refused
-  (naming the Docker backend) unless `TaskOptions.ignore_dockerfile`.
+  `COPY`s into the workdir are laid there, its `ENV`s become the request's `env` (expanded as Docker would, over
+  the standard PATH), and a Dockerfile doing more than FROM / WORKDIR / COPY / ENV is refused (naming the Docker
+  backend) unless `TaskOptions.ignore_dockerfile`. On Docker the image's own ENV applies (`Sandbox.task_env`).
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from coding_agent_env.models import RolloutRequest, validation_summary
+from coding_agent_env.models import SANDBOX_OWN_ENV, RolloutRequest, validation_summary
+from coding_agent_env.sandbox.base import STANDARD_PATH
 from coding_agent_env.settings import WireLimits
 from coding_agent_env.tasks.base import DockerEnvironment, LoadedTask, TaskError, TaskOptions
-from coding_agent_env.tasks.dockerfile import DockerfilePlan, parse_dockerfile
+from coding_agent_env.tasks.dockerfile import DockerfilePlan, dockerfile_env, parse_dockerfile
 
 __all__ = ["is_harbor_task", "load_harbor_task"]
 
@@ -198,8 +200,14 @@ def _environment(
                 unsupported=True,
             )
         notes.append(f"Dockerfile steps skipped on {options.sandbox}: {steps}")
-    if plan.env:
-        notes.append(f"Dockerfile ENV not set on {options.sandbox}: {'; '.join(plan.env)[:200]}")
+    env, problems = dockerfile_env(plan, {"PATH": STANDARD_PATH})
+    kept = {name: value for name, value in env.items() if name not in SANDBOX_OWN_ENV}
+    if kept:
+        fields["env"] = kept
+    dropped = sorted(set(env) - set(kept))
+    if dropped or problems:
+        notes.append(f"Dockerfile ENV not set on {options.sandbox}: {'; '.join(dropped + problems)[:200]}"
+                     + (" (the sandbox's own)" if dropped else ""))
     return None
 
 

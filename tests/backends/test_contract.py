@@ -82,6 +82,24 @@ async def test_exec_env_is_not_the_servers(sandbox: Sandbox, monkeypatch: pytest
     assert f"HOME={sandbox.paths.home}" in out
 
 
+async def test_the_specs_env_reaches_every_command(kind: str, make_backend: Callable[[str], Any],
+                                                    assert_no_leftovers: None) -> None:
+    """`SandboxSpec.env` (a task's variables) is in every command's environment, the fresh context's too; the
+    sandbox's own HOME stays; the caller's `env` wins over it."""
+    spec = SandboxSpec(rollout_id="env", env={"TASK_VAR": "from the task", "PATH": "/opt/task/bin:/usr/bin:/bin",
+                                              "HOME": "/not/the/home"})
+    box = await make_backend(kind)().create(spec)
+    try:
+        for fresh in (False, True):
+            _, out, _ = await sh(box, 'echo "$TASK_VAR|$PATH|$HOME"', fresh=fresh)
+            assert out.split("|")[:2] == ["from the task", "/opt/task/bin:/usr/bin:/bin"], out
+            assert not out.endswith("|/not/the/home\n"), out
+        _, out, _ = await sh(box, 'echo "$TASK_VAR"', env={"TASK_VAR": "the caller's"})
+        assert out == "the caller's\n"
+    finally:
+        await box.close()
+
+
 async def test_timeout_kills_the_whole_tree(sandbox: Sandbox, live: Callable[[Sandbox], list[str]]) -> None:
     script = "(trap '' TERM; sleep 300) & (setsid sleep 301 &) ; sleep 302"
     done = await sandbox.exec([sandbox.shell, "-c", script], timeout=0.5, max_output_bytes=OUT)

@@ -44,10 +44,12 @@ def built_images(docker_engine: Any) -> Any:  # noqa: F811
 @pytest.mark.usefixtures("built_images")
 def test_harbor_task_image_built_once_and_tests_hidden(tmp_path: Path, docker_env: dict[str, str],
                                                        docker_engine: Any) -> None:  # noqa: F811
-    solve = "ls -A /tests/ > seen.txt 2>&1; cp /opt/task/data.txt done.txt"
-    test_sh = (f"mkdir -p /logs/verifier; grep -q SECRET /tests/hidden.txt && "
+    # The image's ENV holds for the agent and for verify (the sandbox starts from it, not from the image's shell).
+    solve = 'ls -A /tests/ > seen.txt 2>&1; cp /opt/task/data.txt done.txt; echo "$GREETING" > greeting.txt'
+    test_sh = (f'mkdir -p /logs/verifier; grep -q SECRET /tests/hidden.txt && [ "$GREETING" = from-image ] && '
                f"cmp -s done.txt /opt/task/data.txt && echo 1 > {REWARD} || echo 0 > {REWARD}")
-    make_task(tmp_path / "tasks", "copies-outside", dockerfile=f"FROM {IMAGE}\nCOPY data.txt /opt/task/data.txt\n",
+    make_task(tmp_path / "tasks", "copies-outside",
+              dockerfile=f"FROM {IMAGE}\nCOPY data.txt /opt/task/data.txt\nENV GREETING=from-image\n",
               env_files={"data.txt": "from the image\n"}, solve=solve, test_sh=test_sh,
               extra_tests={"hidden.txt": "SECRET"})
     out = tmp_path / "out.jsonl"
@@ -60,6 +62,7 @@ def test_harbor_task_image_built_once_and_tests_hidden(tmp_path: Path, docker_en
         assert result["sandbox"] == "docker" and result["isolation"] == "docker", result["error"]
         assert result["reward"] == 1.0, (result["error"], result["verify_results"])
         assert "SECRET" not in result["files"]["seen.txt"] and "hidden" not in result["files"]["seen.txt"]
+        assert result["files"]["greeting.txt"] == "from-image\n"
     tags = [tag for image in docker_engine.images.list(name="coding-agent-env-task") for tag in image.tags]
     assert len(tags) == 1  # one build for both attempts
 

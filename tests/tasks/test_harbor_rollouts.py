@@ -52,3 +52,16 @@ async def test_unisolated_sandbox_cannot_show_tests(tmp_path: Path, settings: Se
     assert result.status is RolloutStatus.INFRA_ERROR and result.reward is None
     assert result.error is not None and "/tests" in result.error
     assert not result.files.get("done.txt")  # refused before the agent ran
+
+
+async def test_dockerfile_env_reaches_setup_agent_and_verify(tmp_path: Path, settings: Settings) -> None:
+    """The Dockerfile's ENV holds for every command on the local backend, verify's clean context included."""
+    task = make_task(
+        tmp_path, "env", dockerfile="FROM x\nWORKDIR /workspace\nENV GREETING=hello TOOLS=/opt/none\n"
+                                    "ENV PATH=$TOOLS/bin:$PATH\n",
+        solve='echo "$GREETING" > done.txt; echo "$PATH" > path.txt',
+        test_sh=f'mkdir -p /logs/verifier; [ "$(cat done.txt)" = hello ] && [ "$GREETING" = hello ] && '
+                f'[ "${{PATH%%:*}}" = /opt/none/bin ] && echo 1 > {REWARD} || echo 0 > {REWARD}')
+    result = await run_rollout(_load(task).request.model_copy(update={"agent": "oracle"}), settings=settings)
+    assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, (result.error, result.verify_results)
+    assert result.files["path.txt"].startswith("/opt/none/bin:/usr/local/sbin:")

@@ -38,7 +38,8 @@ def test_harbor_mapping(tmp_path: Path) -> None:
     toml = ('[task]\nname = "org/named"\n[agent]\ntimeout_sec = 90\n[verifier]\ntimeout_sec = 45\n'
             '[environment]\ncpus = 64\nmemory_mb = 512\nallow_internet = true\n')
     task = make_task(tmp_path, "dir-name", toml=toml,
-                     dockerfile="FROM x\nWORKDIR /app\nCOPY src/ /app/src/\nCOPY top.txt .\nENV A=1\n",
+                     dockerfile="FROM x\nWORKDIR /app\nCOPY src/ /app/src/\nCOPY top.txt .\nENV A=1\n"
+                                "ENV PATH=/opt/t/bin:$PATH B=\"two ${A}\"\nENV HOME /root\n",
                      env_files={"src/m.py": "M = 1\n", "top.txt": "top\n", "unused.txt": "no\n"},
                      extra_tests={"test_x.py": "assert True\n"})
     caps = SandboxLimits(memory_mb=4096, disk_mb=1024, max_processes=256, cpus=2, max_file_mb=64, cpu_s=600)
@@ -53,7 +54,11 @@ def test_harbor_mapping(tmp_path: Path) -> None:
     assert request.verify == ["bash /tests/test.sh"] and request.reward_file_required
     assert request.solution and "echo ok > done.txt" in request.solution[0]
     notes = " | ".join(loaded.notes)
-    assert "cpus 64 cut" in notes and "allow_internet" in notes and "workdir /app" in notes and "ENV" in notes
+    assert "cpus 64 cut" in notes and "allow_internet" in notes and "workdir /app" in notes
+    # ENV becomes the request's env, expanded as Docker would; HOME is the sandbox's own, so it is left (and noted).
+    assert request.env == {"A": "1", "PATH": "/opt/t/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                           "B": "two 1"}
+    assert "Dockerfile ENV not set on local: HOME" in notes
 
 
 def test_harbor_directory_of_tasks_and_bad_input(tmp_path: Path) -> None:

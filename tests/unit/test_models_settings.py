@@ -133,3 +133,18 @@ def test_default_agent_setting() -> None:
     assert Settings.from_env({"DEFAULT_AGENT": "pi"}).default_agent == "pi"
     with pytest.raises(SettingsError, match="DEFAULT_AGENT"):
         Settings.from_env({"DEFAULT_AGENT": "nope"})
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"1BAD": "x"}, "not a variable name"),
+    ({"A-B": "x"}, "not a variable name"),
+    ({"HOME": "/root"}, "HOME: it is the sandbox's own"),
+    ({"REWARD_FILE": "/tmp/r"}, "REWARD_FILE: it is the sandbox's own"),
+    ({"A": "x\x00y"}, "NUL"),
+    ({"A": "x" * (WireLimits.MAX_ENV_BYTES + 1)}, "more than"),
+    ({f"V{i}": "" for i in range(WireLimits.MAX_ENV_VARS + 1)}, "at most"),
+])
+def test_request_env_is_refused_precisely(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        RolloutRequest(instruction="x", env=env)
+    assert RolloutRequest(instruction="x", env={"PATH": "/opt/x:/usr/bin", "_A1": ""}).env["PATH"] == "/opt/x:/usr/bin"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from types import MappingProxyType
 from typing import Any
 
 import docker
@@ -31,7 +32,15 @@ import docker.types
 
 from coding_agent_env.backend_config import DockerConfig
 from coding_agent_env.errors import SandboxError, SandboxUnavailableError
-from coding_agent_env.sandbox.base import BackendStatus, Sandbox, SandboxBackend, SandboxLimits, SandboxSpec, scopes
+from coding_agent_env.sandbox.base import (
+    BackendStatus,
+    Sandbox,
+    SandboxBackend,
+    SandboxLimits,
+    SandboxSpec,
+    image_env,
+    scopes,
+)
 from coding_agent_env.sandbox.docker.control import ControlChannel
 from coding_agent_env.sandbox.docker.engine import SDK_ERRORS, call, translate
 from coding_agent_env.sandbox.docker.engine_exec import EngineExec
@@ -63,6 +72,7 @@ class DockerBackend(SandboxBackend):
         self._reaped = False
         self._sized: bool | None = None
         """Whether the engine bounds a container's writable layer (`storage_opt`); None: not known yet."""
+        self._image_envs: dict[str, dict[str, str]] = {}
 
     def client(self) -> docker.DockerClient:
         if self._client is None:
@@ -161,12 +171,28 @@ class DockerBackend(SandboxBackend):
             await asyncio.shield(self._discard(creating))
             await transport.close()
             raise
+        try:
+            env = await self._image_env(spec.image or self._config.image)
+        except BaseException:
+            await asyncio.shield(self._discard(creating))
+            await transport.close()
+            raise
         engine, launcher = self._limits(self._spec_limits(spec), self._sized or False)
         box = DockerSandbox(container_id, transport, api=self.client().api, spec=spec, rlimits=launcher,
                             container_limits=engine, timeouts=self._config.timeouts, relay_port=self._config.relay_port,
                             scopes=self._scopes({**engine, **launcher}, bool(self._sized)),
                             engine_here=self._config.daemon_url.startswith("unix://"))
+        box.task_env = MappingProxyType({**env, **spec.env})
         return await box.opened(box.start())
+
+    async def _image_env(self, image: str) -> dict[str, str]:
+        """The image's ENV (its `Config.Env`), looked up once per image name for the backend's lifetime (a
+        Harbor task's image is named by its content hash; a tag rebuilt under a running server keeps the ENV it
+        had when first used)."""
+        if image not in self._image_envs:
+            inspected = await call("inspect image", self.client().api.inspect_image, image)
+            self._image_envs[image] = image_env((inspected.get("Config") or {}).get("Env"))
+        return self._image_envs[image]
 
     async def _discard(self, creating: asyncio.Future[str]) -> None:
         try:

@@ -43,6 +43,7 @@ import os
 import tempfile
 import threading
 from pathlib import Path
+from types import MappingProxyType
 
 from coding_agent_env.backend_config import LocalConfig
 from coding_agent_env.errors import SandboxError, SandboxUnavailableError
@@ -166,11 +167,13 @@ class LocalBackend(SandboxBackend):
         made = await provisioner.make(spec.rollout_id, uid, reserve, release=lambda: self._release(uid))
         self._dirs.live += 1  # on the loop, as is every change of it
         process, enforced = self._limits(launch, limits, uid is not None)
-        return LocalSandbox(
+        box = LocalSandbox(
             launch, made, uid,
             limits=process, enforced=enforced, scopes=self._scopes(enforced), disk_budget=limits.disk_mb << 20,
             relay=relay, relay_port=port, agents_source=spec.agents_dir, release=self._release, dirs=self._dirs,
         )
+        box.task_env = MappingProxyType(dict(spec.env))  # no image here: the task's variables alone
+        return box
 
     def _release(self, uid: int | None) -> None:
         if uid is not None and self._uids is not None:

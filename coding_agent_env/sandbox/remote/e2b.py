@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import e2b
@@ -88,6 +89,7 @@ class E2bBackend(SandboxBackend):
                             timeouts=c.timeouts, rlimits=process_limits, tidy=True)
         box.relay_url = public
         box.agents_dir = c.agents_dir if spec.agents_dir is not None else None
+        box.task_env = MappingProxyType(dict(spec.env))
         return await box.opened(box.install())
 
 

@@ -23,6 +23,7 @@ import asyncio
 import json
 import secrets
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 import httpx
@@ -111,6 +112,7 @@ class HfBackend(SandboxBackend):
                             timeouts=c.timeouts, rlimits=process_limits, tidy=not job)
         box.relay_url = public
         box.agents_dir = c.agents_dir if spec.agents_dir is not None else None
+        box.task_env = MappingProxyType(dict(spec.env))
         return await box.opened(box.install())
 
 
