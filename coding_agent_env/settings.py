@@ -240,6 +240,14 @@ class Settings(BaseModel):
     results_from_server: bool = False
     """Whether the server keeps every rollout it runs in the results store (batches always do)."""
 
+    image_builds: bool = False
+    """Whether clients may have this server build a task's Docker image from a build context they send (`POST
+    /images`: what `coding-agent-env run --server` does for a Harbor task on Docker). Off unless the operator says:
+    a build runs the Dockerfile's steps on the Docker engine."""
+
+    image_build_max_mb: int = Field(default=256, ge=1, le=4096)
+    """The largest build context `POST /images` takes, sent and unpacked."""
+
     results_max_rollouts: int = Field(default=100_000, ge=0)
     """Retention: the newest this many rollouts are kept (0: no cap)."""
 

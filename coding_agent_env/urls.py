@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ["ws_url"]
+__all__ = ["IMAGES_PATH", "http_url", "ws_url"]
+
+IMAGES_PATH = "/images"
+"""Where a server takes task image builds (`api.images`)."""
 
 
 def ws_url(base_url: str) -> str:
@@ -14,3 +17,14 @@ def ws_url(base_url: str) -> str:
     if not base.startswith(("ws://", "wss://")):
         base = "ws://" + base
     return base + "/ws"
+
+
+def http_url(base_url: str) -> str:
+    """`ws(s)://host[/prefix][/ws]` or `http(s)://...` or a bare host -> `http(s)://host[/prefix]`."""
+    base = base_url.rstrip("/").removesuffix("/ws")
+    for secure, plain in (("ws://", "http://"), ("wss://", "https://")):
+        if base.startswith(secure):
+            base = plain + base[len(secure):]
+    if not base.startswith(("http://", "https://")):
+        base = "http://" + base
+    return base

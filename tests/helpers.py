@@ -64,9 +64,11 @@ def sandbox_dirs(settings: Settings) -> list[str]:
     if not settings.state_dir.exists():
         return []
     # `relay` holds the forwarder copy, `bubblewrap` the bundled bwrap installed for sandbox uids, `results.sqlite`
-    # the results store (and its WAL files): the server's.
+    # the results store (and its WAL files): the server's; `builds` holds image build contexts while they build.
     found = sorted(p.name for p in settings.state_dir.iterdir()
-                   if p.name not in ("relay", "bubblewrap") and not p.name.startswith("results.sqlite"))
+                   if p.name not in ("relay", "bubblewrap", "builds") and not p.name.startswith("results.sqlite"))
+    builds = settings.state_dir / "builds"
+    found += sorted(f"builds/{p.name}" for p in builds.iterdir()) if builds.is_dir() else []
     return found + sorted(f"relay/{p.name}" for p in (settings.state_dir / "relay").glob("*.sock"))
 
 

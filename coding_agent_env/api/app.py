@@ -7,7 +7,8 @@ stops, then release the backends.
 With `settings.enable_web_interface` (the default) the Gradio tab is served at `/web` and `/` redirects there. It is
 built in the background once the server is up (`api.web_gate`): until then `/web` answers 503 "starting" (never
 404); without the `ui` extra (gradio) it answers 503 saying which extra to install. The relay's public route for
-remote sandboxes is mounted at `/llm` (`api.relay_route`).
+remote sandboxes is mounted at `/llm` (`api.relay_route`); task image builds, when the operator allows them, at
+`/images` (`api.images`).
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from fastapi.responses import RedirectResponse
 
 from coding_agent_env.api.endpoint import McpDispatcher
 from coding_agent_env.api.http import ENV_DESCRIPTION, build_router
+from coding_agent_env.api.images import IMAGES_PATH, ImageBuildRoute
 from coding_agent_env.api.mcp import McpEndpoint
 from coding_agent_env.api.relay_route import PublicRelayRoute
-from coding_agent_env.api.web_gate import WEB_PATH, WebGate
 from coding_agent_env.api.startup import check_backends
+from coding_agent_env.api.web_gate import WEB_PATH, WebGate
 from coding_agent_env.api.ws import serve_ws, serve_ws_mcp
 from coding_agent_env.runs.recorder import ServerRecorder
 from coding_agent_env.sandbox.registry import Backends
@@ -74,6 +76,9 @@ def build_app(settings: Settings | None = None) -> FastAPI:
     app.state.sessions = manager
     app.include_router(build_router(manager))
     app.add_route("/mcp", McpDispatcher(manager, mcp, settings), methods=["GET", "POST", "DELETE"], include_in_schema=False)
+
+    images = ImageBuildRoute(backends, settings)
+    app.add_route(IMAGES_PATH, images.handle, methods=["POST"], include_in_schema=False)
 
     relay_route = PublicRelayRoute(manager.relay, settings)
     on_shutdown.append(relay_route.aclose)

@@ -6,15 +6,20 @@ from __future__ import annotations
 import abc
 import asyncio
 from contextlib import AsyncExitStack
-from typing import Any
+from pathlib import Path
+
+import httpx
 
 from coding_agent_env.client import CodingAgentEnv, ToolCallError
 from coding_agent_env.errors import RequestError
 from coding_agent_env.models import RolloutRequest, RolloutResult
 from coding_agent_env.rollout import run_rollout
+from coding_agent_env.runs.images import ImageBuilds
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.settings import Settings
 from coding_agent_env.tasks import LoadedTask
+from coding_agent_env.tasks.context import pack
+from coding_agent_env.urls import IMAGES_PATH, http_url
 
 __all__ = ["Executor", "InProcessExecutor", "Refused", "ServerExecutor"]
 
@@ -46,10 +51,13 @@ class InProcessExecutor(Executor):
         self.settings = settings
         self._stack = AsyncExitStack()
         self._backends: Backends | None = None
-        self._builds: dict[str, asyncio.Future[None]] = {}
+        self._images: ImageBuilds | None = None
+        self._failed: dict[str, str] = {}
+        """Tags whose build failed in this batch: their other rollouts are refused without building again."""
 
     async def __aenter__(self) -> InProcessExecutor:
         self._backends = await self._stack.enter_async_context(Backends(self.settings))
+        self._images = ImageBuilds(self._backends)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -67,23 +75,26 @@ class InProcessExecutor(Executor):
 
     async def _image(self, task: LoadedTask) -> None:
         """Build the task's image once; concurrent rollouts of the same environment wait for the one build."""
-        assert task.environment is not None and self._backends is not None
+        assert task.environment is not None and self._images is not None
         tag = task.environment.tag
-        if tag not in self._builds:
-            backend: Any = self._backends.get("docker")
-            self._builds[tag] = asyncio.ensure_future(backend.build_image(str(task.environment.context), tag))
-        try:
-            await asyncio.shield(self._builds[tag])
-        except Exception as exc:
-            raise Refused(f"cannot build its Docker image: {exc}") from exc
+        if tag not in self._failed:
+            try:
+                await self._images.ensure(task.environment.context, tag)
+                return
+            except Exception as exc:
+                self._failed[tag] = str(exc)
+        raise Refused(f"cannot build its Docker image: {self._failed[tag]}")
 
 
 class ServerExecutor(Executor):
-    """Rollouts on a running server, one WebSocket session per worker (each holds one of the server's slots)."""
+    """Rollouts on a running server, one WebSocket session per worker (each holds one of the server's slots). A
+    Harbor task whose environment needs an image has the server build it (`POST /images`, once per environment
+    per batch; the server must allow builds: `IMAGE_BUILDS=true`)."""
 
     def __init__(self, url: str, concurrency: int) -> None:
         self.url = url
         self._clients: list[CodingAgentEnv | None] = [None] * concurrency
+        self._images: dict[str, asyncio.Future[str]] = {}
 
     async def __aexit__(self, *exc: object) -> None:
         for client in self._clients:
@@ -91,8 +102,8 @@ class ServerExecutor(Executor):
                 await client.close()
 
     async def run(self, task: LoadedTask, request: RolloutRequest, worker: int) -> RolloutResult:
-        if task.environment is not None and request.sandbox == "docker":
-            raise Refused("a Harbor task's Docker image is built in-process only; run without --server")
+        if task.environment is not None:
+            request = request.model_copy(update={"image": await self._image(task), "sandbox": "docker"})
         client = self._clients[worker]
         if client is None:
             client = self._clients[worker] = CodingAgentEnv(self.url)
@@ -102,3 +113,30 @@ class ServerExecutor(Executor):
             return await client.run_rollout(request)
         except ToolCallError as exc:
             raise Refused(str(exc)) from exc
+
+    async def _image(self, task: LoadedTask) -> str:
+        """The server's name for the task's image, built there from the environment directory sent to it."""
+        assert task.environment is not None
+        tag = task.environment.tag
+        if tag not in self._images:
+            self._images[tag] = asyncio.ensure_future(self._build(task.environment.context))
+        try:
+            return await asyncio.shield(self._images[tag])
+        except Refused:
+            raise
+        except Exception as exc:
+            raise Refused(f"the server could not build its Docker image: {exc}") from exc
+
+    async def _build(self, context: Path) -> str:
+        body = await asyncio.to_thread(pack, context)
+        # A build may take minutes: no read deadline beyond the server's own build.
+        timeout = httpx.Timeout(30.0, read=None)
+        async with httpx.AsyncClient(base_url=http_url(self.url), timeout=timeout) as http:
+            answer = await http.post(IMAGES_PATH, content=body, headers={"Content-Type": "application/x-tar"})
+        if answer.status_code != 200:
+            try:
+                message = answer.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = answer.text[:300]
+            raise Refused(f"the server refused to build its Docker image ({answer.status_code}): {message}")
+        return str(answer.json()["image"])

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from coding_agent_env.models import RolloutRequest
 from coding_agent_env.sandbox.base import SandboxLimits
+from coding_agent_env.tasks.context import image_tag
 
 __all__ = ["DockerEnvironment", "LoadedTask", "TaskError", "TaskOptions"]
 
@@ -35,7 +36,7 @@ class DockerEnvironment:
 
     @property
     def tag(self) -> str:
-        return f"coding-agent-env-task:{self.content_hash[:32]}"
+        return image_tag(self.content_hash)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ A task directory holds `task.toml`, `instruction.md`, `environment/` (a `Dockerf
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
 import tomllib
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from coding_agent_env.models import SANDBOX_OWN_ENV, RolloutRequest, validation_
 from coding_agent_env.sandbox.base import STANDARD_PATH
 from coding_agent_env.settings import WireLimits
 from coding_agent_env.tasks.base import DockerEnvironment, LoadedTask, TaskError, TaskOptions
+from coding_agent_env.tasks.context import content_hash
 from coding_agent_env.tasks.dockerfile import DockerfilePlan, dockerfile_env, parse_dockerfile
 
 __all__ = ["is_harbor_task", "load_harbor_task"]
@@ -240,16 +240,6 @@ def _under_workdir(target: str, workdir: str, *, strict: bool) -> str | None:
         raise _Refused(f"environment/Dockerfile copies to {target}, outside its WORKDIR {workdir}: run it on the "
                        "Docker backend (--sandbox docker)", unsupported=True)
     return rel
-
-
-def content_hash(root: Path) -> str:
-    """SHA-256 over every file under `root`: its relative path, mode's executable bit and bytes."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(b"x" if path.stat().st_mode & 0o111 else b"-")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
 
 
 def iter_harbor_dir(path: Path, options: TaskOptions) -> Iterator[LoadedTask | TaskError]:

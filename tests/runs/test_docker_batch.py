@@ -4,15 +4,19 @@ verify, the oracle and Terminus against the fake LLM."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from coding_agent_env.cli import main
 from coding_agent_env.settings import Settings
+from coding_agent_env.tasks.context import pack
 from tests.backends.conftest import docker_engine, no_leftover_containers  # noqa: F401 (fixtures)
 from tests.backends.rootfs import HOST_BINDS, IMAGE
+from tests.protocol.live import LiveServer, wait_until
 from tests.runs.test_batch import EXAMPLES, lines
 from tests.tasks.harbor_fixtures import REWARD, make_task
 
@@ -96,3 +100,71 @@ def test_examples_on_docker_with_terminus(tmp_path: Path, docker_env: dict[str, 
     (record,) = lines(llm_out)
     assert record["result"]["sandbox"] == "docker" and record["result"]["reward"] == 1.0, record["result"]["error"]
     assert key not in json.dumps(record)
+
+
+@pytest.fixture
+def docker_server(docker_env: dict[str, str]) -> Iterator[Callable[..., LiveServer]]:
+    """A live server with the Docker backend (the batch's own settings), image builds as a test asks."""
+    started: list[LiveServer] = []
+
+    def start(**overrides: Any) -> LiveServer:
+        server = LiveServer(Settings.from_env().model_copy(update={"enable_web_interface": False, **overrides}))
+        started.append(server.start())
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.mark.usefixtures("built_images")
+def test_harbor_task_image_built_by_the_server(tmp_path: Path, docker_server: Callable[..., LiveServer],
+                                               docker_engine: Any) -> None:  # noqa: F811
+    """`run --server` sends the environment to the server, which builds the image (once) and runs the task."""
+    server = docker_server(image_builds=True)
+    test_sh = (f'mkdir -p /logs/verifier; [ "$(cat /opt/task/data.txt)" = served ] && echo 1 > {REWARD} '
+               f"|| echo 0 > {REWARD}")
+    make_task(tmp_path / "tasks", "served", dockerfile=f"FROM {IMAGE}\nCOPY data.txt /opt/task/data.txt\n",
+              env_files={"data.txt": "served\n"}, test_sh=test_sh)
+    out = tmp_path / "out.jsonl"
+    assert main(["run", str(tmp_path / "tasks"), "--agent", "oracle", "--sandbox", "docker", "-k", "2", "-n", "2",
+                 "--server", server.http, "--out", str(out), "--no-progress"]) == 0
+    records = lines(out)
+    assert len(records) == 2
+    for record in records:
+        result = record["result"]
+        assert result["sandbox"] == "docker" and result["reward"] == 1.0, (result["error"], result["verify_results"])
+    tags = [tag for image in docker_engine.images.list(name="coding-agent-env-task") for tag in image.tags]
+    assert len(tags) == 1
+
+
+def test_the_server_refuses_builds_unless_allowed_and_bad_contexts(
+    tmp_path: Path, docker_server: Callable[..., LiveServer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_task(tmp_path / "tasks", "needs-build", dockerfile=f"FROM {IMAGE}\nRUN true\n")
+    off = docker_server()
+    out = tmp_path / "out.jsonl"
+    assert main(["run", str(tmp_path / "tasks"), "--agent", "oracle", "--sandbox", "docker", "--server", off.http,
+                 "--out", str(out), "--no-progress"]) == 0
+    assert not out.exists() or not lines(out)  # refused, not run and not scored
+    err = capsys.readouterr().err
+    assert "needs-build" in err and "IMAGE_BUILDS=true" in err and "403" in err
+
+    on = docker_server(image_builds=True, image_build_max_mb=1)
+    context = tmp_path / "ctx"
+    context.mkdir()
+    (context / "Dockerfile").write_text(f"FROM {IMAGE}\n")
+    with httpx.Client(base_url=on.http, timeout=30) as http:
+        too_big = http.post("/images", content=b"\0" * ((1 << 20) + 1))
+        assert too_big.status_code == 413 and "IMAGE_BUILD_MAX_MB" in too_big.json()["error"]["message"]
+        garbage = http.post("/images", content=b"not a tar")
+        assert garbage.status_code == 400 and "not a readable tar" in garbage.json()["error"]["message"]
+        (context / "Dockerfile").unlink()
+        (context / "x.txt").write_text("x")
+        empty = http.post("/images", content=pack(context))
+        assert empty.status_code == 400 and "no Dockerfile" in empty.json()["error"]["message"]
+        (context / "Dockerfile").write_text("FROM coding-agent-env-no-such-base:1\n")  # never pulled
+        failed = http.post("/images", content=pack(context))
+        assert failed.status_code == 422, failed.text
+    # Nothing of the contexts is left on the server (each is removed once its request is answered).
+    wait_until(lambda: not any((on.settings.state_dir / "builds").iterdir()), what="the contexts removed")

@@ -1,0 +1,98 @@
+"""`POST /images`: build a task's Docker image from a build context the client sends, so a batch running through
+this server (`coding-agent-env run --server`) can run Harbor tasks whose environment needs an image.
+
+The body is the context as a tar archive (gzipped or not; `tasks.context.pack`), at most `IMAGE_BUILD_MAX_MB`
+sent and unpacked. The server unpacks it into a private directory (no links, devices or paths leaving it), names
+the image by the content hash it computes itself (`coding-agent-env-task:<hash>`, the name the client computes
+too), builds it with the Docker backend unless it exists (one build per tag at a time), removes the directory,
+and answers `{"image": TAG, "built": bool}`; a rollout then names that image. Refusals, each with a message:
+403 when the operator has not enabled builds (`IMAGE_BUILDS=true`), 409 without a Docker backend, 413 for a
+context over the cap, 400 for an archive that is not a clean build context or has no Dockerfile, 422 when the
+build fails (the engine's last lines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from pathlib import Path
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse
+
+from coding_agent_env.errors import SandboxError, UnknownBackendError
+from coding_agent_env.runs.images import ImageBuilds
+from coding_agent_env.sandbox.registry import Backends
+from coding_agent_env.settings import Settings
+from coding_agent_env.tasks.context import ContextError, content_hash, image_tag, unpack
+from coding_agent_env.urls import IMAGES_PATH
+
+__all__ = ["IMAGES_PATH", "ImageBuildRoute"]
+
+
+def _refusal(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "code": status}}, status_code=status)
+
+
+class ImageBuildRoute:
+    """The route (`handle`); one per app, its builds shared by every client."""
+
+    def __init__(self, backends: Backends, settings: Settings) -> None:
+        self._settings = settings
+        self._builds = ImageBuilds(backends)
+        self._backends = backends
+
+    async def handle(self, request: Request) -> JSONResponse:
+        if not self._settings.image_builds:
+            return _refusal(403, "image builds are off on this server (its operator enables them with "
+                                 "IMAGE_BUILDS=true)")
+        if "docker" not in self._backends.names:
+            return _refusal(409, f"this server has no Docker backend (SANDBOX_BACKENDS: "
+                                 f"{', '.join(self._backends.names)})")
+        limit = self._settings.image_build_max_mb << 20
+        try:
+            body = await _read_at_most(request, limit)
+        except ClientDisconnect:
+            return _refusal(400, "the client went away before the build context arrived")
+        if body is None:
+            return _refusal(413, f"build context over {self._settings.image_build_max_mb} MiB "
+                                 "(IMAGE_BUILD_MAX_MB)")
+        state = self._settings.state_dir / "builds"
+        state.mkdir(parents=True, exist_ok=True)
+        context = Path(tempfile.mkdtemp(prefix="context-", dir=state))
+        tag: str | None = None
+        try:
+            try:
+                await asyncio.to_thread(unpack, body, context, limit)
+            except ContextError as exc:
+                return _refusal(400, f"not a build context: {exc}")
+            if not (context / "Dockerfile").is_file():
+                return _refusal(400, "not a build context: no Dockerfile at its top")
+            tag = image_tag(await asyncio.to_thread(content_hash, context))
+            try:
+                built = await self._builds.ensure(context, tag)
+            except UnknownBackendError as exc:
+                return _refusal(409, str(exc))
+            except SandboxError as exc:
+                return _refusal(422, str(exc))
+            return JSONResponse({"image": tag, "built": built})
+        finally:
+            # Not before a build that may read it has ended (its asker may have gone: the build goes on).
+            loop = asyncio.get_running_loop()
+            self._builds.after(tag, lambda: loop.run_in_executor(None, shutil.rmtree, context, True))
+
+
+async def _read_at_most(request: Request, limit: int) -> bytes | None:
+    """The body, or None as soon as it passes `limit` bytes (nothing more is read)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
