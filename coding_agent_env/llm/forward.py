@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -25,7 +26,7 @@ from coding_agent_env.models import Turn
 from coding_agent_env.settings import Settings
 from coding_agent_env.streams import read_at_most
 
-__all__ = ["RelayedCall", "error_for", "relay_call"]
+__all__ = ["RelayedCall", "error_for", "exchange", "relay_call"]
 
 _DONE = "[DONE]"
 
@@ -100,25 +101,40 @@ async def relay_call(
     gets its answer, errors included, in it (the turn is recorded from the chat side either way)."""
     call = RelayedCall(lease, body, settings)
     call.dialect = dialect
+
+    async def answer(upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+        if upstream.status != 200:
+            return await _upstream_error(call, upstream)
+        if call.stream:
+            return await _stream(request, call, upstream)
+        return await _whole(call, upstream)
+
+    return await exchange(call, session, lease.upstream.chat_url, call.body, call.headers(), answer)
+
+
+async def exchange(
+    call: RelayedCall, session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str],
+    answer: Callable[[aiohttp.ClientResponse], Awaitable[web.StreamResponse]],
+) -> web.StreamResponse:
+    """POST `body` to `url` for `call` and have `answer` make the agent's response of the upstream's. A timeout or
+    an unreachable upstream becomes an error in the agent's dialect; the call's turn is recorded whatever
+    happens (cancellation included)."""
+    settings = call.settings
     timeout = aiohttp.ClientTimeout(
         total=None, connect=settings.relay_connect_timeout_s, sock_read=settings.relay_read_timeout_s
     )
     try:
         async with session.post(
-            lease.upstream.chat_url,
+            url,
             # A BytesIO body: aiohttp warns (ResourceWarning) on large raw `bytes` bodies, and long agent
             # conversations pass 1 MiB.
-            data=io.BytesIO(json.dumps(call.body, separators=(",", ":")).encode()),
-            headers=call.headers(),
+            data=io.BytesIO(json.dumps(body, separators=(",", ":")).encode()),
+            headers=headers,
             timeout=timeout,
             allow_redirects=False,
         ) as upstream:
             call.status = upstream.status
-            if upstream.status != 200:
-                return await _upstream_error(call, upstream)
-            if call.stream:
-                return await _stream(request, call, upstream)
-            return await _whole(call, upstream)
+            return await answer(upstream)
     except TimeoutError:
         call.error = "upstream timed out"
         return error_for(call, 504, call.error, "upstream_timeout")
@@ -126,12 +142,12 @@ async def relay_call(
         call.error = call.redact(f"upstream unreachable: {type(exc).__name__}")
         return error_for(call, 502, call.error, "upstream_unreachable")
     except BaseException:
-        call.error = call.error or ("lease closed" if lease.closed else "call cancelled")
+        call.error = call.error or ("lease closed" if call.lease.closed else "call cancelled")
         raise
     finally:
         call.ended = time.monotonic()
         call.body = {}  # the turn keeps only the prompt delta: never the whole request
-        lease.record(call)
+        call.lease.record(call)
 
 
 async def _upstream_error(call: RelayedCall, upstream: aiohttp.ClientResponse) -> web.Response:

@@ -15,9 +15,7 @@ and the endpoint's disable-thinking body (chat-template specific).
 
 from __future__ import annotations
 
-import io
 import json
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +25,7 @@ import aiohttp
 from aiohttp import web
 
 from coding_agent_env.llm.dialects import Dialect, google, record
-from coding_agent_env.llm.forward import RelayedCall, error_for
+from coding_agent_env.llm.forward import RelayedCall, error_for, exchange
 from coding_agent_env.llm.lease import Lease
 from coding_agent_env.llm.sse import SseParser
 from coding_agent_env.llm.upstream import Upstream
@@ -114,33 +112,15 @@ async def relay_native(
     call.dialect, call.passthrough = dialect, dialect.name
     native = native_request(dialect.name, request.path, request.query, body, lease.upstream, request.headers)
     call.stream = native.stream
-    timeout = aiohttp.ClientTimeout(
-        total=None, connect=settings.relay_connect_timeout_s, sock_read=settings.relay_read_timeout_s
-    )
-    try:
-        async with session.post(
-            native.url, data=io.BytesIO(json.dumps(native.body, separators=(",", ":")).encode()),
-            headers=native.headers, timeout=timeout, allow_redirects=False,
-        ) as upstream:
-            call.status = upstream.status
-            if upstream.status != 200:
-                return await _upstream_error(call, upstream)
-            if upstream.content_type == "text/event-stream":
-                return await _stream(request, call, upstream)
-            return await _whole(call, upstream)
-    except TimeoutError:
-        call.error = "upstream timed out"
-        return error_for(call, 504, call.error, "upstream_timeout")
-    except aiohttp.ClientError as exc:
-        call.error = call.redact(f"upstream unreachable: {type(exc).__name__}")
-        return error_for(call, 502, call.error, "upstream_unreachable")
-    except BaseException:
-        call.error = call.error or ("lease closed" if lease.closed else "call cancelled")
-        raise
-    finally:
-        call.ended = time.monotonic()
-        call.body = {}
-        lease.record(call)
+
+    async def answer(upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+        if upstream.status != 200:
+            return await _upstream_error(call, upstream)
+        if upstream.content_type == "text/event-stream":
+            return await _stream(request, call, upstream)
+        return await _whole(call, upstream)
+
+    return await exchange(call, session, native.url, native.body, native.headers, answer)
 
 
 async def _upstream_error(call: RelayedCall, upstream: aiohttp.ClientResponse) -> web.Response:
