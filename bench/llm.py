@@ -7,6 +7,8 @@ the server's public relay route `/llm/v1` in front of it on a port of its own: `
 the gate (`coding-agent-env gate` whose policy generates with the fake LLM, as a trainer's engine would, then
 the gate synthesises the stream), and this client. Same run, same client, same
 machine: latency p50/p99 per sequential call (streamed, 20 tokens) and throughput at N concurrent streams.
+Each agent dialect (`messages`, `responses`, `google`) three ways: translated to chat completions by the relay,
+passed through to the fake serving it natively (`/pass`), and the fake called in it directly (`/direct`).
 `--token-delay-ms 5` paces the fake like a real model (CPU is then not the bottleneck on a 2-core box).
 """
 
@@ -65,6 +67,9 @@ async def _relay_main(fake_url: str, out: str) -> None:
     shared = SharedRelay(settings)
     relay = await shared.get()
     lease = await relay.open_lease("bench", Upstream(base_url=fake_url, api_key=None, model="m"))  # type: ignore[arg-type]
+    native = Upstream(base_url=fake_url, api_key=None, model="m",  # type: ignore[arg-type]
+                      native_dialects=frozenset({"anthropic", "responses", "google"}))
+    passing = await relay.open_lease("bench-pass", native)
     sock = socket.socket()
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind(("127.0.0.1", 0))
@@ -74,7 +79,8 @@ async def _relay_main(fake_url: str, out: str) -> None:
     while not server.started:
         await asyncio.sleep(0.01)
     public = f"http://127.0.0.1:{sock.getsockname()[1]}/llm/v1"
-    Path(out).write_text(json.dumps({"base_url": lease.base_url, "public_url": public, "token": lease.token}))
+    Path(out).write_text(json.dumps({"base_url": lease.base_url, "public_url": public, "token": lease.token,
+                                     "pass_url": passing.base_url, "pass_token": passing.token}))
     await serving
 
 
@@ -89,7 +95,10 @@ def _spawn(argv: list[str], ready: Path, env: dict[str, str] | None = None) -> s
     return proc
 
 
-# The same streamed call in each dialect the relay translates: the figure is the translation's cost.
+# The same streamed call in each agent dialect. Three paths each: translated by the relay to chat completions
+# (`messages`: the translation's cost is its figure minus `relay`'s), passed through to an upstream serving the
+# dialect itself (`messages/pass`), and that upstream called directly (`messages/direct`: the pass-through's
+# added latency is `/pass` minus `/direct`).
 DIALECT_CALLS: dict[str, tuple[str, dict[str, Any]]] = {
     "messages": ("/v1/messages", {"model": "m", "max_tokens": 64, "stream": True,
                                "messages": [{"role": "user", "content": "hi"}]}),
@@ -152,9 +161,9 @@ async def _measure(targets: dict[str, tuple[str, str]], args: argparse.Namespace
     d50, d99, drate = results["direct"]
     print(f"median of {args.rounds} interleaved rounds; {args.calls} sequential streamed calls; "
           f"{args.streams} streams at concurrency {args.concurrency}; token delay {args.token_delay_ms} ms")
-    print(f"{'path':10} {'p50 ms':>8} {'p99 ms':>8} {'added p50':>10} {'added p99':>10} {'streams/s':>10} {'ratio':>6}")
+    print(f"{'path':17} {'p50 ms':>8} {'p99 ms':>8} {'added p50':>10} {'added p99':>10} {'streams/s':>10} {'ratio':>6}")
     for name, (p50, p99, rate) in results.items():
-        print(f"{name:10} {p50:8.3f} {p99:8.3f} {p50 - d50:10.3f} {p99 - d99:10.3f} {rate:10.1f} {rate / drate:6.2f}")
+        print(f"{name:17} {p50:8.3f} {p99:8.3f} {p50 - d50:10.3f} {p99 - d99:10.3f} {rate:10.1f} {rate / drate:6.2f}")
 
 
 def main() -> None:
@@ -172,7 +181,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp())
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        fake_argv = [sys.executable, "-m", "tests.fakes.llm", str(tmp / "fake"), "20", str(args.token_delay_ms / 1000)]
+        fake_argv = [sys.executable, "-m", "tests.fakes.llm", str(tmp / "fake"), "20", str(args.token_delay_ms / 1000),
+                     "anthropic,responses,google"]
         procs.append(_spawn(fake_argv, tmp / "fake"))
         fake_url = f"http://127.0.0.1:{(tmp / 'fake').read_text()}/v1"
         procs.append(_spawn([sys.executable, "bench/llm.py", "--relay-child", fake_url, str(tmp / "relay")], tmp / "relay"))
@@ -183,8 +193,10 @@ def main() -> None:
         gate = json.loads((tmp / "gate").read_text().splitlines()[0])
         targets = {"direct": (fake_url, "none"), "relay": (relay["base_url"], relay["token"]),
                    "public": (relay["public_url"], relay["token"]), "gate": (gate["base_url"], gate["api_key"])}
-        for dialect in DIALECT_CALLS:  # the relay speaking each agent dialect, translated to chat completions
+        for dialect in DIALECT_CALLS:
             targets[dialect] = (relay["base_url"] + "#" + dialect, relay["token"])
+            targets[dialect + "/pass"] = (relay["pass_url"] + "#" + dialect, relay["pass_token"])
+            targets[dialect + "/direct"] = (fake_url + "#" + dialect, "none")
         asyncio.run(_measure(targets, args))
     finally:
         for proc in procs:

@@ -398,12 +398,14 @@ class FakeLLMServer:
         self.close()
 
 
-def _serve_forever(port_file: str, words: int, token_delay_s: float) -> None:
-    """`python -m tests.fakes.llm PORT_FILE [WORDS [TOKEN_DELAY_S]]`: serve until killed; port to PORT_FILE."""
+def _serve_forever(port_file: str, words: int, token_delay_s: float, native: str = "") -> None:
+    """`python -m tests.fakes.llm PORT_FILE [WORDS [TOKEN_DELAY_S [NATIVE]]]`: serve until killed; port to
+    PORT_FILE. NATIVE: comma-separated dialects served natively (see `FakeLLM.native`)."""
     import pathlib
     import threading as _threading
 
-    app = FakeLLM(script=[Reply(content=" ".join(f"w{i}" for i in range(words)), token_delay_s=token_delay_s)])
+    app = FakeLLM(script=[Reply(content=" ".join(f"w{i}" for i in range(words)), token_delay_s=token_delay_s)],
+                  native=frozenset(filter(None, native.split(","))))
     with FakeLLMServer(app) as server:
         pathlib.Path(port_file).write_text(str(server.port))
         _threading.Event().wait()
@@ -412,4 +414,6 @@ def _serve_forever(port_file: str, words: int, token_delay_s: float) -> None:
 if __name__ == "__main__":
     import sys
 
-    _serve_forever(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 20, float(sys.argv[3]) if len(sys.argv) > 3 else 0.0)
+    argv = sys.argv[1:]
+    _serve_forever(argv[0], int(argv[1]) if len(argv) > 1 else 20, float(argv[2]) if len(argv) > 2 else 0.0,
+                   argv[3] if len(argv) > 3 else "")
