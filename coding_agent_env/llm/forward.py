@@ -208,7 +208,9 @@ async def _stream(request: web.Request, call: RelayedCall, upstream: aiohttp.Cli
                     if translator is not None and (events := translator.feed(parsed)):
                         await response.write(events)
     except ConnectionResetError:
-        call.error = "client disconnected"
+        # A client may hang up once it has read [DONE], passed on as it came: the answer was whole.
+        if not (done and translator is None):
+            call.error = "client disconnected"
         return response
     except TimeoutError:
         call.error = "upstream timed out mid-stream"
@@ -217,6 +219,7 @@ async def _stream(request: web.Request, call: RelayedCall, upstream: aiohttp.Cli
     else:
         if not done:
             call.error = "upstream stream ended without [DONE]"
+    delivered = False
     try:
         if call.error is not None and dialect is not None:
             await response.write(dialect.stream_error(dialect.error_body(502, call.error)))
@@ -226,7 +229,9 @@ async def _stream(request: web.Request, call: RelayedCall, upstream: aiohttp.Cli
             await response.write(f"data: {json.dumps(event)}\n\n".encode())
         elif translator is not None:
             await response.write(translator.finish())
+        delivered = call.error is None  # the whole answer is written: a hang-up from here loses nothing
         await response.write_eof()
     except ConnectionResetError:
-        call.error = call.error or "client disconnected"
+        if not delivered:
+            call.error = call.error or "client disconnected"
     return response

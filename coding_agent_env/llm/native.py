@@ -38,7 +38,15 @@ __all__ = ["NativeRequest", "native_request", "relay_native"]
 _ANTHROPIC_VERSION = "2023-06-01"
 _LAST_EVENT = {"anthropic": frozenset({"message_stop"}),
                "responses": frozenset({"response.completed", "response.incomplete", "response.failed"})}
-"""The event that ends a whole stream, for the dialects that have one (a Google stream just ends)."""
+"""The event types that end a whole stream, for the dialects that name one."""
+
+
+def _ends(dialect: str, event: dict[str, Any]) -> bool:
+    """Whether `event` is the last of a whole streamed answer (a Google stream's last chunk has a finishReason)."""
+    if dialect == "google":
+        candidates = event.get("candidates")
+        return isinstance(candidates, list) and any(isinstance(c, dict) and c.get("finishReason") for c in candidates)
+    return event.get("type") in _LAST_EVENT[dialect]
 
 
 @dataclass(frozen=True)
@@ -162,8 +170,7 @@ async def _stream(request: web.Request, call: RelayedCall, upstream: aiohttp.Cli
     assert call.passthrough is not None and call.dialect is not None
     parser = SseParser(call.settings.relay_max_response_bytes)
     reader = record.recorder(call.passthrough)
-    last = _LAST_EVENT.get(call.passthrough)
-    ended = last is None
+    ended = False
     try:
         async for chunk in upstream.content.iter_any():
             await response.write(chunk)
@@ -171,9 +178,11 @@ async def _stream(request: web.Request, call: RelayedCall, upstream: aiohttp.Cli
                 event = parse_json_object(data)
                 if event is not None:
                     reader.feed(event)
-                    ended = ended or event.get("type") in last  # type: ignore[operator]
+                    ended = ended or _ends(call.passthrough, event)
     except ConnectionResetError:
-        call.error = "client disconnected"
+        # An agent may hang up once it has the dialect's last event (Codex does): the answer was whole.
+        if not ended:
+            call.error = "client disconnected"
         return response
     except TimeoutError:
         call.error = "upstream timed out mid-stream"
@@ -189,5 +198,6 @@ async def _stream(request: web.Request, call: RelayedCall, upstream: aiohttp.Cli
             await response.write(call.dialect.stream_error(call.dialect.error_body(502, call.error)))
         await response.write_eof()
     except ConnectionResetError:
-        call.error = call.error or "client disconnected"
+        if not ended:
+            call.error = call.error or "client disconnected"
     return response

@@ -38,7 +38,8 @@ async def test_an_agent_passes_its_dialect_through_to_a_native_upstream(
     paths = {seen.path for seen in fake.app.requests}
     assert paths and not any(path.endswith("/chat/completions") for path in paths), paths
     assert len(result.proxy_turns) == len(fake.app.requests) >= 2
-    assert all(turn.passthrough == dialect and turn.error is None for turn in result.proxy_turns)
+    assert all(turn.passthrough == dialect and turn.error is None for turn in result.proxy_turns), [
+        (t.passthrough, t.error) for t in result.proxy_turns]
     assert any(call.name for turn in result.proxy_turns for call in turn.message.tool_calls)
     # No token ids in these dialects: the trace keeps the turns as context, not trained on, and says why.
     assert all(turn.trainable is False and turn.note for turn in result.proxy_turns), [

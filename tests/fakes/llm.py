@@ -55,6 +55,9 @@ class Reply:
     """Streamed: close the connection after this many chunks, without [DONE]."""
     token_delay_s: float = 0.0
     """Streamed: pause between content tokens, like a real model generating."""
+    trailer_delay_s: float | None = None
+    """Streamed: after the answer's last event, pause this long and send an SSE comment before ending (an
+    upstream holding the stream open, so a client that hangs up on the last event is seen to have gone)."""
     logprobs_fault: Literal["nan", "short", "positive"] | None = None
     """Bad engine output for this reply: a NaN logprob, one logprob too few, or a positive one."""
 
@@ -154,9 +157,12 @@ class FakeLLM:
         translator = stream(chat.get("model"))
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         for chunk in answer.chunks():
+            if reply.token_delay_s and chunk["choices"] and "content" in chunk["choices"][0]["delta"]:
+                await asyncio.sleep(reply.token_delay_s)
             if data := translator.feed(chunk):
                 await send({"type": "http.response.body", "body": data, "more_body": True})
-        await send({"type": "http.response.body", "body": translator.finish(), "more_body": False})
+        await send({"type": "http.response.body", "body": translator.finish(), "more_body": True})
+        await _trailer(reply, send)
 
     async def _answer(self, reply: Reply, body: dict[str, Any], send: Send) -> None:
         if reply.hang:
@@ -288,10 +294,19 @@ class _Answer:
             if self.reply.token_delay_s and chunk["choices"] and "content" in chunk["choices"][0]["delta"]:
                 await asyncio.sleep(self.reply.token_delay_s)
             await send({"type": "http.response.body", "body": f"data: {json.dumps(chunk)}\n\n".encode(), "more_body": True})
-        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+        await _trailer(self.reply, send)
 
 
 _END = "<|end|>"
+
+
+async def _trailer(reply: Reply, send: Send) -> None:
+    """End a stream: at once, or after `reply.trailer_delay_s` and a comment line."""
+    if reply.trailer_delay_s is not None:
+        await asyncio.sleep(reply.trailer_delay_s)
+        await send({"type": "http.response.body", "body": b": trailer\n\n", "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def _native_dialect(path: str) -> tuple[str, Any, Any] | None:

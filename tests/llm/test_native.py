@@ -5,6 +5,7 @@ here; see `tests/fakes/llm.py`): what it receives is exactly what a native upstr
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -157,3 +158,62 @@ def test_the_endpoint_or_the_request_says_which_dialects_are_native() -> None:
     native = native_request("anthropic", "/v1/messages", {}, {"model": "x", "max_tokens": 10}, by_endpoint, {})
     assert native.url == "https://api.anthropic.com/v1/messages" and native.body["model"] == "claude-x"
     assert native.headers["x-api-key"] == "sk-a" and "Authorization" not in native.headers
+
+
+async def _read_then_hang_up(url: str, body: dict[str, Any], headers: dict[str, str], enough: bytes) -> None:
+    """Stream `body` and close the connection as soon as the bytes read so far contain `enough`."""
+    async with httpx.AsyncClient(timeout=30) as http:
+        async with http.stream("POST", url, json=body, headers=headers) as s:
+            assert s.status_code == 200
+            seen = b""
+            async for chunk in s.aiter_bytes():
+                seen += chunk
+                if enough in seen:
+                    break
+            assert enough in seen
+
+
+async def _the_turn(lease: Any) -> Any:
+    """The lease's one turn, once the relay has recorded it (it does when its side of the stream ends)."""
+    deadline = asyncio.get_running_loop().time() + 20
+    while not lease.turns():
+        assert asyncio.get_running_loop().time() < deadline, "no turn recorded"
+        await asyncio.sleep(0.02)
+    [turn] = lease.turns()
+    return turn
+
+
+LAST_EVENT = {"anthropic": b"message_stop", "responses": b"response.completed", "google": b"finishReason"}
+
+
+@pytest.mark.parametrize("dialect", sorted(CASES))
+async def test_an_agent_hanging_up_after_the_last_event_lost_nothing(
+    dialect: str, relay: Relay, fake: FakeLLMServer
+) -> None:
+    """Codex closes the connection on `response.completed`: the turn is whole, not a disconnect. The upstream
+    holds the stream open past its last event, so the relay is sure to see the agent gone."""
+    fake.app.native = frozenset({dialect})
+    fake.app.reset([Reply(content="all done", trailer_delay_s=0.5)])
+    lease = await relay.open_lease("r", upstream_for(fake, native_dialects=frozenset({dialect})))
+    path, header, body = CASES[dialect]
+    spath, extra = stream_path(dialect, path)
+    url = lease.base_url.removesuffix("/v1") + spath
+    await _read_then_hang_up(url, {**body, **extra}, auth(header, lease.token), LAST_EVENT[dialect])
+    turn = await _the_turn(lease)
+    await lease.close()
+    assert turn.error is None and turn.message.content == "all done"
+
+
+@pytest.mark.parametrize("dialect", sorted(CASES))
+async def test_an_agent_hanging_up_mid_answer_is_recorded(dialect: str, relay: Relay, fake: FakeLLMServer) -> None:
+    fake.app.native = frozenset({dialect})
+    fake.app.reset([Reply(content="one two three four five six", token_delay_s=0.2)])
+    lease = await relay.open_lease("r", upstream_for(fake, native_dialects=frozenset({dialect})))
+    path, header, body = CASES[dialect]
+    spath, extra = stream_path(dialect, path)
+    url = lease.base_url.removesuffix("/v1") + spath
+    await _read_then_hang_up(url, {**body, **extra}, auth(header, lease.token), b"one")
+    turn = await _the_turn(lease)
+    await lease.close()
+    assert turn.error == "client disconnected"
+    assert turn.message.content is not None and turn.message.content.startswith("one")

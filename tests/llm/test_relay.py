@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
+from typing import Any
 
 import aiohttp
 import openai
@@ -202,6 +204,57 @@ async def test_upstream_disconnect_mid_stream_is_recorded(relay: Relay, fake: Fa
     assert ok.choices[0].message.content == "again"
     broken = lease.turns()[0]
     assert broken.error is not None and broken.message.content == "a "
+
+
+async def _turn_after_hang_up(lease: Any, path: str, body: dict[str, Any], enough: bytes) -> Turn:
+    """Stream `body` to the relay, close the connection once the bytes read contain `enough`, and return the
+    turn the relay records when its side of the stream ends."""
+    headers = {"Authorization": f"Bearer {lease.token}"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(lease.base_url.removesuffix("/v1") + path, json=body, headers=headers) as response:
+            seen = b""
+            async for chunk in response.content.iter_any():
+                seen += chunk
+                if enough in seen:
+                    break
+            assert enough in seen
+            response.close()
+    deadline = asyncio.get_running_loop().time() + 20
+    while not lease.turns():
+        assert asyncio.get_running_loop().time() < deadline, "no turn recorded"
+        await asyncio.sleep(0.02)
+    [turn] = lease.turns()
+    return turn
+
+
+# (path, streamed body, what ends the answer) for chat completions and a dialect the relay translates
+HANG_UPS = {
+    "chat": ("/v1/chat/completions", {"messages": MESSAGES, "stream": True}, b"[DONE]"),
+    "responses": ("/v1/responses", {"input": "hi", "stream": True}, b"response.completed"),
+}
+
+
+@pytest.mark.parametrize("api", sorted(HANG_UPS))
+async def test_a_client_hanging_up_on_the_last_event_lost_nothing(relay: Relay, fake: FakeLLMServer, api: str) -> None:
+    """Codex hangs up on `response.completed`. The upstream holds its stream open past [DONE], so the relay is
+    sure to see the client gone while it still has the stream."""
+    fake.app.script = [Reply(content="all done", trailer_delay_s=0.5)]
+    lease = await relay.open_lease("r", upstream_for(fake))
+    path, body, last = HANG_UPS[api]
+    turn = await _turn_after_hang_up(lease, path, body, last)
+    await lease.close()
+    assert turn.error is None and turn.message.content == "all done"
+
+
+@pytest.mark.parametrize("api", sorted(HANG_UPS))
+async def test_a_client_hanging_up_mid_answer_is_recorded(relay: Relay, fake: FakeLLMServer, api: str) -> None:
+    fake.app.script = [Reply(content="one two three four five six", token_delay_s=0.2)]
+    lease = await relay.open_lease("r", upstream_for(fake))
+    path, body, _ = HANG_UPS[api]
+    turn = await _turn_after_hang_up(lease, path, body, b"one")
+    await lease.close()
+    assert turn.error == "client disconnected"
+    assert turn.message.content is not None and turn.message.content.startswith("one")
 
 
 async def test_unix_socket_serves_the_same_api(relay: Relay, fake: FakeLLMServer) -> None:

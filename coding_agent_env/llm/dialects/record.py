@@ -204,11 +204,16 @@ def _responses_item(out: _Message, item: dict[str, Any]) -> None:
 
 class _ResponsesRecorder:
     """The final event (`response.completed`, `.incomplete` or `.failed`) carries the whole response; until it
-    comes, the items finished so far (`response.output_item.done`) and the model are what is known."""
+    comes (a stream cut short), the items so far are what is known: each as `response.output_item.done` gave it,
+    or as its `added` event and the deltas since built it."""
+
+    _DELTAS = {"response.output_text.delta": "_text", "response.refusal.delta": "_text",
+               "response.reasoning_summary_text.delta": "_reasoning", "response.reasoning_text.delta": "_reasoning",
+               "response.function_call_arguments.delta": "arguments"}
 
     def __init__(self) -> None:
         self._final: dict[str, Any] | None = None
-        self._items: list[dict[str, Any]] = []
+        self._items: dict[Any, dict[str, Any]] = {}
         self._model: str | None = None
 
     def feed(self, event: Any) -> None:
@@ -217,16 +222,33 @@ class _ResponsesRecorder:
         response = _dict(event.get("response"))
         if kind in ("response.completed", "response.incomplete", "response.failed"):
             self._final = response
-        elif kind == "response.output_item.done":
-            self._items.append(_dict(event.get("item")))
+        elif kind in ("response.output_item.added", "response.output_item.done"):
+            item = _dict(event.get("item"))
+            self._items[item.get("id") or event.get("output_index")] = {**item, "done": kind.endswith("done")}
+        elif kind in self._DELTAS:
+            item = self._items.setdefault(event.get("item_id"), {"type": "message", "done": False})
+            if not item["done"]:
+                key = self._DELTAS[kind]
+                item[key] = _str(item.get(key)) + _str(event.get("delta"))
         if response.get("model"):
             self._model = _str(response["model"])
 
     def completion(self) -> dict[str, Any]:
         final = dict(self._final or {"model": self._model})
         if not _list(final.get("output")):
-            final["output"] = self._items
+            final["output"] = [self._as_done(item) for item in self._items.values()]
         return _responses_whole(final)
+
+    @staticmethod
+    def _as_done(item: dict[str, Any]) -> dict[str, Any]:
+        """An item cut short, in the shape `output_item.done` would have given it."""
+        if item["done"]:
+            return item
+        if item.get("type") == "reasoning":
+            return {**item, "summary": [{"type": "summary_text", "text": item.get("_reasoning", "")}]}
+        if item.get("type") == "message":
+            return {**item, "content": [{"type": "output_text", "text": item.get("_text", "")}]}
+        return item
 
 
 # -- Google generateContent ------------------------------------------------------------------------------------

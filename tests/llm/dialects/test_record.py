@@ -111,3 +111,34 @@ def test_thinking_and_reasoning_are_kept_apart_from_the_answer() -> None:
     message = back["choices"][0]["message"]
     assert (message["content"], message["reasoning_content"]) == ("ok", "plan")
     assert back["choices"][0]["finish_reason"] == "content_filter"
+
+
+def text_in(dialect: str, event: dict[str, Any]) -> str:
+    """The answer text one streamed event carries, read plainly from the dialect's event shape."""
+    if dialect == "anthropic":
+        delta = event.get("delta") or {}
+        return delta.get("text", "") if event.get("type") == "content_block_delta" else ""
+    if dialect == "responses":
+        return event.get("delta", "") if event.get("type") == "response.output_text.delta" else ""
+    parts = [p for c in event.get("candidates") or [] for p in (c.get("content") or {}).get("parts") or []]
+    return "".join(p.get("text", "") for p in parts if not p.get("thought"))
+
+
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
+@settings(max_examples=40, deadline=None)
+@given(text=st.text(min_size=1, max_size=40), calls=calls_strategy,
+       cuts=st.lists(st.integers(min_value=0, max_value=60), max_size=6), keep=st.integers(min_value=0))
+def test_a_stream_cut_short_keeps_the_text_that_arrived(
+    dialect: str, text: str, calls: list[tuple[str, str]], cuts: list[int], keep: int
+) -> None:
+    """An agent hanging up mid-answer: the turn holds every text delta that came before it did."""
+    _, stream_of = DIALECTS[dialect]
+    stream = stream_of("m")
+    data = b"".join(stream.feed(chunk) for chunk in chunks_of(text, calls, cuts)) + stream.finish()
+    events = [json.loads(line) for line in SseParser(1 << 20).feed(data)]
+    arrived = events[:keep % (len(events) + 1)]
+    reader = record.recorder(dialect)
+    for event in arrived:
+        reader.feed(event)
+    content = reader.completion()["choices"][0]["message"]["content"] or ""
+    assert content == "".join(text_in(dialect, event) for event in arrived)
