@@ -164,7 +164,7 @@ async def test_artifacts_verify_in_a_clean_room(backend_for: Callable[[str], Tar
 
 
 async def test_idle_timeout_ends_the_episode(backend_for: Callable[..., Target], start: Starter) -> None:
-    episode = await start(backend_for("local", episode_idle_timeout_s=0.3), TASK)
+    episode = await start(backend_for("local", episode_idle_timeout_s=1.5), TASK)  # seconds: a loaded machine pauses
     assert (await episode.terminal("true")).exit_code == 0
     await poll(lambda: episode.done and episode.sandbox is not None and episode.sandbox.closed)
     assert episode.report().status is EpisodeStatus.EXPIRED

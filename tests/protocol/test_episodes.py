@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -244,22 +245,29 @@ def test_an_episode_holds_its_sessions_slot(make_server: Callable[..., LiveServe
 def test_episodes_ended_every_way_over_ws_leave_nothing(make_server: Callable[..., LiveServer],
                                                          settings: Settings) -> None:
     """40 episodes over WS, ended by final answer, disconnect, a `close` frame, a second reset, the idle
-    timeout; nothing of any is left."""
-    server = make_server(state_dir=settings.state_dir, backends=settings.backends, episode_idle_timeout_s=0.3)
+    timeout; nothing of any is left. The idle ones are left waiting from the start while the others run, so
+    the idle timeout can be seconds: a loaded machine's pause between two calls does not expire an episode."""
+    server = make_server(state_dir=settings.state_dir, backends=settings.backends, episode_idle_timeout_s=3.0,
+                         max_concurrent_envs=9)
     ended = []
-    for index in range(40):
-        way = index % 5
-        with connect(server.ws) as ws:
+    with contextlib.ExitStack() as stack:
+        idle = [stack.enter_context(connect(server.ws)) for _ in range(8)]
+        for ws in idle:
             ask(ws, {"type": "reset", "data": TASK})
             ask(ws, terminal("sleep 300 & echo 42 > work/answer.txt"))
-            if way == 0:
-                ended.append(ask(ws, terminal(final_answer="42"))["data"]["reward"])
-            elif way == 2:
-                ws.send(json.dumps({"type": "close"}))
-            elif way == 3:
+        for index in range(32):
+            way = index % 4
+            with connect(server.ws) as ws:
                 ask(ws, {"type": "reset", "data": TASK})
-            elif way == 4:
-                wait_until(lambda: ask(ws, {"type": "state"})["data"]["episode"]["status"] == "expired",
-                           what="the idle timeout")
+                ask(ws, terminal("sleep 300 & echo 42 > work/answer.txt"))
+                if way == 0:
+                    ended.append(ask(ws, terminal(final_answer="42"))["data"]["reward"])
+                elif way == 2:
+                    ws.send(json.dumps({"type": "close"}))
+                elif way == 3:
+                    ask(ws, {"type": "reset", "data": TASK})
+        for ws in idle:
+            wait_until(lambda: ask(ws, {"type": "state"})["data"]["episode"]["status"] == "expired",  # noqa: B023
+                       what="the idle timeout")
     assert ended == [1.0] * 8
     wait_until(lambda: server.sessions.active == 0 and not leftovers(settings), what="every episode torn down")

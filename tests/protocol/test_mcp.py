@@ -53,7 +53,7 @@ def test_unknown_mcp_session_is_404(server: LiveServer) -> None:
 
 
 def test_idle_mcp_sessions_are_reaped(make_server: Any) -> None:
-    server = make_server(session_idle_timeout_s=0.3, session_reap_interval_s=0.05)
+    server = make_server(session_idle_timeout_s=1.5, session_reap_interval_s=0.05)  # seconds: a loaded machine pauses
     init = {"jsonrpc": "2.0", "method": "initialize", "id": 1, "params": {
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
     headers = {"accept": "application/json, text/event-stream"}
