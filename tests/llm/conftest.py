@@ -1,13 +1,17 @@
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 from pydantic import SecretStr
 
 from coding_agent_env.llm import Relay, Upstream
-from coding_agent_env.models import Mode
+from coding_agent_env.llm.lease import Lease
+from coding_agent_env.models import Mode, Turn
 from coding_agent_env.settings import Settings
 from tests.fakes.llm import FakeLLM, FakeLLMServer
 
@@ -37,4 +41,26 @@ def upstream_for(fake: FakeLLMServer, **kw: object) -> Upstream:
     return Upstream(**values)  # type: ignore[arg-type]
 
 
-__all__ = ["Mode", "SERVER_KEY", "upstream_for"]
+async def turn_after_hang_up(lease: Lease, url: str, body: dict[str, Any], headers: dict[str, str],
+                             enough: bytes) -> Turn:
+    """Stream `body` to the relay at `url`, close the connection once the bytes read contain `enough`, and
+    return the lease's one turn once the relay has recorded it (it does when its side of the stream ends)."""
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url, json=body, headers=headers) as response:
+            assert response.status == 200, await response.text()
+            seen = b""
+            async for chunk in response.content.iter_any():
+                seen += chunk
+                if enough in seen:
+                    break
+            assert enough in seen
+            response.close()
+    deadline = asyncio.get_running_loop().time() + 20
+    while not lease.turns():
+        assert asyncio.get_running_loop().time() < deadline, "no turn recorded"
+        await asyncio.sleep(0.02)
+    [turn] = lease.turns()
+    return turn
+
+
+__all__ = ["Mode", "SERVER_KEY", "turn_after_hang_up", "upstream_for"]

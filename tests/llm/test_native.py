@@ -5,7 +5,6 @@ here; see `tests/fakes/llm.py`): what it receives is exactly what a native upstr
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -15,10 +14,10 @@ import pytest
 from coding_agent_env.llm import Relay
 from coding_agent_env.llm.native import native_request
 from coding_agent_env.llm.upstream import resolve_upstream
-from coding_agent_env.models import RolloutRequest
+from coding_agent_env.models import RolloutRequest, Turn
 from coding_agent_env.settings import LlmEndpoint, Settings
 from tests.fakes.llm import FakeLLMServer, Reply
-from tests.llm.conftest import SERVER_KEY, upstream_for
+from tests.llm.conftest import SERVER_KEY, turn_after_hang_up, upstream_for
 
 CALL = Reply(content="running it", tool_calls=(("Bash", '{"command": "ls"}'),))
 
@@ -160,30 +159,21 @@ def test_the_endpoint_or_the_request_says_which_dialects_are_native() -> None:
     assert native.headers["x-api-key"] == "sk-a" and "Authorization" not in native.headers
 
 
-async def _read_then_hang_up(url: str, body: dict[str, Any], headers: dict[str, str], enough: bytes) -> None:
-    """Stream `body` and close the connection as soon as the bytes read so far contain `enough`."""
-    async with httpx.AsyncClient(timeout=30) as http:
-        async with http.stream("POST", url, json=body, headers=headers) as s:
-            assert s.status_code == 200
-            seen = b""
-            async for chunk in s.aiter_bytes():
-                seen += chunk
-                if enough in seen:
-                    break
-            assert enough in seen
-
-
-async def _the_turn(lease: Any) -> Any:
-    """The lease's one turn, once the relay has recorded it (it does when its side of the stream ends)."""
-    deadline = asyncio.get_running_loop().time() + 20
-    while not lease.turns():
-        assert asyncio.get_running_loop().time() < deadline, "no turn recorded"
-        await asyncio.sleep(0.02)
-    [turn] = lease.turns()
-    return turn
-
-
 LAST_EVENT = {"anthropic": b"message_stop", "responses": b"response.completed", "google": b"finishReason"}
+
+
+async def _hang_up(relay: Relay, fake: FakeLLMServer, dialect: str, reply: Reply, enough: bytes) -> Turn:
+    """A streamed call in `dialect` passed through to the fake answering `reply`, the agent hanging up once it
+    has read `enough`: the turn recorded."""
+    fake.app.native = frozenset({dialect})
+    fake.app.reset([reply])
+    lease = await relay.open_lease("r", upstream_for(fake, native_dialects=frozenset({dialect})))
+    path, header, body = CASES[dialect]
+    spath, extra = stream_path(dialect, path)
+    url = lease.base_url.removesuffix("/v1") + spath
+    turn = await turn_after_hang_up(lease, url, {**body, **extra}, auth(header, lease.token), enough)
+    await lease.close()
+    return turn
 
 
 @pytest.mark.parametrize("dialect", sorted(CASES))
@@ -192,28 +182,13 @@ async def test_an_agent_hanging_up_after_the_last_event_lost_nothing(
 ) -> None:
     """Codex closes the connection on `response.completed`: the turn is whole, not a disconnect. The upstream
     holds the stream open past its last event, so the relay is sure to see the agent gone."""
-    fake.app.native = frozenset({dialect})
-    fake.app.reset([Reply(content="all done", trailer_delay_s=0.5)])
-    lease = await relay.open_lease("r", upstream_for(fake, native_dialects=frozenset({dialect})))
-    path, header, body = CASES[dialect]
-    spath, extra = stream_path(dialect, path)
-    url = lease.base_url.removesuffix("/v1") + spath
-    await _read_then_hang_up(url, {**body, **extra}, auth(header, lease.token), LAST_EVENT[dialect])
-    turn = await _the_turn(lease)
-    await lease.close()
+    turn = await _hang_up(relay, fake, dialect, Reply(content="all done", trailer_delay_s=0.5), LAST_EVENT[dialect])
     assert turn.error is None and turn.message.content == "all done"
 
 
 @pytest.mark.parametrize("dialect", sorted(CASES))
 async def test_an_agent_hanging_up_mid_answer_is_recorded(dialect: str, relay: Relay, fake: FakeLLMServer) -> None:
-    fake.app.native = frozenset({dialect})
-    fake.app.reset([Reply(content="one two three four five six", token_delay_s=0.2)])
-    lease = await relay.open_lease("r", upstream_for(fake, native_dialects=frozenset({dialect})))
-    path, header, body = CASES[dialect]
-    spath, extra = stream_path(dialect, path)
-    url = lease.base_url.removesuffix("/v1") + spath
-    await _read_then_hang_up(url, {**body, **extra}, auth(header, lease.token), b"one")
-    turn = await _the_turn(lease)
-    await lease.close()
+    turn = await _hang_up(relay, fake, dialect, Reply(content="one two three four five six", token_delay_s=0.2),
+                          b"one")
     assert turn.error == "client disconnected"
     assert turn.message.content is not None and turn.message.content.startswith("one")

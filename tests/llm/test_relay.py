@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 from typing import Any
@@ -15,7 +14,7 @@ from coding_agent_env.errors import RelayError
 from coding_agent_env.llm import Relay
 from coding_agent_env.models import Mode, Turn
 from tests.fakes.llm import FakeLLMServer, Reply
-from tests.llm.conftest import SERVER_KEY, upstream_for
+from tests.llm.conftest import SERVER_KEY, turn_after_hang_up, upstream_for
 
 MESSAGES = [{"role": "user", "content": "list the files"}]
 
@@ -206,25 +205,12 @@ async def test_upstream_disconnect_mid_stream_is_recorded(relay: Relay, fake: Fa
     assert broken.error is not None and broken.message.content == "a "
 
 
-async def _turn_after_hang_up(lease: Any, path: str, body: dict[str, Any], enough: bytes) -> Turn:
-    """Stream `body` to the relay, close the connection once the bytes read contain `enough`, and return the
-    turn the relay records when its side of the stream ends."""
-    headers = {"Authorization": f"Bearer {lease.token}"}
-    async with aiohttp.ClientSession() as http:
-        async with http.post(lease.base_url.removesuffix("/v1") + path, json=body, headers=headers) as response:
-            seen = b""
-            async for chunk in response.content.iter_any():
-                seen += chunk
-                if enough in seen:
-                    break
-            assert enough in seen
-            response.close()
-    deadline = asyncio.get_running_loop().time() + 20
-    while not lease.turns():
-        assert asyncio.get_running_loop().time() < deadline, "no turn recorded"
-        await asyncio.sleep(0.02)
-    [turn] = lease.turns()
-    return turn
+def relay_root(lease: Any) -> str:
+    return str(lease.base_url).removesuffix("/v1")
+
+
+def bearer(lease: Any) -> dict[str, str]:
+    return {"Authorization": f"Bearer {lease.token}"}
 
 
 # (path, streamed body, what ends the answer) for chat completions and a dialect the relay translates
@@ -241,7 +227,7 @@ async def test_a_client_hanging_up_on_the_last_event_lost_nothing(relay: Relay, 
     fake.app.script = [Reply(content="all done", trailer_delay_s=0.5)]
     lease = await relay.open_lease("r", upstream_for(fake))
     path, body, last = HANG_UPS[api]
-    turn = await _turn_after_hang_up(lease, path, body, last)
+    turn = await turn_after_hang_up(lease, relay_root(lease) + path, body, bearer(lease), last)
     await lease.close()
     assert turn.error is None and turn.message.content == "all done"
 
@@ -251,7 +237,7 @@ async def test_a_client_hanging_up_mid_answer_is_recorded(relay: Relay, fake: Fa
     fake.app.script = [Reply(content="one two three four five six", token_delay_s=0.2)]
     lease = await relay.open_lease("r", upstream_for(fake))
     path, body, _ = HANG_UPS[api]
-    turn = await _turn_after_hang_up(lease, path, body, b"one")
+    turn = await turn_after_hang_up(lease, relay_root(lease) + path, body, bearer(lease), b"one")
     await lease.close()
     assert turn.error == "client disconnected"
     assert turn.message.content is not None and turn.message.content.startswith("one")
