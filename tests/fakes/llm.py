@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -156,9 +156,7 @@ class FakeLLM:
             return
         translator = stream(chat.get("model"))
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
-        for chunk in answer.chunks():
-            if reply.token_delay_s and chunk["choices"] and "content" in chunk["choices"][0]["delta"]:
-                await asyncio.sleep(reply.token_delay_s)
+        async for chunk in answer.paced_chunks():
             if data := translator.feed(chunk):
                 await send({"type": "http.response.body", "body": data, "more_body": True})
         await send({"type": "http.response.body", "body": translator.finish(), "more_body": True})
@@ -286,13 +284,20 @@ class _Answer:
         choice = {"index": 0, "delta": delta, "finish_reason": finish}
         return {**self._head(), "object": "chat.completion.chunk", "choices": [choice]}
 
-    async def stream(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
-        for n, chunk in enumerate(self.chunks()):
-            if self.reply.drop_after_chunks is not None and n >= self.reply.drop_after_chunks:
-                raise ConnectionAbortedError("scripted disconnect")
+    async def paced_chunks(self) -> AsyncIterator[dict[str, Any]]:
+        """`chunks()`, each content token after `reply.token_delay_s`, like a real model generating."""
+        for chunk in self.chunks():
             if self.reply.token_delay_s and chunk["choices"] and "content" in chunk["choices"][0]["delta"]:
                 await asyncio.sleep(self.reply.token_delay_s)
+            yield chunk
+
+    async def stream(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        n = 0
+        async for chunk in self.paced_chunks():
+            if self.reply.drop_after_chunks is not None and n >= self.reply.drop_after_chunks:
+                raise ConnectionAbortedError("scripted disconnect")
+            n += 1
             await send({"type": "http.response.body", "body": f"data: {json.dumps(chunk)}\n\n".encode(), "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
         await _trailer(self.reply, send)
