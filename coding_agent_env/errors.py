@@ -50,6 +50,7 @@ __all__ = [
     "SandboxError",
     "SandboxFileError",
     "SandboxFileNotFoundError",
+    "SandboxFileNotRegularError",
     "SandboxUnavailableError",
     "SettingsError",
     "UnknownAgentError",
@@ -116,6 +117,11 @@ class SandboxFileError(SandboxError):
 
 class SandboxFileNotFoundError(SandboxFileError):
     """The file does not exist in the sandbox."""
+
+
+class SandboxFileNotRegularError(SandboxFileError):
+    """The path exists in the sandbox but is not a regular file (a FIFO, socket, device, directory or a symlink
+    where one is not followed): sandbox output of that kind is untrusted and counts as absent."""
 
 
 class AgentError(CodingAgentEnvError):
