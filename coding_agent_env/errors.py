@@ -14,7 +14,8 @@
     │   │   └── MissingExtraError        the backend's Python extra is not installed
     │   ├── SandboxClosedError       used after close
     │   └── SandboxFileError         a file operation failed or left the sandbox
-    │       └── SandboxFileNotFoundError
+    │       ├── SandboxFileNotFoundError
+    │       └── SandboxFileNotRegularError  exists but is not a regular file (counts as absent)
     ├── AgentError               the agent boundary (start, run)
     ├── RelayError               the server-side LLM relay (listeners, leases)
     │   └── LeaseClosedError         a lease was used after it was closed
