@@ -72,11 +72,13 @@ def sandbox_dirs(settings: Settings) -> list[str]:
     return found + sorted(f"relay/{p.name}" for p in (settings.state_dir / "relay").glob("*.sock"))
 
 
-def sandbox_cgroups() -> list[str]:
-    """Control groups of this process's sandboxes (`cae-<pid>-...` below its own group, v1 or v2)."""
-    mine = f"cae-{os.getpid()}-"
+def sandbox_cgroups(pid: int | None = None) -> list[str]:
+    """Control groups of the sandboxes of process `pid` (default: this one): `cae-<pid>-...` below its own
+    group, v1 or v2."""
+    pid = os.getpid() if pid is None else pid
+    mine = f"cae-{pid}-"
     found = []
-    for line in _read(Path("/proc/self/cgroup")).splitlines():
+    for line in _read(Path(f"/proc/{pid}/cgroup")).splitlines():
         _, controllers, path = line.split(":", 2)
         for controller in controllers.split(",") if controllers else [""]:
             for mount in (Path("/sys/fs/cgroup") / controller, Path("/sys/fs/cgroup/unified")):

@@ -1,0 +1,135 @@
+"""A live `coding-agent-env serve` in a subprocess of its own, and a prober that keeps asking it `/health`.
+
+The server runs out of the test's process on purpose: an attack that blocked its event loop (or a thread the
+loop waits on) must fail the test by the prober's figures, not hang the test runner with it. It is stopped by
+its process group, SIGKILL after a grace period, so even a frozen server never outlives its test.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from coding_agent_env.settings import LocalConfig, Settings
+
+START_DEADLINE_S = 60.0
+PROBE_EVERY_S = 0.1
+PROBE_TIMEOUT_S = 5.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class HostileServer:
+    """`coding-agent-env serve` on a free loopback port, with its own state dir and sandbox uid range."""
+
+    def __init__(self, state_dir: Path, *, docker: dict[str, str] | None = None) -> None:
+        self.state_dir = state_dir
+        self.port = free_port()
+        self.uid_base = 600_000 + secrets.randbelow(20_000) * 64
+        env = {
+            **os.environ,
+            "STATE_DIR": str(state_dir),
+            "SANDBOX_UID_BASE": str(self.uid_base),
+            "SANDBOX_UID_COUNT": "64",
+            "ENABLE_WEB_INTERFACE": "false",
+            "SANDBOX_BACKENDS": "local,docker" if docker else "local",
+            "MAX_CONCURRENT_ENVS": "4",
+            **(docker or {}),
+        }
+        self.log = state_dir.parent / f"{state_dir.name}.server.log"
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "coding_agent_env.cli", "serve", "--port", str(self.port)],
+                env=env, start_new_session=True, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            )
+        self._wait_up()
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def settings(self) -> Settings:
+        """Settings naming what this server's sandboxes use (state dir, uid range), for leftover checks."""
+        local = LocalConfig(uid_base=self.uid_base, uid_count=64)
+        return Settings(state_dir=self.state_dir, backends=(local,))
+
+    def _wait_up(self) -> None:
+        deadline = time.monotonic() + START_DEADLINE_S
+        while True:
+            try:
+                if httpx.get(f"{self.http}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"server did not start: {self.log_text()[-3000:]}")
+            time.sleep(0.05)  # polling a starting server, with a deadline
+
+    def log_text(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self) -> bool:
+        """Stop the server's process group; True when SIGTERM sufficed (a frozen server needs SIGKILL)."""
+        if self.proc.poll() is not None:
+            return True
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+            return True
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(20)
+            return False
+
+
+@dataclass
+class HealthProbe:
+    """Asks `/health` every `PROBE_EVERY_S` on a thread of its own; the worst answer time and any failure."""
+
+    url: str
+    worst_s: float = 0.0
+    answers: int = 0
+    failures: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> HealthProbe:
+        self._thread = threading.Thread(target=self._run, name="health-probe", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(PROBE_TIMEOUT_S + 1)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=PROBE_TIMEOUT_S) as client:
+            while not self._stop.is_set():
+                start = time.monotonic()
+                try:
+                    status = client.get(f"{self.url}/health").status_code
+                    if status != 200:
+                        self.failures.append(f"HTTP {status}")
+                except httpx.HTTPError as exc:
+                    self.failures.append(type(exc).__name__)
+                self.worst_s = max(self.worst_s, time.monotonic() - start)
+                self.answers += 1
+                self._stop.wait(PROBE_EVERY_S)
