@@ -13,18 +13,28 @@ The pipeline cancels `run()` at the agent deadline; `run_in_sandbox` kills the w
 
 from __future__ import annotations
 
+import logging
 import shlex
 from typing import ClassVar
 
 from coding_agent_env.agents.base import Agent, AgentContext, run_in_sandbox
-from coding_agent_env.agents.events import AgentReport, render_transcript, report_events
+from coding_agent_env.agents.events import AgentReport, parse_total, render_transcript, report_events
 from coding_agent_env.agents.install import AgentNotInstalledError, check_installed
 from coding_agent_env.agents.spec import CliAgentSpec, Launch, LaunchContext
-from coding_agent_env.errors import AgentError, SandboxError, UnknownAgentError
+from coding_agent_env.errors import (
+    AgentError,
+    SandboxError,
+    SandboxFileError,
+    SandboxFileNotFoundError,
+    SandboxFileNotRegularError,
+    UnknownAgentError,
+)
 from coding_agent_env.models import AgentEvents
 from coding_agent_env.settings import Settings
 
 __all__ = ["CliAgent", "MAX_EVENTS_BYTES", "launcher_script"]
+
+log = logging.getLogger(__name__)
 
 MAX_EVENTS_BYTES = 8 * 1024 * 1024
 """Bytes of the events file parsed after the run (the head; the rest is not read)."""
@@ -102,15 +112,33 @@ class CliAgent(Agent):
         return exit_code
 
     async def _report(self, ctx: AgentContext, events: str) -> None:
-        """Parse the events and append a transcript to the agent log. Missing events are not an error."""
+        """Parse the events and append a transcript to the agent log. Both files are the agent's output: missing
+        events are not an error, and neither a file of another kind (a FIFO, a directory, a symlink) nor any
+        content raises out of here; the report's errors say what was ignored."""
+        problem = None
         try:
             text = await ctx.sandbox.read_text(events, max_bytes=MAX_EVENTS_BYTES)
-        except SandboxError:
+        except SandboxFileNotFoundError:
             text = ""
-        self.last_report = self.spec.parse_events(text)
-        transcript = render_transcript(self.last_report, self.spec.name)
+        except SandboxError as exc:
+            text, problem = "", f"events file ignored: {_why_unread(exc)}"
+        self.last_report = parse_total(self.spec.parse_events, text)
+        if problem is not None:
+            self.last_report.add_error(problem)
+        transcript = render_transcript(self.last_report, self.spec.name).encode("utf-8", "replace")
         try:
             current = await ctx.sandbox.read_bytes(ctx.log_path, max_bytes=ctx.settings.agent_log_tail_bytes, tail=True)
+        except SandboxFileNotRegularError:
+            current = b"[coding-agent-env] the agent's log was not a regular file: replaced\n"
         except SandboxError:
             current = b""
-        await ctx.sandbox.write_bytes(ctx.log_path, current + transcript.encode("utf-8", "replace"))
+        try:
+            # Removed first: whatever the agent left at the path (a FIFO, a directory) is replaced, never opened.
+            await ctx.sandbox.remove(ctx.log_path)
+            await ctx.sandbox.write_bytes(ctx.log_path, current + transcript)
+        except SandboxFileError as exc:
+            log.warning("agent %s: transcript not appended to the log: %s", self.spec.name, exc)
+
+
+def _why_unread(exc: SandboxError) -> str:
+    return "not a regular file" if isinstance(exc, SandboxFileNotRegularError) else str(exc) or type(exc).__name__

@@ -1,19 +1,23 @@
 """What a CLI agent's JSON event stream says happened, and a bounded, total JSON-lines reader.
 
 `AgentReport` is the agent-independent summary every spec's parser returns. `json_lines` never raises:
-oversized lines, too-deep nesting and invalid JSON are counted as malformed and skipped.
+oversized lines, too-deep nesting and invalid JSON are counted as malformed and skipped. Parsers look inside
+events only through type checks (`items` for what they iterate); `parse_total` is the driver's last line of
+defence: a parser that raises anyway gives a report that says so, never an exception out of a rollout.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from coding_agent_env.models import AgentEvents, AgentToolUse
 
-__all__ = ["AgentReport", "json_lines", "max_depth_exceeded", "render_transcript", "report_events"]
+__all__ = [
+    "AgentReport", "items", "json_lines", "max_depth_exceeded", "parse_total", "render_transcript", "report_events",
+]
 
 MAX_LINE_CHARS = 4 * 1024 * 1024
 """Longest event line parsed; longer ones are malformed."""
@@ -109,6 +113,23 @@ def json_lines(text: str, report: AgentReport) -> Iterator[dict[str, Any]]:
             yield value
         else:
             report.malformed += 1
+
+
+def items(value: Any) -> list[Any]:
+    """`value` if it is a list, else nothing: an event's field iterated over may hold anything (a number, a
+    string, an object)."""
+    return value if isinstance(value, list) else []
+
+
+def parse_total(parse: Callable[[str], AgentReport], text: str) -> AgentReport:
+    """`parse(text)`, or, should it raise, an empty report whose error and malformed count say so. Events are
+    the agent's (sandbox) output: nothing in them may raise out of a rollout."""
+    try:
+        return parse(text)
+    except Exception as exc:  # noqa: BLE001 - the contract: a report, whatever the events hold
+        report = AgentReport(malformed=1)
+        report.add_error(f"events not parsed: {type(exc).__name__}")
+        return report
 
 
 def render_transcript(report: AgentReport, agent: str) -> str:

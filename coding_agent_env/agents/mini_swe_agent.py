@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from coding_agent_env.agents.driver import CliAgent
-from coding_agent_env.agents.events import AgentReport, json_lines
+from coding_agent_env.agents.events import AgentReport, items, json_lines
 from coding_agent_env.agents.spec import AgentFile, CliAgentSpec, Launch, LaunchContext, PipInstall, PipPackage
 
 __all__ = ["MINI_SWE_AGENT", "MiniSweAgent", "parse_mini_events"]
@@ -98,7 +98,7 @@ def parse_mini_events(text: str) -> AgentReport:
             continue
         report.steps += 1
         report.add_text(message.get("content"))
-        for call in message.get("tool_calls") or []:
+        for call in items(message.get("tool_calls")):
             function = call.get("function") if isinstance(call, dict) else None
             if isinstance(function, dict):
                 report.add_tool(function.get("name"), function.get("arguments"))

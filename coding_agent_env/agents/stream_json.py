@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coding_agent_env.agents.events import AgentReport, json_lines
+from coding_agent_env.agents.events import AgentReport, items, json_lines
 
 __all__ = ["parse_stream_json"]
 
@@ -25,7 +25,7 @@ def parse_stream_json(text: str) -> AgentReport:
             if not isinstance(message, dict):
                 continue
             assistant_steps += 1
-            for block in message.get("content") or []:
+            for block in items(message.get("content")):
                 if not isinstance(block, dict):
                     continue
                 if block.get("type") == "text":

@@ -3,6 +3,11 @@
 Rule: a reward file holding one finite number in [0, 1] wins; otherwise the fraction of verify commands that
 passed; with neither, no reward (null). A reward file that is present but unusable is ignored and the note
 says why. Nothing here looks at text the agent could have written other than through verify's own file.
+
+The parsers are total: whatever the text (any length, nesting, number size, lone surrogates), they return a
+reward or raise `ValueError` with the reason, nothing else. A reward file is written by verify, which may run
+the agent's code: an exception of any other kind would turn a score into an infra error, an escape a policy
+can learn.
 """
 
 from __future__ import annotations
@@ -18,6 +23,10 @@ __all__ = ["Score", "parse_reward_file", "reward_from_json", "score"]
 
 MAX_REWARD_FILE_CHARS = 64
 """A reward file longer than this is not a number."""
+MAX_REWARD_JSON_CHARS = 4096
+"""A `reward.json` longer than this is not a reward (the reader takes no more bytes than that anyway)."""
+MAX_REWARD_JSON_DEPTH = 16
+"""Deepest bracket nesting of a `reward.json` parsed: json recurses once per level, without a bound of its own."""
 
 
 @dataclass(frozen=True)
@@ -27,7 +36,9 @@ class Score:
 
 
 def parse_reward_file(text: str) -> float:
-    """The reward a file's text states; ValueError with the reason when it states none."""
+    """The reward a file's text states; ValueError with the reason when it states none (and only ValueError)."""
+    if not isinstance(text, str):
+        raise ValueError("not text")
     stripped = text.strip()
     if len(stripped) > MAX_REWARD_FILE_CHARS:
         raise ValueError(f"longer than {MAX_REWARD_FILE_CHARS} characters")
@@ -44,11 +55,26 @@ def parse_reward_file(text: str) -> float:
 
 def reward_from_json(text: str) -> str:
     """The reward a Harbor `reward.json` states, as reward-file text (`parse_reward_file` then checks it): a bare
-    number, `{"reward": x}`, or an object with exactly one numeric value. ValueError with the reason otherwise."""
+    number, `{"reward": x}`, or an object with exactly one numeric value. ValueError with the reason otherwise,
+    and only ValueError (see the module docstring)."""
+    if not isinstance(text, str):
+        raise ValueError("not text")
+    if len(text) > MAX_REWARD_JSON_CHARS:
+        raise ValueError(f"longer than {MAX_REWARD_JSON_CHARS} characters")
+    if _nesting_exceeds(text, MAX_REWARD_JSON_DEPTH):
+        raise ValueError(f"nested deeper than {MAX_REWARD_JSON_DEPTH} levels")
     try:
         data = json.loads(text)
     except ValueError:
         raise ValueError("not JSON") from None
+    except Exception as exc:  # noqa: BLE001 - the contract: a reason, never another exception
+        # Bounded above, so not expected (a RecursionError, say); kept so that a gap in the bounds is a noted
+        # score, never a traceback.
+        raise ValueError(f"not JSON ({type(exc).__name__})") from None
+    return _reward_text(data)
+
+
+def _reward_text(data: object) -> str:
     if isinstance(data, dict):
         if "reward" in data:
             data = data["reward"]
@@ -60,7 +86,33 @@ def reward_from_json(text: str) -> str:
             data = numbers[0]
     if isinstance(data, bool) or not isinstance(data, (int, float)):
         raise ValueError("the reward is not a number")
-    return repr(float(data))
+    try:
+        return repr(float(data))
+    except OverflowError:  # an integer too large for a float: certainly not in [0, 1]
+        raise ValueError("the reward is out of [0, 1] (an integer too large)") from None
+
+
+def _nesting_exceeds(text: str, limit: int) -> bool:
+    """Whether brackets outside JSON strings nest deeper than `limit`. Linear, no recursion."""
+    depth = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif char in "]}":
+            depth -= 1
+    return False
 
 
 def score(verify_results: Sequence[CommandResult], reward_text: str | None, *, file_required: bool = False) -> Score:
