@@ -12,8 +12,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from coding_agent_env.errors import RequestError
+from coding_agent_env.errors import InvalidTaskError, RequestError
 from coding_agent_env.models import RolloutRequest, RolloutResult, request_fields_schema, validation_summary
+from coding_agent_env.rollout.writable import check_writable
 from coding_agent_env.session import Session, SessionClosedError
 
 __all__ = [
@@ -59,9 +60,13 @@ def parse_arguments(name: str, arguments: Any) -> RolloutRequest:
     if not isinstance(arguments, dict):
         raise ToolCallFailed("invalid_args", f"Error calling tool '{name}': arguments must be an object")
     try:
-        return RolloutRequest.model_validate(arguments)
+        request = RolloutRequest.model_validate(arguments)
+        check_writable(request)
     except ValidationError as exc:
         raise ToolCallFailed("invalid_args", f"Error calling tool '{name}': {validation_summary(exc)}") from None
+    except InvalidTaskError as exc:
+        raise ToolCallFailed("invalid_args", f"Error calling tool '{name}': {exc}") from None
+    return request
 
 
 def tool_result_dict(result: RolloutResult) -> dict[str, Any]:

@@ -16,7 +16,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from coding_agent_env.episode.errors import TaskArgumentsError
+from coding_agent_env.errors import InvalidTaskError
 from coding_agent_env.models import RolloutRequest, validation_summary
+from coding_agent_env.rollout.writable import check_writable
 
 __all__ = ["TASK_FIELDS", "UPSTREAM_ALIASES", "is_task", "parse_task", "task_schema"]
 
@@ -49,9 +51,13 @@ def parse_task(arguments: Mapping[str, Any]) -> RolloutRequest:
         value = arguments[alias]
         fields[name] = _script_list(alias, value) if alias in _SCRIPT_LISTS else value
     try:
-        return RolloutRequest.model_validate({**fields, "agent": "nop"})
+        task = RolloutRequest.model_validate({**fields, "agent": "nop"})
+        check_writable(task)
     except ValidationError as exc:
         raise TaskArgumentsError(f"invalid task: {validation_summary(exc)}") from None
+    except InvalidTaskError as exc:
+        raise TaskArgumentsError(f"invalid task: {exc}") from None
+    return task
 
 
 def _script_list(alias: str, value: Any) -> list[str]:

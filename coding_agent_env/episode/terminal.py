@@ -2,7 +2,8 @@
 
 Upstream's shape: `{"command": str, "final_answer": str}`, where a client sends both keys and leaves one
 empty. Exactly one must be non-blank: a command runs in the episode's persistent shell; a final answer ends
-the episode and is verified. Both given, neither given, a non-string, a NUL byte, a command over
+the episode and is verified. Both given, neither given, a non-string, a NUL byte, a lone surrogate (JSON's
+`"\ud800"` decodes to one: it is no character, and no file or argument can hold it), a command over
 `WireLimits.MAX_COMMAND_BYTES` or an answer over `WireLimits.MAX_FINAL_ANSWER_BYTES` (UTF-8) or any other key
 is a `TerminalArgumentsError`, and nothing runs.
 """
@@ -70,6 +71,14 @@ def _text(arguments: dict[str, Any], key: str, max_bytes: int) -> str:
         raise TerminalArgumentsError(f"{key} must be a string, not {type(value).__name__}")
     if "\x00" in value:
         raise TerminalArgumentsError(f"{key} must not contain NUL bytes")
-    if len(value.encode("utf-8", "surrogateescape")) > max_bytes:
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        # Where, not what: messages never echo argument values.
+        raise TerminalArgumentsError(
+            f"{key} must be valid Unicode text: it holds a lone surrogate (U+{ord(value[exc.start]):04X} at "
+            f"character {exc.start})"
+        ) from None
+    if size > max_bytes:
         raise TerminalArgumentsError(f"{key} longer than {max_bytes} bytes (UTF-8)")
     return value

@@ -49,6 +49,7 @@ from coding_agent_env.rollout.redact import Redactor
 from coding_agent_env.rollout.setup import run_setup
 from coding_agent_env.rollout.verify import tests_dir
 from coding_agent_env.rollout.verification import CleanRoomSetupFailed, Verification, VerifyPlan, verify_task
+from coding_agent_env.rollout.writable import check_writable
 from coding_agent_env.sandbox.base import RelayEndpoint, Sandbox, SandboxLimits, SandboxSpec
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.settings import Settings
@@ -85,6 +86,7 @@ async def run_rollout(
                 request, settings=own.settings, emit=emit, cancel=cancel, relay=relay, backends=own
             )
     settings = settings or backends.settings
+    check_writable(request)
     if request.agent is None:
         request = request.model_copy(update={"agent": settings.default_agent})
     agent = get_agent(request.agent or settings.default_agent)

@@ -22,7 +22,12 @@ from coding_agent_env.agents.opencode import parse_opencode_events
 from coding_agent_env.agents.pi import parse_pi_events
 from coding_agent_env.agents.stream_json import parse_stream_json
 from coding_agent_env.agents.terminus.agent import parse_terminus_events
-from coding_agent_env.agents.terminus.parse import ParseFailure, TerminalCall, arguments_to_call, build_terminal_tool_call
+from coding_agent_env.agents.terminus.parse import (
+    ParseFailure,
+    TerminalCall,
+    arguments_to_call,
+    build_terminal_tool_call,
+)
 from coding_agent_env.reward.score import parse_reward_file, reward_from_json, score
 
 # -- hostile input -----------------------------------------------------------------------------------------
