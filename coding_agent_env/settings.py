@@ -260,6 +260,16 @@ class Settings(BaseModel):
     web_max_events: int = Field(default=2000, ge=10)
     """Lines of the live phase log the web tab keeps per rollout (older lines are dropped)."""
 
+    loop_watchdog: bool = True
+    """Watch the event loop (`aio_watchdog`): its lag measured continuously, a stall logged with the stack and
+    task that held it, the figures served at `/health/loop`."""
+
+    loop_tick_ms: float = Field(default=50.0, gt=0, le=10_000)
+    """How often the watchdog's tick runs on the loop (its lateness is the lag) and its thread looks."""
+
+    loop_stall_warn_ms: float = Field(default=250.0, gt=0)
+    """A loop held this long or longer is a stall: counted, and logged once with what held it."""
+
     ws_max_message_bytes: int = 16 * _MIB
     """Largest WebSocket frame or /mcp request body accepted; a larger frame closes the connection (1009)."""
 

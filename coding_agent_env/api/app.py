@@ -1,8 +1,9 @@
 """`build_app(settings) -> FastAPI`: every route, one session manager, and the lifespan that runs them.
 
-Lifespan: check the sandbox backends, start the idle reaper and the MCP SDK's session manager; on shutdown close
-every session (running rollouts are cancelled and their sandboxes torn down) before the MCP session manager
-stops, then release the backends.
+Lifespan: start the event-loop watchdog (`aio_watchdog`; off with `settings.loop_watchdog`; its figures at
+`/health/loop`, itself at `app.state.loop_watchdog`), check the sandbox backends, start the idle reaper and the
+MCP SDK's session manager; on shutdown close every session (running rollouts are cancelled and their sandboxes
+torn down) before the MCP session manager stops, then release the backends and stop the watchdog.
 
 With `settings.enable_web_interface` (the default) the Gradio tab is served at `/web` and `/` redirects there. It is
 built in the background once the server is up (`api.web_gate`): until then `/web` answers 503 "starting" (never
@@ -20,6 +21,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import RedirectResponse
 
+from coding_agent_env.aio_watchdog import LoopWatchdog
 from coding_agent_env.api.endpoint import McpDispatcher
 from coding_agent_env.api.http import ENV_DESCRIPTION, build_router
 from coding_agent_env.api.images import IMAGES_PATH, ImageBuildRoute
@@ -54,8 +56,12 @@ def build_app(settings: Settings | None = None) -> FastAPI:
         manager.on_result = recorder
         on_shutdown.append(recorder.aclose)
 
+    watchdog = _watchdog(settings)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if watchdog is not None:
+            watchdog.start()  # first, so the startup checks and the shutdown are watched too
         try:
             app.state.backends = await check_backends(backends)
             manager.start()
@@ -69,12 +75,17 @@ def build_app(settings: Settings | None = None) -> FastAPI:
                         await stop()
                     await manager.stop()
         finally:
-            await backends.aclose()
+            try:
+                await backends.aclose()
+            finally:
+                if watchdog is not None:
+                    watchdog.stop()  # synchronous: a cancelled shutdown still ends its thread
 
     app = FastAPI(title="coding_agent_env", description=ENV_DESCRIPTION, version=HTTP_API_VERSION, lifespan=lifespan)
     app.state.settings = settings
     app.state.sessions = manager
-    app.include_router(build_router(manager))
+    app.state.loop_watchdog = watchdog
+    app.include_router(build_router(manager, watchdog))
     app.add_route("/mcp", McpDispatcher(manager, mcp, settings), methods=["GET", "POST", "DELETE"], include_in_schema=False)
 
     images = ImageBuildRoute(backends, settings)
@@ -98,6 +109,12 @@ def build_app(settings: Settings | None = None) -> FastAPI:
         on_startup.append(web.start)
         on_shutdown.append(web.stop)
     return app
+
+
+def _watchdog(settings: Settings) -> LoopWatchdog | None:
+    if not settings.loop_watchdog:
+        return None
+    return LoopWatchdog(settings.loop_tick_ms / 1000, settings.loop_stall_warn_ms / 1000)
 
 
 def _mount_web(app: FastAPI, manager: SessionManager) -> WebGate:

@@ -1,4 +1,8 @@
-"""Plain HTTP routes: /health /metadata /schema /reset /step /state (PROTOCOL.md §1).
+"""Plain HTTP routes: /health /metadata /schema /reset /step /state (PROTOCOL.md §1), and /health/loop.
+
+`/health` answers exactly OpenEnv's body. `/health/loop` is ours: the event-loop watchdog's figures
+(`aio_watchdog.LoopStats`: ticks, last and largest lag, stalls and the last one's task and stack), or 404 when
+the operator turned the watchdog off.
 
 `/reset` and `/state` are stateless, as upstream's are: they never touch a session. `/step` runs its action
 in a temporary session that holds a capacity slot while it runs (503 at capacity).
@@ -14,6 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from coding_agent_env import __version__
+from coding_agent_env.aio_watchdog import LoopWatchdog
 from coding_agent_env.api.step import step
 from coding_agent_env.api.wire import CallToolAction, CallToolObservation, EnvState
 from coding_agent_env.session import CapacityError, SessionClosedError, SessionKind, SessionManager
@@ -47,12 +52,18 @@ class _BaseObservation(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
-def build_router(manager: SessionManager) -> APIRouter:
+def build_router(manager: SessionManager, watchdog: LoopWatchdog | None = None) -> APIRouter:
     router = APIRouter()
 
     @router.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "healthy"}
+
+    @router.get("/health/loop", include_in_schema=False)
+    async def loop_health() -> Any:
+        if watchdog is None:
+            return JSONResponse({"detail": "the event-loop watchdog is off (LOOP_WATCHDOG=false)"}, status_code=404)
+        return watchdog.stats.as_dict()
 
     @router.get("/metadata")
     async def metadata() -> dict[str, Any]:
