@@ -20,6 +20,10 @@ Contract:
   verify each also have their own stage budget (`rollout.budget`).
 - Teardown (the sandbox closed) runs once, shielded from cancellation, bounded by `teardown_timeout_s`;
   `close()` cancels a call in flight first and is idempotent.
+- Nothing the episode's commands leave raises out of it (DESIGN.md, "Everything a sandbox produces is
+  untrusted"): an unexpected exception while verify handles what they left scores 0 with a note and a typed
+  `error`, never an unscored episode; one in provision, setup or a command ends the episode as infra_error,
+  torn down, with the error typed.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from coding_agent_env.agents.terminus.sandbox_shell import SandboxShell
 from coding_agent_env.aio import shielded
 from coding_agent_env.episode.errors import EpisodeBusyError, EpisodeDoneError
 from coding_agent_env.episode.report import CommandRecord, EpisodeReport, EpisodeStatus, TerminalResult
-from coding_agent_env.errors import CodingAgentEnvError, SandboxError
+from coding_agent_env.errors import SandboxError
 from coding_agent_env.models import CommandResult, ErrorInfo, RolloutRequest
 from coding_agent_env.rollout.budget import Budget
 from coding_agent_env.rollout.commands import CommandRunner
@@ -113,6 +117,9 @@ class Episode:
             await episode._end(EpisodeStatus.INFRA_ERROR, "start", "StageTimeout", why)
         except _INFRA_ERRORS as exc:
             await episode._end(EpisodeStatus.INFRA_ERROR, "start", type(exc).__name__, str(exc))
+        except Exception as exc:  # noqa: BLE001 - typed in the report, and the sandbox torn down, never leaked
+            log.exception("episode %s: unexpected error while starting", episode.id)
+            await episode._end(EpisodeStatus.INFRA_ERROR, "start", type(exc).__name__, _message(exc))
         except asyncio.CancelledError:
             await episode._end(EpisodeStatus.CANCELLED, "start", "Cancelled", "the episode was cancelled")
             raise
@@ -161,6 +168,10 @@ class Episode:
         except _INFRA_ERRORS as exc:
             await self._end(EpisodeStatus.INFRA_ERROR, "terminal", type(exc).__name__, str(exc))
             raise EpisodeDoneError(self.id, self.status.value, "the sandbox failed") from None
+        except Exception as exc:  # noqa: BLE001 - the episode ends typed, the caller gets the episode's error
+            log.exception("episode %s: unexpected error in a command", self.id)
+            await self._end(EpisodeStatus.INFRA_ERROR, "terminal", type(exc).__name__, _message(exc))
+            raise EpisodeDoneError(self.id, self.status.value, f"unexpected {type(exc).__name__}") from None
         self.commands_run += 1
         shown = command if len(command) <= _SHOWN_COMMAND_CHARS else command[:_SHOWN_COMMAND_CHARS] + "..."
         self.history.append(CommandRecord(command=self.redact.text(shown), exit_code=outcome.exit_code,
@@ -191,6 +202,12 @@ class Episode:
             await self._end(EpisodeStatus.INFRA_ERROR, "verify", "StageTimeout", "the verify stage passed its deadline")
         except _INFRA_ERRORS as exc:
             await self._end(EpisodeStatus.INFRA_ERROR, "verify", type(exc).__name__, str(exc))
+        except Exception as exc:  # noqa: BLE001 - on what the episode left: scored 0, never unscored
+            log.exception("episode %s: unexpected error in verify", self.id)
+            kind = type(exc).__name__
+            self.verification.reward = 0.0
+            self.verification.reward_note = f"verify could not complete on what the episode left ({kind}): scored 0"
+            await self._end(EpisodeStatus.COMPLETED, "verify", kind, _message(exc))
         else:
             await self._end(EpisodeStatus.COMPLETED, "", "", "")
         finally:
@@ -306,7 +323,7 @@ class Episode:
                         self.limits_hit = [*await sandbox.limits_hit(), *self.limits_hit]
                 finally:
                     await sandbox.close()
-        except (TimeoutError, CodingAgentEnvError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a sandbox-made tree, say: the report still goes out
             log.error("episode %s: teardown failed: %r", self.id, exc)
             if self.error is None:
                 self.error = ErrorInfo(type=type(exc).__name__, stage="teardown", message=self.redact.text(str(exc)))
@@ -331,6 +348,10 @@ class Episode:
             verify_context=self.verification.context, artifacts=self.verification.artifacts,
             commands=list(self.history), commands_dropped=dropped, error=self.error,
         )
+
+
+def _message(exc: Exception) -> str:
+    return str(exc) or type(exc).__name__
 
 
 def _close_unawaited(work: Awaitable[object]) -> None:

@@ -80,7 +80,13 @@ async def collect_artifacts(sandbox: Sandbox, patterns: Sequence[str], caps: Art
     """Read the regular files `patterns` name in the workspace of `sandbox`, within `caps`. Call only once no
     process of the agent is alive."""
     out = Artifacts()
-    entries, cut = await sandbox.list_files(sandbox.paths.workdir, max_entries=caps.max_listing)
+    try:
+        entries, cut = await sandbox.list_files(sandbox.paths.workdir, max_entries=caps.max_listing)
+    except SandboxFileError as exc:
+        # The workspace is the agent's output: one that cannot be listed yields no artifacts (verify then scores
+        # what the clean room holds without them), never a failure of verify.
+        out.report.missing.extend(f"{pattern} (the workspace could not be listed: {exc})" for pattern in patterns)
+        return out
     chosen: dict[str, FileEntry] = {}
     for pattern in patterns:
         found = _matches(entries, pattern)

@@ -2,6 +2,8 @@
 
 Only regular UTF-8 files are returned. Symlinks (wherever they point), other special files, binary files and
 files beyond the count or byte caps are listed in `omitted` instead; the omitted list is itself capped.
+The workdir is the agent's output: a file that cannot be read (or is no longer a regular file) is omitted, and a
+workdir that cannot be listed gives no files and a note in `omitted`; neither raises.
 """
 
 from __future__ import annotations
@@ -24,7 +26,11 @@ class Collected:
 async def collect_files(sandbox: Sandbox, settings: Settings) -> Collected:
     out = Collected()
     listing_cap = settings.collect_max_files + settings.collect_max_omitted
-    entries, cut = await sandbox.list_files(sandbox.paths.workdir, max_entries=listing_cap)
+    try:
+        entries, cut = await sandbox.list_files(sandbox.paths.workdir, max_entries=listing_cap)
+    except SandboxFileError as exc:
+        out.omitted.append(f"... (the workdir could not be listed: {exc})")
+        return out
     total = 0
 
     def omit(path: str) -> None:

@@ -11,6 +11,12 @@ during a rollout is reported in the result (`status` + `error`), never raised; o
 not run at all raises `RequestError` before anything starts. Teardown always runs, shielded from cancellation,
 and is bounded by its own deadline.
 
+Everything a sandbox produces is untrusted (DESIGN.md): an unexpected exception (not one of our typed
+failures) while verify or collect handles what the agent left is the agent's doing as far as anyone can tell,
+so it never makes the rollout unscored: in verify it scores 0 with a note, in collect the files are omitted
+with a note; the error is typed in the result either way. In the stages before the agent's output is read
+(provision, setup) and in the agent's own stage it is an infra error like any failure of our machinery.
+
 Cancellation: cancelling the task running `run_rollout` tears the sandbox down and re-raises. Setting the
 optional `cancel` event instead ends the rollout early with status `cancelled` and returns the partial result.
 """
@@ -27,7 +33,13 @@ from contextlib import AsyncExitStack
 from coding_agent_env.agents.base import Agent, AgentContext
 from coding_agent_env.agents.registry import get_agent
 from coding_agent_env.aio import shielded
-from coding_agent_env.errors import AgentError, CodingAgentEnvError, RelayError, SandboxError
+from coding_agent_env.errors import (
+    AgentError,
+    RelayError,
+    SandboxError,
+    SandboxFileNotFoundError,
+    SandboxFileNotRegularError,
+)
 from coding_agent_env.llm import Relay, RolloutLlm, SharedRelay, Upstream, access, resolve_upstream
 from coding_agent_env.llm.proxy_log import proxy_log
 from coding_agent_env.llm.trace import annotate, training_data
@@ -60,6 +72,8 @@ log = logging.getLogger(__name__)
 
 _INFRA_ERRORS = (SandboxError, AgentError, RelayError, OSError)
 """Failures of our machinery (not of the task or the agent): the episode is invalid, reward null."""
+_ON_AGENT_OUTPUT: frozenset[str] = frozenset({"verify", "collect"})
+"""Stages that handle what the agent left: an unexpected exception there is scored, never an infra error."""
 
 
 class _StageFailed(Exception):
@@ -175,6 +189,9 @@ class _Rollout:
             pass
         except TimeoutError:
             self.fail(RolloutStatus.INFRA_ERROR, "rollout", "RolloutTimeout", "the rollout's deadline passed")
+        except Exception as exc:  # noqa: BLE001 - between the stages (revoking the LLM access, say): still a result
+            log.exception("rollout %s: unexpected error", self.rollout_id)
+            self.fail(RolloutStatus.INFRA_ERROR, "rollout", type(exc).__name__, str(exc) or type(exc).__name__)
         except asyncio.CancelledError:
             self.status, self.reward = RolloutStatus.CANCELLED, None
             self.error = ErrorInfo(type="Cancelled", stage="rollout", message="the rollout was cancelled")
@@ -207,12 +224,31 @@ class _Rollout:
         except TimeoutError:
             self.fail(RolloutStatus.INFRA_ERROR, phase, "StageTimeout", f"the {phase} stage passed its deadline")
             raise _StageFailed from None
+        except _StageFailed:
+            raise  # the body recorded why
         except _INFRA_ERRORS as exc:
             self.fail(RolloutStatus.INFRA_ERROR, phase, type(exc).__name__, str(exc))
             raise _StageFailed from exc
+        except Exception as exc:  # noqa: BLE001 - typed into the result, never raised out of the rollout
+            log.exception("rollout %s: unexpected error in the %s stage", self.rollout_id, phase)
+            if phase not in _ON_AGENT_OUTPUT:
+                self.fail(RolloutStatus.INFRA_ERROR, phase, type(exc).__name__, str(exc) or type(exc).__name__)
+                raise _StageFailed from exc
+            self.on_agent_output_failed(phase, exc)
         finally:
             self.timings[phase] = time.monotonic() - started
             self.emit(ev.PhaseFinished(rollout_id=self.rollout_id, phase=phase, duration_s=self.timings[phase]))
+
+    def on_agent_output_failed(self, phase: str, exc: Exception) -> None:
+        """An unexpected exception while `phase` handled what the agent left (see the module docstring): typed in
+        `error`; verify scores 0 (with a reward of null the agent would have escaped its score), collect omits."""
+        kind = type(exc).__name__
+        self.error = ErrorInfo(type=kind, stage=phase, message=self.redact.text(str(exc) or kind))
+        if phase == "verify":
+            self.reward = 0.0
+            self.reward_note = f"verify could not complete on what the agent left ({kind}): scored 0"
+        else:
+            self.files_extra = [*self.files_extra, f"... (collecting failed on what the agent left: {kind})"]
 
     def fail(self, status: RolloutStatus, stage: str, kind: str, message: str) -> None:
         self.status, self.reward = status, None
@@ -314,8 +350,12 @@ class _Rollout:
         sandbox = self._open_sandbox()
         try:
             self.agent_log_tail = await sandbox.read_text(path, max_bytes=self.settings.agent_log_tail_bytes, tail=True)
-        except SandboxError:
+        except SandboxFileNotFoundError:
             self.agent_log_tail = ""
+        except SandboxError as exc:
+            # The agent's own output: a FIFO, a directory or a symlink in its place is noted, never opened.
+            why = "not a regular file" if isinstance(exc, SandboxFileNotRegularError) else str(exc)
+            self.agent_log_tail = f"[coding-agent-env] the agent's log was not read: {self.redact.text(why)}\n"
 
     async def _verify(self) -> None:
         assert self.spec is not None, "verify ran before provision"
@@ -358,7 +398,7 @@ class _Rollout:
                     # The sandbox first, then the LLM access: its token revoked and its turns kept, even when
                     # the sandbox's close failed.
                     await self._resources.aclose()
-        except (TimeoutError, CodingAgentEnvError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a sandbox-made tree, say: the result still goes out
             log.error("rollout %s: teardown failed: %r", self.rollout_id, exc)
             if self.error is None:
                 self.error = ErrorInfo(type=type(exc).__name__, stage="teardown", message=self.redact.text(str(exc)))
