@@ -1,7 +1,8 @@
 """Wire models shared by the server, the client and the gate.
 
 `RolloutRequest` is the `run_rollout` tool's argument set; `RolloutResult` is what every rollout returns.
-These models are the lowest layer of the package: they import nothing from it but the wire limits in `settings`.
+These models are the lowest layer of the package: they import nothing from it but the wire limits in `settings`
+and the search-path rules in `verify_env`.
 
 Request validation here is structural (types, sizes, path shapes). Whether a named agent, backend or
 endpoint is *available* is the server's business and is checked by the pipeline against `Settings`.
@@ -18,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from coding_agent_env.settings import WireLimits
+from coding_agent_env.verify_env import AGENT_WRITABLE_ROOTS, workspace_entry
 
 __all__ = [
     "AGENT_NAMES",
@@ -233,6 +235,16 @@ class RolloutRequest(_Wire):
         "image's own ENV: PATH may be set; HOME, TMPDIR, USER, LOGNAME and REWARD_FILE are the sandbox's. "
         "A Harbor task's Dockerfile ENV arrives here on backends that do not build its image.",
     )
+    verify_hardening: bool = Field(
+        default=True,
+        description="Verify runs hardened: Python with PYTHONSAFEPATH=1 and PYTHONNOUSERSITE=1 (neither the current "
+        "nor the script's directory first on sys.path: `python3 -m unittest name` and `python3 -c 'import x'` no "
+        "longer import from the workdir unless the command puts it on the path), PYTHONPATH, PYTHONHOME, "
+        "PYTHONSTARTUP, LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, BASH_ENV and ENV emptied, and search-path entries "
+        "(PATH, NODE_PATH, ...) inside places the agent can write dropped; `env` may then not point a search-path "
+        "variable into them (refused). In a clean room, a reward file counts only with `reward_file_required` "
+        "(the artifacts verify runs could write one). false: none of this.",
+    )
     native_dialects: list[NativeDialect] = Field(
         default_factory=list,
         max_length=3,
@@ -324,6 +336,21 @@ class RolloutRequest(_Wire):
         total += sum(len(text.encode("utf-8", "surrogatepass")) for text in self.verify_files.values())
         if total > WireLimits.MAX_FILES_BYTES:
             raise ValueError(f"files and verify_files total more than {WireLimits.MAX_FILES_BYTES} bytes")
+        return self
+
+    @model_validator(mode="after")
+    def _env_outside_the_workspace(self) -> RolloutRequest:
+        """Hardened verify runs with the task's `env`: a search path into what the agent can write would hand
+        verify to the agent (a planted `python3` on PATH, a library in LD_PRELOAD)."""
+        if not self.verify_hardening:
+            return self
+        for name, value in self.env.items():
+            problem = workspace_entry(name, value)
+            if problem is not None:
+                raise ValueError(
+                    f"env {problem}: verify would load what the agent left there. Point it outside "
+                    f"{', '.join(AGENT_WRITABLE_ROOTS)}, or set verify_hardening: false"
+                )
         return self
 
     @model_validator(mode="after")

@@ -4,8 +4,10 @@ interactive episodes.
 Where verify runs follows the task (see `cleanroom`): with declared `artifacts`, in a clean room (a fresh
 sandbox of the same backend and image with the task's files, set up again, the artifacts and the hidden
 `verify_files`), closed again shielded; otherwise in the agent's workspace with the `verify_files` written
-over it. `run_verify` clears the reward file first and runs each command in a fresh context; `reward.score`
-turns the outcome into the reward.
+over it. `run_verify` clears the reward file first and runs each command in a fresh context, hardened unless
+the task says `verify_hardening: false`; `reward.score` turns the outcome into the reward. In a hardened clean
+room a reward file counts only when the task declares one (`reward_file_required`); otherwise the reward is
+the verify commands' exit codes, which the artifacts cannot forge (see `_reward_file_uncounted`).
 
 `Verification` is filled as verify goes, so a caller whose deadline cuts verify short still reports what ran
 (the context, the artifacts taken, the results so far). A clean room whose setup fails raises
@@ -132,9 +134,40 @@ async def _run(sandbox: Sandbox, plan: VerifyPlan, out: Verification) -> None:
         out.results.append(result)
         plan.on_result(index, result)
 
-    outcome = await run_verify(plan.runner(sandbox), plan.task.verify, on_result=record, env=plan.env)
-    scored = score(outcome.results, outcome.reward_text, file_required=plan.task.reward_file_required)
+    task = plan.task
+    outcome = await run_verify(
+        plan.runner(sandbox), task.verify, on_result=record, env=plan.env, hardened=task.verify_hardening,
+        uncounted_reward_file=_UNCOUNTED if _reward_file_uncounted(task, out) else None,
+    )
+    scored = score(outcome.results, outcome.reward_text, file_required=task.reward_file_required)
     out.reward = scored.reward
-    out.reward_note = outcome.reward_problem or scored.note
-    if plan.task.reward_file_required and outcome.reward_problem:
+    out.reward_note = _with_hint(outcome.reward_problem or scored.note, task, outcome.results)
+    if task.reward_file_required and outcome.reward_problem:
         out.reward = 0.0
+
+
+_UNCOUNTED = ("the task declares none (reward_file_required) and verify ran the agent's artifacts, which could "
+              "have written it; the reward is the verify commands' exit codes")
+
+
+def _reward_file_uncounted(task: RolloutRequest, out: Verification) -> bool:
+    """Whether a reward file is not counted: in a hardened clean room, unless the task declares one. There the
+    artifacts are the agent's code and verify runs them as the same user as its own commands, so whatever the
+    verifier's exit status says, the artifact could write the file first (and kill its verifier)."""
+    return task.verify_hardening and out.context == "clean_room" and not task.reward_file_required
+
+
+_SAFE_PATH_HINT = (
+    "verify ran hardened (PYTHONSAFEPATH=1): Python does not import from the workdir by itself; a verify command "
+    "that needs to puts it on the path (sys.path.append(os.getcwd()), `python3 -m unittest discover -s .`), or "
+    "the task sets verify_hardening: false"
+)
+
+
+def _with_hint(note: str | None, task: RolloutRequest, results: list[CommandResult]) -> str | None:
+    """`note`, and the hint above when a hardened verify command failed on a missing module: the change of
+    Python's path is the likely cause, and it is nowhere else in the result."""
+    missing = any(not result.ok and "No module named" in result.stderr for result in results)
+    if not (task.verify_hardening and missing):
+        return note
+    return _SAFE_PATH_HINT if note is None else f"{note}; {_SAFE_PATH_HINT}"

@@ -3,9 +3,12 @@
 Contract: called only once the agent's whole process tree is dead. The verifier directory is deleted and
 made anew (so a planted reward file, or a symlink in its place, is gone), then each command runs through
 the task-command runner in a fresh context (a new private HOME and /tmp, the standard PATH) with
-`REWARD_FILE` set, under its own timeout. Afterwards the reward file, if verify wrote one, is read (bounded;
-`reward.txt`, else Harbor's `reward.json` in the same directory);
-turning it into a reward is `reward.score`'s job.
+`REWARD_FILE` set, under its own timeout. `Hardening` (the default of every task, see `verify_env`) adds
+Python's safe path and no user site, empties the code-injecting variables and drops search-path entries inside
+the sandbox's writable roots, whatever the task's environment says. Afterwards the reward file, if verify wrote
+one and the caller counts it, is read (bounded; `reward.txt`, else Harbor's `reward.json` in the same
+directory); one the caller does not count is reported as ignored. Turning it into a reward is `reward.score`'s
+job.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ from coding_agent_env.errors import SandboxFileError, SandboxFileNotFoundError, 
 from coding_agent_env.models import CommandResult
 from coding_agent_env.reward.score import reward_from_json
 from coding_agent_env.rollout.commands import CommandRunner
-from coding_agent_env.sandbox.base import Sandbox
+from coding_agent_env.sandbox.base import STANDARD_PATH, Sandbox
+from coding_agent_env.verify_env import AGENT_WRITABLE_ROOTS, hardened_overlay
 
-__all__ = ["VerifyOutcome", "run_verify", "tests_dir", "verifier_dir"]
+__all__ = ["VerifyOutcome", "run_verify", "tests_dir", "verified_env", "verifier_dir"]
 
 _REWARD_READ_BYTES = 4096
 
@@ -46,23 +50,40 @@ def tests_dir(sandbox: Sandbox) -> str:
     return f"{sandbox.paths.logs}/tests"
 
 
+def verified_env(sandbox: Sandbox, env: Mapping[str, str], *, hardened: bool) -> dict[str, str]:
+    """What verify adds to each command's base environment: `env`, then (`hardened`) the overlay that
+    `verify_env.hardened_overlay` computes against the sandbox's own roots as well as the standard ones, then
+    `REWARD_FILE` (verify's own, always)."""
+    out = dict(env)
+    if hardened:
+        paths = sandbox.paths
+        roots = (*AGENT_WRITABLE_ROOTS, paths.workdir, paths.home, paths.tmp, paths.logs)
+        out |= hardened_overlay({**sandbox.base_env(), **env}, roots, fallback_path=STANDARD_PATH)
+    out["REWARD_FILE"] = f"{verifier_dir(sandbox)}/reward.txt"
+    return out
+
+
 async def run_verify(
     runner: CommandRunner,
     commands: Sequence[str],
     *,
     on_result: Callable[[int, CommandResult], None],
     env: Mapping[str, str] | None = None,
+    hardened: bool = True,
+    uncounted_reward_file: str | None = None,
 ) -> VerifyOutcome:
     """Run `commands` in order (each one's result to `on_result` as it ends), then read the reward file.
-    `env` is added to each command's environment (`REWARD_FILE` is verify's own and always wins)."""
+    `env` is added to each command's environment (see `verified_env`). With `uncounted_reward_file` (why a reward
+    file does not count), one verify left is not used: the outcome's `reward_problem` says it was ignored, and
+    why."""
     sandbox = runner.sandbox
     directory = verifier_dir(sandbox)
-    reward_file = f"{directory}/reward.txt"
     await sandbox.remove(directory)
     await sandbox.mkdir(directory)
+    command_env = verified_env(sandbox, env or {}, hardened=hardened)
     results: list[CommandResult] = []
     for index, cmd in enumerate(commands):
-        result = await runner.run(cmd, fresh=True, env={**(env or {}), "REWARD_FILE": reward_file})
+        result = await runner.run(cmd, fresh=True, env=command_env)
         results.append(result)
         on_result(index, result)
     for name in ("reward.txt", "reward.json"):
@@ -72,6 +93,8 @@ async def run_verify(
             continue
         except SandboxFileError as exc:
             return VerifyOutcome(results, None, f"reward file ignored: {exc}")
+        if uncounted_reward_file is not None:
+            return VerifyOutcome(results, None, f"{name} ignored: {uncounted_reward_file}")
         text = raw.decode("utf-8", "replace")
         if name == "reward.json":
             try:
