@@ -22,6 +22,7 @@ from coding_agent_env.rollout.verify import run_verify
 from coding_agent_env.sandbox import Backends
 from coding_agent_env.sandbox.base import SandboxSpec
 from coding_agent_env.settings import Settings
+from coding_agent_env.tasks import LoadedTask, TaskOptions, iter_tasks
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "binary_search.yaml"
 
@@ -202,3 +203,21 @@ async def test_the_fizzbuzz_preset_resists_its_artifact(settings: Settings, atta
     solution = [f"cat > fizzbuzz.py <<'PY'\n{FIZZ_ATTACKS[attack]}\nPY"]
     result = await run_rollout(preset("fizzbuzz", solution=solution), settings=settings)
     assert result.status is RolloutStatus.COMPLETED and result.reward == 0.0, result.verify_results
+
+
+FIX_MEDIAN = EXAMPLE.parent / "tasks" / "fix-median"
+
+
+@pytest.mark.parametrize(("stats", "reward"), [(None, 1.0), ("import os\nos._exit(0)", 0.0)],
+                         ids=["reference", "os-exit-at-import"])
+async def test_the_harbor_example_resists_exiting_at_import(settings: Settings, stats: str | None,
+                                                            reward: float) -> None:
+    """fix-median verifies in the workspace (Harbor's test.sh writes the reward): its checker still runs stats.py
+    in a child, so exiting at import scores 0 (the old test imported stats.py in the judging process)."""
+    (loaded,) = iter_tasks([FIX_MEDIAN], TaskOptions())
+    assert isinstance(loaded, LoadedTask), loaded
+    task = loaded.request.model_copy(update={"agent": "oracle"})
+    if stats is not None:
+        task = task.model_copy(update={"solution": [f"cat > stats.py <<'PY'\n{stats}\nPY"]})
+    result = await run_rollout(task, settings=settings)
+    assert result.status is RolloutStatus.COMPLETED and result.reward == reward, result.verify_results
