@@ -31,7 +31,8 @@ WRONG = '''def binary_search(items, target):
 
 TASK = "Create binary_search.py defining binary_search(items, target): the index of target in the sorted list items, or -1."
 VERIFY = [
-    "python3 -c 'from binary_search import binary_search as b; "
+    # Hardened verify does not import from the working directory by itself: the check puts it on the path.
+    "python3 -c 'import sys; sys.path.insert(0, \"\"); from binary_search import binary_search as b; "
     "assert b([1, 3, 5, 7, 9], 7) == 3 and b([1, 3], 4) == -1 and b([], 1) == -1 and b([2], 2) == 0'"
 ]
 

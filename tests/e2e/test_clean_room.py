@@ -36,9 +36,16 @@ def correct_solution() -> list[str]:
     return example().solution
 
 
+UNITTEST = "python3 -m unittest discover -q -s . -p test_search.py"
+"""The example's tests by path: hardened verify (PYTHONSAFEPATH) does not import from the working directory by
+itself, `discover -s .` puts it on the path explicitly."""
+
+
 def in_workspace(task: RolloutRequest) -> RolloutRequest:
-    """The same task verified the old way: tests among the visible files, no artifacts."""
-    return task.model_copy(update={"artifacts": [], "verify_files": {}})
+    """The same task verified the old way: the visible tests run by unittest in the workspace, no artifacts, no
+    verify hardening (the holes the clean room and the hardening close)."""
+    verify = task.verify if task.verify != example().verify else ["python3 -m unittest -q test_search"]
+    return task.model_copy(update={"artifacts": [], "verify_files": {}, "verify_hardening": False, "verify": verify})
 
 
 async def test_the_example_verifies_in_a_clean_room(settings: Settings) -> None:
@@ -57,11 +64,12 @@ async def test_shadowing_unittest_scores_zero_in_the_clean_room(settings: Settin
 
 
 async def test_shadowing_json_scores_zero(settings: Settings) -> None:
-    check = "import json, search\nassert search.binary_search([1, 2], 2) == 1, 'wrong'\nprint(json.dumps('ok'))\n"
+    check = "import sys\nsys.path.insert(0, '')\nimport json, search\nassert search.binary_search([1, 2], 2) == 1, 'wrong'\nprint(json.dumps('ok'))\n"
     task = example(solution=["printf 'import sys\\nsys.exit(0)\\n' > json.py"], verify=["python3 check.py"],
                    verify_files={"check.py": check})
     assert (await run_rollout(task, settings=settings)).reward == 0.0
-    control = task.model_copy(update={"artifacts": [], "files": {**task.files, "check.py": check}, "verify_files": {}})
+    control = task.model_copy(update={"artifacts": [], "files": {**task.files, "check.py": check}, "verify_files": {},
+                                      "verify_hardening": False})
     assert (await run_rollout(control, settings=settings)).reward == 1.0
 
 
@@ -69,7 +77,7 @@ async def test_shadowing_json_scores_zero(settings: Settings) -> None:
 async def test_planted_config_files_never_reach_the_clean_room(settings: Settings, name: str) -> None:
     """A correct solution that also plants a file verify tools read: the file is absent where verify runs."""
     task = example(solution=[*correct_solution(), f"echo planted > {name}"],
-                   verify=[f"test ! -e {name}", "python3 -m unittest -q test_search"])
+                   verify=[f"test ! -e {name}", UNITTEST])
     result = await run_rollout(task, settings=settings)
     assert result.reward == 1.0 and result.artifacts is not None and result.artifacts.copied == ["search.py"]
     assert (await run_rollout(in_workspace(task), settings=settings)).reward == 0.5
@@ -79,7 +87,7 @@ async def test_planted_config_files_never_reach_the_clean_room(settings: Setting
 async def test_the_visible_test_file_cannot_be_edited_or_deleted(settings: Settings, tamper: str) -> None:
     """The test stays among the visible `files` only (no hidden copy): the clean room restores the original."""
     files = example().files
-    task = example(verify_files={}, solution=[
+    task = example(verify_files={}, verify=[UNITTEST], solution=[
         "printf 'import unittest\\nclass T(unittest.TestCase):\\n    def test_ok(self): pass\\n' > test_search.py"
         if tamper == "edit" else "rm test_search.py"
     ])
@@ -157,7 +165,7 @@ async def test_the_clean_room_is_set_up_like_the_agents_sandbox(settings: Settin
     is not."""
     task = example(setup=["mkdir -p data && echo 42 > data/answer.txt"],
                    solution=[*correct_solution(), "rm -r data && echo 7 > other.txt"],
-                   verify=["grep -qx 42 data/answer.txt", "test ! -e other.txt", "python3 -m unittest -q test_search"])
+                   verify=["grep -qx 42 data/answer.txt", "test ! -e other.txt", UNITTEST])
     result = await run_rollout(task, settings=settings)
     assert result.reward == 1.0, result.verify_results
     assert len(result.setup_results) == 1 and "data/answer.txt" not in result.files
