@@ -9,7 +9,8 @@
     coding-agent-env serve [ENV_DIR]           serve this environment (or an OpenEnv env dir) over HTTP
 
 Invalid input ends with a one-line message on stderr and exit code 2; a rollout that ran exits 0 whatever
-its reward.
+its reward, and one that raised instead of giving a result prints its infra_error result (the error typed),
+never a traceback.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from coding_agent_env.models import RolloutRequest, RolloutResult
 from coding_agent_env.rollout import run_rollout
 from coding_agent_env.runs import browse as runs_browse
 from coding_agent_env.runs import command as runs_command
+from coding_agent_env.runs.executor import failed_result
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.settings import Settings
 
@@ -101,7 +104,14 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     request = load_task(args.task)
     if args.agent:
         request = RolloutRequest.model_validate({**request.model_dump(), "agent": args.agent})
-    result = asyncio.run(run_rollout(request, settings=Settings.from_env()))
+    settings = Settings.from_env()
+    try:
+        result = asyncio.run(run_rollout(request, settings=settings))
+    except CodingAgentEnvError:
+        raise  # refused before anything ran: main says why (exit 2)
+    except Exception as exc:  # noqa: BLE001 - the rollout's own result, as a batch would write it
+        logging.getLogger(__name__).debug("rollout raised instead of giving a result", exc_info=True)
+        result = failed_result(request, exc, sandbox=settings.default_backend)
     print(result.model_dump_json(indent=2) if args.json else summary(result))
     return 0
 

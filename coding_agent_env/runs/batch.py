@@ -5,23 +5,30 @@ Memory stays bounded by the concurrency, not the dataset: tasks are read lazily 
 are written and dropped. Interrupting (Ctrl-C cancels the loop) tears the running rollouts' sandboxes down (the
 pipeline's shielded teardown) and loses nothing already finished; a rerun skips the (task_id, attempt) pairs its
 journal holds.
+
+Every rollout that starts gets its line: one that raises instead of giving a result (whatever it raises) is
+written as that rollout's infra_error result (`executor.failed_result`) and the others go on; a sink (the store)
+that fails on one record is logged, and the journal line stays.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from coding_agent_env.models import RolloutRequest
-from coding_agent_env.runs.executor import Executor, Refused
+from coding_agent_env.runs.executor import Executor, Refused, failed_result
 from coding_agent_env.runs.journal import Journal, Record, read_records
 from coding_agent_env.runs.stats import Summary
 from coding_agent_env.tasks import LoadedTask, TaskError
 
 __all__ = ["BatchObserver", "BatchPlan", "Job", "RecordSink", "run_batch"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -101,9 +108,12 @@ async def run_batch(
 
 
 def _write(record: Record, journal: Journal, sinks: list[RecordSink]) -> None:
-    journal.append(record)
+    journal.append(record)  # a journal that cannot be written stops the batch: nothing after it would be kept
     for sink in sinks:
-        sink.add(record)
+        try:
+            sink.add(record)
+        except Exception:  # noqa: BLE001 - the line is in the journal; the store is a copy
+            log.exception("batch: %s attempt %d not added to %r", record.task_id, record.attempt, sink)
 
 
 def _jobs(
@@ -141,6 +151,9 @@ async def _worker(
             summary.unsupported += 1
             observer.refused(job, TaskError(job.task.source, f"cannot run here: {exc}", unsupported=True))
             continue
+        except Exception as exc:  # noqa: BLE001 - one rollout's failure is its own line; the others go on
+            log.exception("batch: %s attempt %d raised instead of giving a result", job.task_id, job.attempt)
+            result = failed_result(job.request, exc)
         record = Record(job.task_id, job.attempt, result, job.task.source, job.task.notes)
         # Shielded: a record whose rollout finished is written even when Ctrl-C cancels this worker now.
         await asyncio.shield(keep(record))

@@ -1,10 +1,17 @@
 """Where a batch's rollouts run: in this process (the pipeline, with the sandbox backends built once), or on a
-running server over the WebSocket client trainers use (one connection, so one session slot, per worker)."""
+running server over the WebSocket client trainers use (one connection, so one session slot, per worker).
+
+`Executor.run` gives a result or raises `Refused` (nothing ran). Anything else it raises is a failure of ours
+inside that one rollout: the batch turns it into that rollout's result with `failed_result` (status infra_error,
+the error typed) and goes on with the others.
+"""
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import logging
+import uuid
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -12,8 +19,9 @@ import httpx
 
 from coding_agent_env.client import CodingAgentEnv, ToolCallError
 from coding_agent_env.errors import RequestError
-from coding_agent_env.models import RolloutRequest, RolloutResult
+from coding_agent_env.models import ErrorInfo, RolloutRequest, RolloutResult, RolloutStatus
 from coding_agent_env.rollout import run_rollout
+from coding_agent_env.rollout.redact import Redactor
 from coding_agent_env.runs.images import ImageBuilds
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.settings import Settings
@@ -21,12 +29,37 @@ from coding_agent_env.tasks import LoadedTask
 from coding_agent_env.tasks.context import pack
 from coding_agent_env.urls import IMAGES_PATH, http_url
 
-__all__ = ["Executor", "InProcessExecutor", "Refused", "ServerExecutor"]
+__all__ = ["Executor", "InProcessExecutor", "Refused", "ServerExecutor", "failed_result"]
+
+log = logging.getLogger(__name__)
+
+MAX_ERROR_CHARS = 2000
+"""Characters kept of an unexpected error's message."""
 
 
 class Refused(Exception):
     """The task cannot run here as asked (the backend, the agent or a limit refused it before anything ran):
     reported as such, not as a rollout of the agent."""
+
+
+def failed_result(request: RolloutRequest, exc: BaseException, *, sandbox: str = "") -> RolloutResult:
+    """The result of a rollout that raised `exc` instead of giving one: infra_error, reward null, the error typed
+    (its class name) with its message bounded and without the request's key."""
+    kind = type(exc).__name__
+    redact = Redactor([request.api_key.get_secret_value() if request.api_key else None])
+    message = redact.text((str(exc) or kind)[:MAX_ERROR_CHARS])
+    error = ErrorInfo(type=kind, stage="rollout", message=message)
+    return RolloutResult(
+        rollout_id=uuid.uuid4().hex,
+        task_id=redact.text(request.task_id or ""),
+        agent=request.agent or "",
+        sandbox=request.sandbox or sandbox,
+        mode=request.mode,
+        status=RolloutStatus.INFRA_ERROR,
+        reward=None,
+        error=error.line(),
+        error_detail=error,
+    )
 
 
 class Executor(abc.ABC):
@@ -113,6 +146,11 @@ class ServerExecutor(Executor):
             return await client.run_rollout(request)
         except ToolCallError as exc:
             raise Refused(str(exc)) from exc
+        except BaseException:
+            # The connection may be what failed: the next rollout of this worker connects afresh.
+            self._clients[worker] = None
+            await _close_quietly(client)
+            raise
 
     async def _image(self, task: LoadedTask) -> str:
         """The server's name for the task's image, built there from the environment directory sent to it."""
@@ -140,3 +178,10 @@ class ServerExecutor(Executor):
                 message = answer.text[:300]
             raise Refused(f"the server refused to build its Docker image ({answer.status_code}): {message}")
         return str(answer.json()["image"])
+
+
+async def _close_quietly(client: CodingAgentEnv) -> None:
+    try:
+        await asyncio.shield(client.close())
+    except Exception as exc:  # noqa: BLE001 - already failing: the rollout's own error is what is reported
+        log.warning("closing a failed connection to the server: %r", exc)
