@@ -11,6 +11,10 @@ A task directory holds `task.toml`, `instruction.md`, `environment/` (a `Dockerf
 - the `oracle` agent runs `solution/solve.sh`;
 - `tests/` become hidden verify files under `/tests` (written only for verify, removed with the sandbox), verify
   runs `bash /tests/test.sh`, and the reward must come from `/logs/verifier/reward.txt` or `reward.json`;
+- every file and directory is read through `TaskDir`: the directory is resolved once and anything whose real path
+  leaves it (a link: `instruction.md`, `tests/`, `environment/`, an entry below them, a COPY source) refuses the
+  task, naming the path, before anything of it is read; non-regular files (a FIFO) are refused, never opened
+  blocking;
 - `environment/`: on Docker the image is built from it (`DockerEnvironment`); elsewhere the files its Dockerfile
   `COPY`s into the workdir are laid there, its `ENV`s become the request's `env` (expanded as Docker would, over
   the standard PATH), and a Dockerfile doing more than FROM / WORKDIR / COPY / ENV is refused (naming the Docker
@@ -19,6 +23,7 @@ A task directory holds `task.toml`, `instruction.md`, `environment/` (a `Dockerf
 
 from __future__ import annotations
 
+import os
 import posixpath
 import tomllib
 from collections.abc import Iterator
@@ -31,6 +36,7 @@ from coding_agent_env.models import SANDBOX_OWN_ENV, RolloutRequest, validation_
 from coding_agent_env.sandbox.base import STANDARD_PATH
 from coding_agent_env.settings import WireLimits
 from coding_agent_env.tasks.base import DockerEnvironment, LoadedTask, TaskError, TaskOptions
+from coding_agent_env.tasks.confined import TaskDir, TaskFileError
 from coding_agent_env.tasks.context import content_hash
 from coding_agent_env.tasks.dockerfile import DockerfilePlan, dockerfile_env, parse_dockerfile
 
@@ -51,48 +57,51 @@ def is_harbor_task(path: Path) -> bool:
 
 
 def load_harbor_task(path: Path, options: TaskOptions) -> LoadedTask | TaskError:
-    """One Harbor task directory as a request; a `TaskError` naming the directory and the problem otherwise."""
+    """One Harbor task directory as a request; a `TaskError` naming the directory and the problem otherwise
+    (a path leaving the directory, a file that is not a regular file, malformed configuration, ...)."""
     try:
-        return _load(path, options)
+        return _load(TaskDir(path, WireLimits.MAX_FILES_BYTES), options)
     except _Refused as exc:
         return TaskError(str(path), str(exc), unsupported=exc.unsupported)
+    except TaskFileError as exc:
+        return TaskError(str(path), str(exc))
 
 
-def _load(path: Path, options: TaskOptions) -> LoadedTask:
-    config = _read_toml(path / "task.toml")
+def _load(task: TaskDir, options: TaskOptions) -> LoadedTask:
+    config = _read_toml(task)
     notes: list[str] = []
     agent, verifier, environment = (_table(config, name) for name in ("agent", "verifier", "environment"))
     fields: dict[str, Any] = {
-        "task_id": _task_name(config) or path.name,
-        "instruction": _read_text(path / "instruction.md", "instruction.md"),
+        "task_id": _task_name(config) or Path(task.name).name,
+        "instruction": task.read_text("instruction.md"),
         "verify": ["bash /tests/test.sh"],
-        "verify_files": _text_tree(path / "tests", "tests/"),
+        "verify_files": task.text_tree("tests"),
         "verify_files_root": "/tests",
         "reward_file_required": True,
     }
     if "test.sh" not in fields["verify_files"]:
         raise _Refused("tests/test.sh is missing")
-    solve = path / "solution" / "solve.sh"
-    if solve.is_file():
-        fields["solution"] = [_read_text(solve, "solution/solve.sh")]
+    if task.is_dir("solution"):
+        task.check_tree("solution")
+    if task.is_file("solution/solve.sh"):
+        fields["solution"] = [task.read_text("solution/solve.sh")]
     _timeouts(fields, agent, verifier, notes)
     fields["limits"] = _limits(environment, options, notes)
     if environment.get("allow_internet") is True:
         notes.append("allow_internet = true not honoured: sandboxes have no internet (only the LLM relay)")
-    docker_env = _environment(path, fields, environment, options, notes)
+    docker_env = _environment(task, fields, environment, options, notes)
     try:
         request = RolloutRequest.model_validate(fields)
     except ValidationError as exc:
         raise _Refused(f"not a valid request: {validation_summary(exc)}") from None
-    return LoadedTask(request, str(path), tuple(notes), docker_env)
+    return LoadedTask(request, task.name, tuple(notes), docker_env)
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def _read_toml(task: TaskDir) -> dict[str, Any]:
+    text = task.read_text("task.toml")
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise _Refused(f"cannot read task.toml: {exc.strerror or exc}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise _Refused(f"malformed task.toml: {exc}") from None
 
 
@@ -107,30 +116,6 @@ def _task_name(config: dict[str, Any]) -> str | None:
     task = config.get("task")
     name = task.get("name") if isinstance(task, dict) else config.get("name")
     return name if isinstance(name, str) and name.strip() else None
-
-
-def _read_text(path: Path, what: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise _Refused(f"{what} is missing") from None
-    except UnicodeDecodeError:
-        raise _Refused(f"{what} is not UTF-8 text") from None
-    except OSError as exc:
-        raise _Refused(f"cannot read {what}: {exc.strerror or exc}") from None
-
-
-def _text_tree(root: Path, what: str) -> dict[str, str]:
-    """Every regular file under `root` as text, by relative path."""
-    if not root.is_dir():
-        raise _Refused(f"{what} is missing")
-    files: dict[str, str] = {}
-    for path in sorted(root.rglob("*")):
-        if path.is_symlink() or not path.is_file():
-            continue
-        rel = path.relative_to(root).as_posix()
-        files[rel] = _read_text(path, f"{what}{rel}")
-    return files
 
 
 def _seconds(table: dict[str, Any], section: str) -> float | None:
@@ -171,26 +156,29 @@ def _limits(environment: dict[str, Any], options: TaskOptions, notes: list[str])
 
 
 def _environment(
-    path: Path, fields: dict[str, Any], environment: dict[str, Any], options: TaskOptions, notes: list[str]
+    task: TaskDir, fields: dict[str, Any], environment: dict[str, Any], options: TaskOptions, notes: list[str]
 ) -> DockerEnvironment | None:
-    """Lay out `environment/` for the chosen backend; returns what Docker must build, if anything."""
-    env_dir = path / "environment"
-    dockerfile = env_dir / "Dockerfile"
-    plan = parse_dockerfile(_read_text(dockerfile, "environment/Dockerfile")) if dockerfile.is_file() else None
+    """Lay out `environment/` for the chosen backend; returns what Docker must build, if anything. The whole
+    directory is checked first: Docker would be sent all of it, and the files laid here come from it."""
+    if task.is_dir("environment"):
+        task.check_tree("environment")
+    dockerfile = "environment/Dockerfile"
+    plan = parse_dockerfile(task.read_text(dockerfile)) if task.is_file(dockerfile) else None
     workdir = environment.get("workdir") or (plan.workdir if plan is not None else None)
     if isinstance(workdir, str) and workdir not in ("/", SANDBOX_WORKDIR):
         notes.append(f"workdir {workdir} not honoured: commands start in {SANDBOX_WORKDIR}, where the task's "
                      "files are laid")
     if plan is None:
-        fields["files"] = _text_tree(env_dir, "environment/") if env_dir.is_dir() else {}
+        fields["files"] = task.text_tree("environment") if task.is_dir("environment") else {}
         return None
     if options.sandbox == "docker":
         # The image holds the files where the Dockerfile put them, but the sandbox's workdir may be a fresh
         # volume (Docker's disk budget) and its WORKDIR may not be ours: what it copied under its WORKDIR is
         # laid into ours too, so the agent starts beside them.
-        fields["files"] = _copied_files(env_dir, plan, strict=False)
-        return DockerEnvironment(env_dir, content_hash(env_dir))
-    fields["files"] = _copied_files(env_dir, plan, strict=not options.ignore_dockerfile)
+        fields["files"] = _copied_files(task, plan, strict=False)
+        context = task.locate("environment")  # its real path: what is built is what was checked
+        return DockerEnvironment(context, content_hash(context))
+    fields["files"] = _copied_files(task, plan, strict=not options.ignore_dockerfile)
     if plan.unsupported:
         steps = ", ".join(plan.unsupported[:3]) + (" ..." if len(plan.unsupported) > 3 else "")
         if not options.ignore_dockerfile:
@@ -211,23 +199,25 @@ def _environment(
     return None
 
 
-def _copied_files(env_dir: Path, plan: DockerfilePlan, *, strict: bool) -> dict[str, str]:
+def _copied_files(task: TaskDir, plan: DockerfilePlan, *, strict: bool) -> dict[str, str]:
     """The files the Dockerfile's COPYs put under its WORKDIR, by path relative to it. With `strict`, a COPY
     elsewhere (or any COPY without a WORKDIR) is refused: only Docker can honour it."""
     files: dict[str, str] = {}
+    context = task.locate("environment")
     for copy in plan.copies:
         for source in copy.sources:
-            src = (env_dir / source).resolve()
-            if not src.is_relative_to(env_dir.resolve()) or not src.exists():
+            rel = posixpath.normpath(posixpath.join("environment", source))
+            src = task.locate(rel)  # refuses a source leaving the task directory
+            if not (src == context or src.is_relative_to(context)) or not src.exists():
                 raise _Refused(f"environment/Dockerfile copies {source!r}, which is not in environment/")
             many = src.is_dir() or len(copy.sources) > 1 or copy.dest.endswith("/")
             dest = copy.dest.rstrip("/") or "/"
-            items = _text_tree(src, f"environment/{source}/").items() if src.is_dir() else [(src.name, None)]
-            for rel, text in items:
-                target = posixpath.join(dest, rel) if many else dest
+            items = task.text_tree(rel).items() if src.is_dir() else [(posixpath.basename(rel), None)]
+            for name, text in items:
+                target = posixpath.join(dest, name) if many else dest
                 inside = _under_workdir(target, plan.workdir, strict=strict)
                 if inside is not None:
-                    files[inside] = text if text is not None else _read_text(src, f"environment/{source}")
+                    files[inside] = text if text is not None else task.read_text(rel)
     files.pop("Dockerfile", None)
     return files
 
@@ -243,12 +233,18 @@ def _under_workdir(target: str, workdir: str, *, strict: bool) -> str | None:
 
 
 def iter_harbor_dir(path: Path, options: TaskOptions) -> Iterator[LoadedTask | TaskError]:
-    """A task directory, or a directory of them (each subdirectory with a `task.toml`, in name order)."""
+    """A task directory, or a directory of them (each subdirectory with a `task.toml`, in name order). A
+    subdirectory that is a link leaving the directory of tasks is refused (naming it), not followed: a task
+    elsewhere is loaded by passing its own path."""
     if is_harbor_task(path):
         yield load_harbor_task(path, options)
         return
+    real = Path(os.path.realpath(path))
     for child in sorted(path.iterdir()):
-        if child.is_dir() and is_harbor_task(child):
+        if child.is_symlink() and not Path(os.path.realpath(child)).is_relative_to(real):
+            yield TaskError(str(child), "a link leaving the directory of tasks: refused, nothing of it is read "
+                                        "(pass the task's own path to load it)")
+        elif child.is_dir() and is_harbor_task(child):
             yield load_harbor_task(child, options)
         elif child.is_dir() and ((child / "instruction.md").exists() or (child / "tests").is_dir()):
             yield TaskError(str(child), "task.toml is missing")
