@@ -100,7 +100,7 @@ class TaskDir:
         """The real path of `rel`, inside the task directory (which it need not exist in); `OutsideTaskError`
         when it leaves it."""
         real = Path(os.path.realpath(self.root / rel))
-        if real != self.root and not real.is_relative_to(self.root):
+        if not real.is_relative_to(self.root):
             raise OutsideTaskError(rel)
         return real
 
@@ -126,9 +126,16 @@ class TaskDir:
 
     def text_tree(self, rel: str) -> dict[str, str]:
         """Every regular file under the directory `rel` as text, by path relative to it (links inside the
-        task directory are skipped, links leaving it refused)."""
+        task directory are skipped, links leaving it refused), at most `max_file_bytes` in all."""
         base = rel.rstrip("/")
-        return {sub: self.read_text(f"{base}/{sub}") for sub in self._files(base)}
+        files: dict[str, str] = {}
+        total = 0
+        for sub in self._files(base):
+            files[sub] = self.read_text(f"{base}/{sub}")
+            total += len(files[sub])
+            if total > self.max_file_bytes:  # a request could not carry them: stop reading now
+                raise TaskFileError(f"{base}/ holds more than {self.max_file_bytes} bytes of files")
+        return files
 
     def _files(self, rel: str) -> Iterator[str]:
         """The regular files under the directory `rel`, by path relative to it."""
@@ -140,7 +147,7 @@ class TaskDir:
                 # A link is never followed here; one whose target leaves is refused all the same, so a task
                 # that depends on outside files says so instead of silently losing them.
                 target = Path(os.path.realpath(path))
-                if target != self.root and not target.is_relative_to(self.root):
+                if not target.is_relative_to(self.root):
                     raise OutsideTaskError(f"{rel}/{sub}")
             elif stat.S_ISREG(info.st_mode):
                 yield sub

@@ -233,15 +233,16 @@ def _under_workdir(target: str, workdir: str, *, strict: bool) -> str | None:
 
 
 def iter_harbor_dir(path: Path, options: TaskOptions) -> Iterator[LoadedTask | TaskError]:
-    """A task directory, or a directory of them (each subdirectory with a `task.toml`, in name order). A
-    subdirectory that is a link leaving the directory of tasks is refused (naming it), not followed: a task
-    elsewhere is loaded by passing its own path."""
+    """A task directory, or a directory of them (each subdirectory with a `task.toml`, in name order). A task
+    that is a link leaving the directory of tasks is refused (naming it), not read: a task elsewhere is loaded by
+    passing its own path."""
     if is_harbor_task(path):
         yield load_harbor_task(path, options)
         return
     real = Path(os.path.realpath(path))
     for child in sorted(path.iterdir()):
-        if child.is_symlink() and not Path(os.path.realpath(child)).is_relative_to(real):
+        leaves = child.is_symlink() and not Path(os.path.realpath(child)).is_relative_to(real)
+        if leaves and is_harbor_task(child):  # other links (a README, a data directory) are not tasks: ignored
             yield TaskError(str(child), "a link leaving the directory of tasks: refused, nothing of it is read "
                                         "(pass the task's own path to load it)")
         elif child.is_dir() and is_harbor_task(child):

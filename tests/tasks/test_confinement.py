@@ -15,6 +15,7 @@ import pytest
 from coding_agent_env.cli import main
 from coding_agent_env.settings import Settings
 from coding_agent_env.tasks import LoadedTask, TaskError, TaskOptions, iter_tasks
+from coding_agent_env.tasks.confined import TaskDir, TaskFileError
 from coding_agent_env.tasks.context import content_hash, pack
 from tests.tasks.harbor_fixtures import make_task
 
@@ -117,8 +118,9 @@ def test_a_linked_task_in_a_directory_of_tasks_is_refused(tmp_path: Path) -> Non
     tasks = tmp_path / "tasks"
     make_task(tasks, "own")
     (tasks / "foreign").symlink_to(elsewhere)
+    (tasks / "README.md").symlink_to(elsewhere / "instruction.md")  # not a task: ignored, as any file is
     items = {Path(item.source).name: item for item in iter_tasks([tasks])}
-    assert isinstance(items["own"], LoadedTask)
+    assert set(items) == {"own", "foreign"} and isinstance(items["own"], LoadedTask)
     foreign = items["foreign"]
     assert isinstance(foreign, TaskError) and "leaving the directory of tasks" in foreign.message
     assert SECRET not in repr(items)
@@ -195,3 +197,14 @@ def test_a_fifo_in_a_task_directory_does_not_hang_the_loader(tmp_path: Path, whe
                 assert isinstance(item, LoadedTask), item
     finally:
         pool.shutdown(wait=False)
+
+
+def test_reads_are_bounded(tmp_path: Path) -> None:
+    """A file, or a tree of files, bigger than a request can carry is refused before more of it is read."""
+    task = make_task(tmp_path, "big", extra_tests={"a.txt": "a" * 600, "b.txt": "b" * 600})
+    root = TaskDir(task, max_file_bytes=1000)
+    with pytest.raises(TaskFileError, match="tests/ holds more than 1000 bytes"):
+        root.text_tree("tests")
+    (task / "instruction.md").write_text("i" * 1001)
+    with pytest.raises(TaskFileError, match="instruction.md is over 1000 bytes"):
+        root.read_text("instruction.md")
