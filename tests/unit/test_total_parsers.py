@@ -22,12 +22,14 @@ from coding_agent_env.agents.opencode import parse_opencode_events
 from coding_agent_env.agents.pi import parse_pi_events
 from coding_agent_env.agents.stream_json import parse_stream_json
 from coding_agent_env.agents.terminus.agent import parse_terminus_events
+from coding_agent_env.agents.terminus.core import ChatFailed
 from coding_agent_env.agents.terminus.parse import (
     ParseFailure,
     TerminalCall,
     arguments_to_call,
     build_terminal_tool_call,
 )
+from coding_agent_env.agents.terminus.relay_chat import RelayChat
 from coding_agent_env.reward.score import parse_reward_file, reward_from_json, score
 
 # -- hostile input -----------------------------------------------------------------------------------------
@@ -195,3 +197,15 @@ def test_terminal_tool_call_parse_is_total(text: str, loose: bool) -> None:
                                   '"{"name":"terminal","arguments":{"command":' + "[" * 990 + "]" * 990 + "}}"])
 def test_terminal_tool_call_parse_survives_deep_nesting(text: str) -> None:
     assert isinstance(build_terminal_tool_call(text), ParseFailure)
+
+
+async def test_a_conversation_too_deep_to_encode_is_a_failed_call_not_an_exception() -> None:
+    """The model's tool calls are kept verbatim in the conversation: one nested deeper than the JSON encoder goes
+    ends Terminus's loop as a failed LLM call (the agent's outcome), before anything is sent."""
+    deep: object = "x"
+    for _ in range(5000):
+        deep = {"a": deep}
+    body = {"messages": [{"role": "assistant", "tool_calls": [{"function": {"arguments": deep}}]}]}
+    async with RelayChat("http://127.0.0.1:9/v1", "tok", timeout_s=5) as chat:
+        answer, large = await chat.complete(body)
+    assert isinstance(answer, ChatFailed) and "cannot be encoded" in answer.error and not large

@@ -1,8 +1,9 @@
 """`RelayChat`: Terminus's chat completions through the relay's loopback listener, with the rollout's token.
 
-Contract: `complete(body)` never raises for anything the relay or the network does; it returns the assistant
-message, or a `ChatFailed` saying why (an error status, a body over `max_response_bytes`, a malformed or
-nested-too-deep reply, no answer). Encoding a long conversation and decoding a large reply run on a worker
+Contract: `complete(body)` never raises for anything the relay, the network or the model does; it returns the
+assistant message, or a `ChatFailed` saying why (an error status, a body over `max_response_bytes`, a malformed
+or nested-too-deep reply, no answer, a conversation that cannot be encoded: the model's earlier tool calls are
+kept verbatim, and a deep enough one no JSON encoder takes). Encoding a long conversation and decoding a large reply run on a worker
 thread (`OFF_LOOP_BYTES`), so no rollout holds the event loop for long.
 """
 
@@ -49,7 +50,10 @@ class RelayChat:
     async def complete(self, body: dict) -> tuple[dict | ChatFailed, bool]:
         """(the assistant message of one chat completion, or why there is none; whether the reply was large)."""
         encode = functools.partial(json.dumps, body)
-        text = await off_loop(encode) if self.last_body_bytes > OFF_LOOP_BYTES else encode()
+        try:
+            text = await off_loop(encode) if self.last_body_bytes > OFF_LOOP_BYTES else encode()
+        except (ValueError, TypeError, RecursionError) as exc:
+            return ChatFailed(f"the conversation cannot be encoded as JSON ({type(exc).__name__})"), False
         payload = text.encode()
         self.last_body_bytes = len(payload)
         cap = self.max_response_bytes
