@@ -1,7 +1,8 @@
 """A CLI agent's outputs are untrusted (issue 27): the driver reads its events file and its log after it exits, and
 whatever the agent left there (a directory or a symlink to a host file in their place, events its parser cannot
 take) gives a report that says so, never an exception out of the agent's stage. A real bubblewrap sandbox; the
-"CLI" is a bash script declared like any agent."""
+"CLI" is a bash script declared like any agent. Last, the agent log of a whole rollout, left as a directory or a
+symlink."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from coding_agent_env.agents.driver import CliAgent
 from coding_agent_env.agents.events import AgentReport, json_lines
 from coding_agent_env.agents.spec import CliAgentSpec, Launch, LaunchContext
 from coding_agent_env.llm.access import LlmAccess
-from coding_agent_env.models import RolloutRequest
+from coding_agent_env.models import RolloutRequest, RolloutStatus
+from coding_agent_env.rollout import run_rollout
 from coding_agent_env.sandbox import Backends, Sandbox
 from coding_agent_env.sandbox.base import SandboxSpec
 from coding_agent_env.settings import Settings
@@ -97,3 +99,16 @@ async def test_a_parser_that_raises_gives_a_report_that_says_so(sandbox: Sandbox
     assert events.errors == ["events not parsed: RuntimeError"]
     log = (await sandbox.read_bytes(ctx.log_path)).decode()
     assert log.startswith("said-something\n") and "1 errors, 1 malformed lines" in log
+
+
+@pytest.mark.parametrize("replace", ["mkdir", "ln -s /etc/passwd"])
+async def test_a_rollouts_agent_log_that_is_not_a_regular_file_is_noted(
+    settings: Settings, assert_no_leftovers: None, replace: str
+) -> None:
+    """The log's tail in the result says the log was not read; the rollout is scored as usual."""
+    request = RolloutRequest(instruction="x", agent="oracle", sandbox="local", verify=["true"],
+                             solution=[f"echo noise; rm -f /logs/agent/agent.log && {replace} /logs/agent/agent.log"])
+    result = await run_rollout(request, settings=settings)
+    assert (result.status, result.reward) == (RolloutStatus.COMPLETED, 1.0), result.error
+    assert result.agent_log_tail.startswith("[coding-agent-env] the agent's log was not read: "), result.agent_log_tail
+    assert "root:" not in result.agent_log_tail
