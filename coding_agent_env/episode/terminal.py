@@ -3,7 +3,7 @@
 Upstream's shape: `{"command": str, "final_answer": str}`, where a client sends both keys and leaves one
 empty. Exactly one must be non-blank: a command runs in the episode's persistent shell; a final answer ends
 the episode and is verified. Both given, neither given, a non-string, a NUL byte, a lone surrogate (JSON's
-`"\ud800"` decodes to one: it is no character, and no file or argument can hold it), a command over
+`"\\ud800"` decodes to one: it is no character, and no file or argument can hold it), a command over
 `WireLimits.MAX_COMMAND_BYTES` or an answer over `WireLimits.MAX_FINAL_ANSWER_BYTES` (UTF-8) or any other key
 is a `TerminalArgumentsError`, and nothing runs.
 """
