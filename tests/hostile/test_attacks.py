@@ -39,12 +39,11 @@ BENIGN: dict[str, Any] = {
     "verify": ["grep -qx hi hello.txt"],
 }
 
-_DEEP = "cd {root} && for i in $(seq {depth}); do mkdir d && cd d || exit 1; done"
-
-
 def _deep(root: str, depth: int = 3000) -> str:
-    """A shell command that makes `root` hold a chain of `depth` nested directories."""
-    return f"mkdir -p {root} && " + _DEEP.format(root=root, depth=depth)
+    """A shell command that makes `root` hold a chain of `depth` nested directories (in Python: a shell loop of
+    `mkdir` takes minutes on a loaded machine)."""
+    return (f"mkdir -p {root} && python3 -c 'import os\nos.chdir(\"{root}\")\n"
+            f"for _ in range({depth}): os.mkdir(\"d\"); os.chdir(\"d\")'")
 
 
 def _writer(script: str) -> str:
