@@ -7,8 +7,14 @@ openenv 0.10.0's `create_app` over an `MCPEnvironment` with an equivalent one-to
 own virtualenv (`.ci/venvs/openenv-0.10.0`, created by the compat tests). No rollout runs: the round trip
 measured is `reset` + `step(list_tools)` over `/ws`, and `tools/list` over `POST /mcp`.
 
+Each server is measured once it is ready: `/health` answers and `/web/` no longer says "starting" (our Gradio
+tab is built in the background after `/health` is up; the reference has no tab). The seconds before, while our
+tab builds, are measured apart ("ws p99 while our tab builds"): the tail a trainer connecting at once sees.
+With `--runs N` each server is started N times, alternately, and the medians are printed.
+
 Printed: p50/p99 latency (ms) and throughput (reset+step pairs/s) with 1 and 32 concurrent clients, for both
-servers, and the ratios (targets: our p50 <= 1/3 of the reference's; our 32-client throughput >= 3x).
+servers, and the ratios (targets: our p50 <= 1/3 of the reference's; our p99 <= the reference's; our 32-client
+throughput >= 3x); then our event-loop watchdog's figures (`/health/loop`: largest lag, stalls).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -83,8 +89,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def running(argv: list[str], port: int, env: dict[str, str], cwd: Path) -> Iterator[str]:
-    """Start a server subprocess, wait for /health, yield its URL, kill its process group."""
+def running(argv: list[str], port: int, env: dict[str, str], cwd: Path,
+            while_starting: Callable[[str], None] | None = None) -> Iterator[str]:
+    """Start a server subprocess, wait for /health, call `while_starting(url)` (if given), wait until it is
+    ready, yield its URL, kill its process group."""
     proc = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -98,6 +106,12 @@ def running(argv: list[str], port: int, env: dict[str, str], cwd: Path) -> Itera
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"server {argv[:3]} did not start")
+            time.sleep(0.05)
+        if while_starting is not None:
+            while_starting(url)
+        while httpx.get(f"{url}/web/", timeout=2).status_code == 503:  # a tab still building ("starting")
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"server {argv[:3]} did not finish starting")
             time.sleep(0.05)
         yield url
     finally:
@@ -125,6 +139,21 @@ async def ws_pairs(url: str, iterations: int) -> list[float]:
             await ws.send(STEP)
             await ws.recv()
             times.append(time.perf_counter() - started)
+    return times
+
+
+async def ws_pairs_while_starting(url: str, limit: int) -> list[float]:
+    """reset+step round trips from the moment /health answers until the server is ready (at most `limit`)."""
+    times = []
+    async with httpx.AsyncClient(base_url=url) as client, connect(url.replace("http", "ws", 1) + "/ws") as ws:
+        while len(times) < limit and (await client.get("/web/")).status_code == 503:
+            for _ in range(10):
+                started = time.perf_counter()
+                await ws.send(RESET)
+                await ws.recv()
+                await ws.send(STEP)
+                await ws.recv()
+                times.append(time.perf_counter() - started)
     return times
 
 
@@ -181,24 +210,47 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=500)
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--runs", type=int, default=1, help="start each server this many times; print medians")
     args = parser.parse_args()
     reference_python = REFERENCE_VENV / "bin" / "python"
     if not reference_python.exists():
         raise SystemExit(f"no reference virtualenv at {REFERENCE_VENV}: run tests/compat first (it creates it)")
     env = {**os.environ, "MAX_CONCURRENT_ENVS": "64"}
-    results: dict[str, dict[str, float]] = {}
+    runs: dict[str, list[dict[str, float]]] = {"ours": [], "reference": []}
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "reference_app.py").write_text(REFERENCE_APP)
-        port = free_port()
-        ours = [sys.executable, "-m", "coding_agent_env.cli", "serve", "--port", str(port)]
-        with running(ours, port, env, Path(tmp)) as url:
-            results["ours"] = asyncio.run(measure(url, args.iterations, args.seconds))
-        port = free_port()
-        ref = [str(reference_python), "-m", "uvicorn", "reference_app:app", "--host", "127.0.0.1",
-               "--port", str(port), "--log-level", "warning"]
-        with running(ref, port, env, Path(tmp)) as url:
-            results["reference"] = asyncio.run(measure(url, args.iterations, args.seconds))
-    report(results)
+        for _ in range(args.runs):
+            runs["ours"].append(measure_ours(args, env, Path(tmp)))
+            port = free_port()
+            ref = [str(reference_python), "-m", "uvicorn", "reference_app:app", "--host", "127.0.0.1",
+                   "--port", str(port), "--log-level", "warning"]
+            with running(ref, port, env, Path(tmp)) as url:
+                runs["reference"].append(asyncio.run(measure(url, args.iterations, args.seconds)))
+    report({name: medians(figures) for name, figures in runs.items()})
+
+
+def measure_ours(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> dict[str, float]:
+    port = free_port()
+    ours = [sys.executable, "-m", "coding_agent_env.cli", "serve", "--port", str(port)]
+    starting: list[float] = []
+
+    def while_starting(url: str) -> None:
+        starting.extend(asyncio.run(ws_pairs_while_starting(url, args.iterations * 20)))
+
+    with running(ours, port, env, cwd, while_starting) as url:
+        figures = asyncio.run(measure(url, args.iterations, args.seconds))
+        loop = httpx.get(f"{url}/health/loop", timeout=5)
+    if starting:
+        figures["starting_ws_p50_ms"] = pct(starting, 0.5)
+        figures["starting_ws_p99_ms"] = pct(starting, 0.99)
+    if loop.status_code == 200:  # not with LOOP_WATCHDOG=false
+        figures["loop_lag_max_ms"] = loop.json()["lag_max_ms"]
+        figures["loop_stalls"] = loop.json()["stalls"]
+    return figures
+
+
+def medians(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(run[key] for run in runs if key in run) for key in runs[0]}
 
 
 def report(results: dict[str, dict[str, float]]) -> None:
@@ -211,6 +263,12 @@ def report(results: dict[str, dict[str, float]]) -> None:
         ratio = ours[key] / ref[key] if higher_is_better else ref[key] / ours[key]
         print(f"{label:<28}{ours[key]:>12.2f}{ref[key]:>12.2f}{ratio:>9.2f}x")
     print("ratio = how many times better ours is (latency: ref/ours; throughput: ours/ref)")
+    if "starting_ws_p99_ms" in ours:
+        print(f"ws reset+step p50 / p99 while our tab builds (ms): {ours['starting_ws_p50_ms']:.2f} / "
+              f"{ours['starting_ws_p99_ms']:.2f}")
+    if "loop_stalls" in ours:
+        print(f"our event loop (whole run, startup included): largest lag {ours['loop_lag_max_ms']:.1f} ms, "
+              f"stalls {ours['loop_stalls']:.0f}")
     print(json.dumps(results))
 
 

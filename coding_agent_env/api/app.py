@@ -2,8 +2,9 @@
 
 Lifespan: start the event-loop watchdog (`aio_watchdog`; off with `settings.loop_watchdog`; its figures at
 `/health/loop`, itself at `app.state.loop_watchdog`), check the sandbox backends, start the idle reaper and the
-MCP SDK's session manager; on shutdown close every session (running rollouts are cancelled and their sandboxes
-torn down) before the MCP session manager stops, then release the backends and stop the watchdog.
+MCP SDK's session manager, then freeze what startup made out of the garbage collector (`api.heap`). On shutdown
+close every session (running rollouts are cancelled and their sandboxes torn down) before the MCP session
+manager stops, then release the backends, stop the watchdog and thaw the frozen objects.
 
 With `settings.enable_web_interface` (the default) the Gradio tab is served at `/web` and `/` redirects there. It is
 built in the background once the server is up (`api.web_gate`): until then `/web` answers 503 "starting" (never
@@ -22,6 +23,7 @@ from fastapi import FastAPI, WebSocket
 from fastapi.responses import RedirectResponse
 
 from coding_agent_env.aio_watchdog import LoopWatchdog
+from coding_agent_env.api import heap
 from coding_agent_env.api.endpoint import McpDispatcher
 from coding_agent_env.api.http import ENV_DESCRIPTION, build_router
 from coding_agent_env.api.images import IMAGES_PATH, ImageBuildRoute
@@ -69,6 +71,7 @@ def build_app(settings: Settings | None = None) -> FastAPI:
                 try:
                     for start in on_startup:
                         start()
+                    heap.settle()  # before the first request: startup's objects out of every later collection
                     yield
                 finally:
                     for stop in on_shutdown:
@@ -80,6 +83,7 @@ def build_app(settings: Settings | None = None) -> FastAPI:
             finally:
                 if watchdog is not None:
                     watchdog.stop()  # synchronous: a cancelled shutdown still ends its thread
+                heap.thaw()
 
     app = FastAPI(title="coding_agent_env", description=ENV_DESCRIPTION, version=HTTP_API_VERSION, lifespan=lifespan)
     app.state.settings = settings

@@ -3,7 +3,8 @@
 Importing gradio and building the tab takes seconds; `/health` and the API must not wait for it. `WebGate` is
 mounted at `/web` when the app is built (it imports nothing heavy) and is built into the real tab by `start()`,
 called from the app's lifespan once the server is up: gradio is imported and the Blocks built on a worker
-thread, then the tab's own startup (gradio's queue) runs on the server's loop. Until the tab is ready, `/web`
+thread (under `api.heap.building()`: collector paused, short GIL switch interval, what it built frozen
+after), then the tab's own startup (gradio's queue) runs on the server's loop. Until the tab is ready, `/web`
 answers 503 with `Retry-After: 1` and a small page that reloads itself ("starting"): never a 404, never a hang.
 If building fails, the server stays up and `/web` answers 503 saying why (the error is logged too); a missing
 `ui` extra says which extra to install. `stop()` (at shutdown) cancels a build still running, waits for it, and
@@ -23,6 +24,7 @@ from typing import Any
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coding_agent_env.aio import shielded
+from coding_agent_env.api import heap
 from coding_agent_env.session import SessionManager
 
 __all__ = ["WEB_PATH", "WebGate"]
@@ -87,8 +89,11 @@ class WebGate:
 
     async def _build(self) -> None:
         try:
-            ui = await asyncio.to_thread(importlib.import_module, _UI_MODULE)
-            tab, holder, gradio_app = await asyncio.to_thread(ui.build_web, self._manager)
+            # The import and the build are seconds of CPU on a worker thread while the loop serves: `heap.building`
+            # keeps them from holding the loop (GIL hand-overs, full collections of the growing heap).
+            with heap.building():
+                ui = await asyncio.to_thread(importlib.import_module, _UI_MODULE)
+                tab, holder, gradio_app = await asyncio.to_thread(ui.build_web, self._manager)
             self._tab = tab
             # The tab's own lifespan (gradio's queue and startup events), kept open until stop().
             await self._stack.enter_async_context(holder.router.lifespan_context(holder))
