@@ -24,7 +24,7 @@ __all__ = ["TASK_FIELDS", "UPSTREAM_ALIASES", "is_task", "parse_task", "task_sch
 
 TASK_FIELDS = frozenset({
     "instruction", "files", "setup", "verify", "verify_files", "artifacts", "sandbox", "image",
-    "command_timeout_s", "limits", "task_id",
+    "command_timeout_s", "limits", "task_id", "env", "verify_hardening",
 })
 UPSTREAM_ALIASES = {"setup_scripts": "setup", "verify_scripts": "verify", "sandbox_backend": "sandbox"}
 """terminus_env's names -> ours."""
