@@ -71,7 +71,7 @@ def build_app(settings: Settings | None = None) -> FastAPI:
                 try:
                     for start in on_startup:
                         start()
-                    heap.settle()  # before the first request: startup's objects out of every later collection
+                    heap.freeze()  # before the first request: startup's objects out of every later collection
                     yield
                 finally:
                     for stop in on_shutdown:

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["BUILD_SWITCH_INTERVAL_S", "building", "freeze", "settle", "thaw"]
+__all__ = ["BUILD_SWITCH_INTERVAL_S", "building", "freeze", "thaw"]
 
 BUILD_SWITCH_INTERVAL_S = 0.0005
 """The GIL hand-over interval while a background build runs (CPython's default is 5 ms): a loop thread that
@@ -32,16 +32,10 @@ _builds = 0
 _saved: tuple[bool, float] | None = None
 
 
-def settle() -> None:
-    """Collect once, then freeze everything alive: for startup, before the server answers (the collection
-    costs a full scan once, here, instead of on a request's path)."""
-    gc.collect()
-    gc.freeze()
-
-
 def freeze() -> None:
-    """Freeze everything alive without collecting first (a collection now would hold the loop as long as the
-    ones this avoids): for after a background build, while the server answers."""
+    """Freeze everything alive: after startup, and after a background build. Nothing is collected first (a full
+    collection costs what this avoids, and in a process holding many apps, as tests do, much more): the little
+    cyclic garbage startup left stays until `thaw()`."""
     gc.freeze()
 
 
@@ -71,6 +65,6 @@ def building() -> Iterator[None]:
                 enabled, interval = _saved
                 _saved = None
                 sys.setswitchinterval(interval)
-                gc.freeze()
+                freeze()
                 if enabled:
                     gc.enable()

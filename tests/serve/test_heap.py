@@ -50,6 +50,6 @@ def test_a_collector_the_operator_turned_off_stays_off(thawed: None) -> None:
         gc.enable()
 
 
-def test_settle_freezes_what_is_alive(thawed: None) -> None:
-    heap.settle()
+def test_freeze_freezes_what_is_alive(thawed: None) -> None:
+    heap.freeze()
     assert gc.get_freeze_count() > 0
