@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-from coding_agent_env.errors import SandboxClosedError
+from coding_agent_env.errors import SandboxClosedError, SandboxFileError
 from coding_agent_env.models import SANDBOX_OWN_ENV
 from coding_agent_env.settings import Settings
 
@@ -32,6 +32,7 @@ __all__ = [
     "BackendStatus",
     "ExecResult",
     "FileEntry",
+    "MAX_READ_BYTES",
     "Process",
     "RelayEndpoint",
     "SANDBOX_OWN_ENV",
@@ -43,6 +44,8 @@ __all__ = [
     "SandboxSpec",
     "SandboxState",
     "image_env",
+    "over_read_cap",
+    "read_cap",
     "rlimits",
     "scopes",
 ]
@@ -240,6 +243,25 @@ def image_env(entries: Sequence[str] | None) -> dict[str, str]:
     return env
 
 
+MAX_READ_BYTES = 64 << 20
+"""The most `Sandbox.read_bytes` returns when no `max_bytes` is given: a sandbox can make a file of any size,
+and the server's memory is not its to fill."""
+
+
+def over_read_cap(path: str, data: bytes, max_bytes: int | None) -> bytes:
+    """`data` read with `read_cap(max_bytes)`; `SandboxFileError` when an uncapped read found more than
+    `MAX_READ_BYTES` (see `Sandbox.read_bytes`)."""
+    if max_bytes is None and len(data) > MAX_READ_BYTES:
+        raise SandboxFileError(f"{path!r} is larger than the read cap of {MAX_READ_BYTES} bytes")
+    return data
+
+
+def read_cap(max_bytes: int | None) -> int:
+    """How many bytes a backend reads for `max_bytes`: itself, or one past `MAX_READ_BYTES` (to tell a file
+    over the cap, see `over_read_cap`)."""
+    return MAX_READ_BYTES + 1 if max_bytes is None else max_bytes
+
+
 class Sandbox(abc.ABC):
     """One rollout's sandbox. See the module docstring for the path, env and lifecycle contract."""
 
@@ -331,8 +353,12 @@ class Sandbox(abc.ABC):
 
     @abc.abstractmethod
     async def read_bytes(self, path: str, *, max_bytes: int | None = None, tail: bool = False) -> bytes:
-        """Read a file; `SandboxFileNotFoundError` if missing. With `max_bytes`, at most that many bytes:
-        the first ones, or the last ones with `tail`."""
+        """Read a regular file the sandbox may have made (untrusted: see DESIGN "Everything a sandbox produces
+        is untrusted"). `SandboxFileNotFoundError` if missing; `SandboxFileNotRegularError` if it is anything
+        but a regular file (a FIFO, socket, device or directory, or a symlink: never followed); never blocks
+        the event loop, whatever is at `path`. With `max_bytes`, at most that many bytes: the first ones, or the
+        last ones with `tail`. Without, at most `MAX_READ_BYTES`: a larger file raises `SandboxFileError`
+        (ask for a slice instead)."""
 
     @abc.abstractmethod
     async def write_bytes(self, path: str, data: bytes, *, mode: int = 0o644) -> None:

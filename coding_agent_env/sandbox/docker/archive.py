@@ -17,10 +17,11 @@ class Archive:
         self._api = api
         self._id = container_id
 
-    async def read(self, full: str, max_bytes: int | None = None, tail: bool = False) -> tuple[bytes | None, dict[str, Any]]:
+    async def read(self, full: str, max_bytes: int, tail: bool = False) -> tuple[bytes | None, dict[str, Any]]:
         """(the regular file at `full`, cut to `max_bytes`: its first or, with `tail`, last bytes; None when it
         is not a regular file, the archive API's stat header of it: its `linkTarget`, `mode`).
-        `SandboxFileNotFoundError` when missing. Memory stays within `max_bytes`."""
+        `SandboxFileNotFoundError` when missing. Memory stays within `max_bytes`. The daemon archives a FIFO
+        or device as its header alone (it never opens one), so nothing here waits on what the sandbox made."""
 
         def fetch() -> tuple[bytes | None, dict[str, Any]]:
             stream, stat = self._api.get_archive(self._id, full, chunk_size=64 * 1024)

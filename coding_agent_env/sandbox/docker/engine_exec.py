@@ -15,7 +15,7 @@ from typing import Any
 import docker.utils.socket as docker_socket
 import requests.exceptions
 
-from coding_agent_env.errors import SandboxError, SandboxFileError, SandboxFileNotFoundError
+from coding_agent_env.errors import SandboxError, SandboxFileNotFoundError, SandboxFileNotRegularError
 from coding_agent_env.sandbox.docker.archive import Archive
 from coding_agent_env.sandbox.docker.engine import call, close_attach_socket
 from coding_agent_env.sandbox.docker.layout import LAYOUT, RELAY_SOCKET, machinery_tar
@@ -27,6 +27,8 @@ __all__ = ["EngineExec"]
 
 
 _FORWARDER_READY_S = 10.0
+_MACHINERY_FILE_MAX = 64 * 1024
+"""The most read of one of the launcher's own files (a run's status: a few bytes of JSON)."""
 
 
 class EngineExec(DockerTransport):
@@ -97,7 +99,7 @@ class EngineExec(DockerTransport):
 
     async def read_file(self, path: str) -> bytes:
         assert self._archive is not None, "read before boot"
-        data, _ = await self._archive.read(path)
+        data, _ = await self._archive.read(path, _MACHINERY_FILE_MAX)
         if data is None:
-            raise SandboxFileError(f"{path!r} is not a regular file")
+            raise SandboxFileNotRegularError(f"{path!r} is not a regular file")
         return data

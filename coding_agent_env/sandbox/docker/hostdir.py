@@ -8,13 +8,14 @@ crash (the Docker reaper finds it by the container's `LABEL_HOSTDIR`).
 from __future__ import annotations
 
 import os
+import contextlib
 import secrets
-import shutil
 import socket
 from pathlib import Path
 
 from coding_agent_env.errors import SandboxError
 from coding_agent_env.sandbox.docker.layout import code_files
+from coding_agent_env.sandbox.launcher.inside.treeops import remove_tree
 
 __all__ = ["HostDir"]
 
@@ -66,4 +67,5 @@ class HostDir:
 
     def remove(self) -> None:
         self.close_listener()
-        shutil.rmtree(self.path, ignore_errors=True)
+        with contextlib.suppress(OSError):  # left to the reapers
+            remove_tree(self.path)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
 import socket
 from pathlib import Path
 from typing import Any
@@ -11,6 +11,7 @@ from typing import Any
 import docker.errors
 
 from coding_agent_env.pids import pid_alive
+from coding_agent_env.sandbox.launcher.inside.treeops import remove_tree
 
 __all__ = ["LABEL_HOSTDIR", "LABEL_OWNER", "LABEL_ROLLOUT", "owner", "reap"]
 
@@ -47,5 +48,6 @@ def reap(api: Any, state_dir: Path) -> int:
         # just a string, and must not steer a recursive removal anywhere else.
         if (hostdir and os.path.dirname(hostdir) == str(state_dir)
                 and os.path.basename(hostdir).startswith(f"{pid}-docker-")):
-            shutil.rmtree(hostdir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                remove_tree(hostdir)  # iterative, never following a symlink
     return reaped

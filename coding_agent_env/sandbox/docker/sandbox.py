@@ -3,8 +3,8 @@ transport, its files through the archive API.
 
 Files go in and out through the archive API (`put_archive`/`get_archive`), never through a shell; `remove()`
 runs as root through the launcher's `remove` mode, which follows no symlink below the sandbox root. A symlink
-at the path read is resolved (by the daemon, inside the container) and refused when it leaves the sandbox
-roots; a symlinked *parent* directory is followed inside the container's own filesystem (never the host's:
+at the path read is never followed (`SandboxFileNotRegularError`, as for a FIFO or a device; one pointing out
+of the sandbox roots is named so); a symlinked *parent* directory is followed inside the container's own filesystem (never the host's:
 the daemon confines it to the container root). `close()` removes the container (killing everything in it),
 then closes the transport (and its host directory).
 """
@@ -18,8 +18,8 @@ from types import MappingProxyType
 from typing import Any
 
 from coding_agent_env.backend_config import LauncherTimeouts
-from coding_agent_env.errors import SandboxError, SandboxFileError, SandboxFileNotFoundError
-from coding_agent_env.sandbox.base import SandboxSpec
+from coding_agent_env.errors import SandboxError, SandboxFileError, SandboxFileNotFoundError, SandboxFileNotRegularError
+from coding_agent_env.sandbox.base import SandboxSpec, over_read_cap, read_cap
 from coding_agent_env.sandbox.base import scopes as base_scopes
 from coding_agent_env.sandbox.cgroups import limit_hits_of_pid
 from coding_agent_env.sandbox.docker import tar
@@ -99,24 +99,20 @@ class DockerSandbox(LauncherSandbox):
         """Start the container; ready once its directories exist (and the forwarder listens under `llm`)."""
         await self._docker.boot(self._api, self.id, self._forward_port)
 
-    async def _read(self, full: str, max_bytes: int | None, tail: bool) -> bytes:
-        data, stat = await self._archive.read(full, max_bytes, tail)
-        if data is not None:
-            return data
-        target = stat.get("linkTarget")
-        if target:
-            if not client.inside(self.paths, target):
-                raise SandboxFileError(f"{full!r} resolves outside the sandbox")
-            return await self._read(target, max_bytes, tail)
-        raise SandboxFileError(f"{full!r} is not a regular file")
-
     async def read_bytes(self, path: str, *, max_bytes: int | None = None, tail: bool = False) -> bytes:
         self._check_open()
         _, full = client.confine(self.paths, path)
         try:
-            return await self._read(full, max_bytes, tail)
+            data, stat = await self._archive.read(full, read_cap(max_bytes), tail)
         except SandboxFileNotFoundError as exc:
             raise SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}") from exc
+        if data is None:
+            target = stat.get("linkTarget")
+            if target and not client.inside(self.paths, target):
+                raise SandboxFileError(f"{path!r} resolves outside the sandbox")
+            kind = "a symlink, not followed" if target else "not a file"
+            raise SandboxFileNotRegularError(f"{path!r} is not a regular file ({kind})")
+        return over_read_cap(path, data, max_bytes)
 
     async def write_bytes(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
         self._check_open()

@@ -73,17 +73,16 @@ class ChunkReader(io.RawIOBase):
         return n
 
 
-def read_member(chunks: Iterator[bytes], max_bytes: int | None, tail: bool) -> bytes | None:
+def read_member(chunks: Iterator[bytes], max_bytes: int, tail: bool) -> bytes | None:
     """The first regular file of a tar stream, cut to `max_bytes` (its first or, with `tail`, last bytes).
-    None when the first member is not a regular file. Memory stays within `max_bytes`."""
+    None when the first member is not a regular file (a FIFO, device, symlink, hard link or directory entry:
+    its header alone says so, nothing of it is read). Memory stays within `max_bytes`."""
     with tarfile.open(fileobj=io.BufferedReader(ChunkReader(chunks)), mode="r|") as tar:
         member = tar.next()
-        if member is None or not member.isfile():
+        if member is None or member.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
             return None
         fh = tar.extractfile(member)
         assert fh is not None
-        if max_bytes is None:
-            return fh.read()
         if not tail:
             return fh.read(max_bytes)
         window: collections.deque[bytes] = collections.deque()

@@ -38,7 +38,7 @@ __all__ = [
 
 INSIDE_DIR = Path(__file__).with_name("inside")
 """The launcher's own files (`inside/launcher.py` documents them)."""
-LAUNCHER_FILES = ("launcher.py", "procs.py", "initd.py", "fileops.py")
+LAUNCHER_FILES = ("launcher.py", "procs.py", "initd.py", "fileops.py", "treeops.py")
 """The launcher and the modules it imports from its own directory (see `inside/launcher.py`)."""
 
 SANDBOX_UID = 1000

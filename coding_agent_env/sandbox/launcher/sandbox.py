@@ -88,11 +88,12 @@ class LauncherSandbox(Sandbox):
                 return Ran(None)
             raise
 
-    async def run_machinery(self, argv: Sequence[str], *, privileged: bool = False) -> tuple[int | None, bytes, bytes]:
+    async def run_machinery(self, argv: Sequence[str], *, privileged: bool = False,
+                            max_out: int = _MACHINERY_OUT) -> tuple[int | None, bytes, bytes]:
         """Run a short machinery command to completion, not through the launcher's `run`: as root (the engine's
-        user) with `privileged`, else as commands run; (exit code, stdout, stderr). `SandboxError` past
-        `machinery_s`."""
-        out, err = OutputCap(_MACHINERY_OUT), OutputCap(_MACHINERY_ERR)
+        user) with `privileged`, else as commands run; (exit code, stdout, stderr: at most `max_out` bytes of
+        stdout kept). `SandboxError` past `machinery_s`."""
+        out, err = OutputCap(max_out), OutputCap(_MACHINERY_ERR)
         uid = None if privileged else self._command_uid
         deadline = self._timeouts.machinery_s
         try:

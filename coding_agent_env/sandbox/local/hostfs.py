@@ -4,20 +4,22 @@
 sandbox root, and refuses anything that would resolve outside the mapped directory: `..`, unmapped
 absolute paths, and symlinks pointing out (including in-sandbox absolute symlinks, whose target the host
 cannot interpret). Parents created here are chowned to the sandbox's uid so its processes can use them.
+What is at a path is untrusted: files are read and created through `hostio` (no FIFO waited on, no symlink
+followed, reads capped) and trees removed by `treeops` (iterative, any depth).
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import posixpath
-import shutil
 import stat
 from collections.abc import Iterable
 from pathlib import Path
 
 from coding_agent_env.errors import SandboxFileError, SandboxFileNotFoundError
-from coding_agent_env.sandbox.base import FileEntry
+from coding_agent_env.sandbox.base import FileEntry, over_read_cap, read_cap
+from coding_agent_env.sandbox.launcher.inside.treeops import remove_tree
+from coding_agent_env.sandbox.local import hostio
 
 __all__ = ["HostMounts", "remove_if_empty", "remove_tree"]
 
@@ -69,39 +71,40 @@ class HostMounts:
         return Path(parent) / host.name if host != host_root else host_root
 
     def read(self, path: str, max_bytes: int | None, tail: bool) -> bytes:
-        host = self.resolve_existing(path)
+        """At most `read_cap(max_bytes)` bytes of the regular file at `path` (see `hostio.open_regular`: a
+        symlink there is not followed, a FIFO never waited on). Blocking as regular file I/O is: call it off the
+        event loop."""
+        host_root, _ = self._split(path)
+        fd = hostio.open_regular(self.host_path(path), host_root, path)
         try:
-            with open(host, "rb") as fh:
-                if max_bytes is None:
-                    return fh.read()
-                if tail:
-                    fh.seek(max(0, os.fstat(fh.fileno()).st_size - max_bytes))
-                return fh.read(max_bytes)
-        except IsADirectoryError as exc:
-            raise SandboxFileError(f"{path!r} is a directory") from exc
+            data = hostio.read_fd(fd, read_cap(max_bytes), tail)
         except OSError as exc:
             raise SandboxFileError(f"cannot read {path!r}: {exc.strerror}") from exc
+        finally:
+            os.close(fd)
+        return over_read_cap(path, data, max_bytes)
 
     def write(self, path: str, data: bytes, mode: int) -> None:
-        host_root, _ = self._split(path)
-        host = self.host_path(path)
-        self._makedirs(host_root, host.parent)
-        if host.is_symlink():
-            host.unlink()
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        """Write `data` to a new file at `path` (what was there, unless a directory, is replaced: see
+        `hostio.create_file`)."""
+        fd = self.create(path, mode)
         try:
-            fd = os.open(host, flags, mode)
-        except OSError as exc:
-            raise SandboxFileError(f"cannot write {path!r}: {exc.strerror}") from exc
-        try:
-            os.fchmod(fd, mode)
-            if self._owner is not None:
-                os.fchown(fd, *self._owner)
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
+        except OSError as exc:
+            raise SandboxFileError(f"cannot write {path!r}: {exc.strerror}") from exc
         finally:
             os.close(fd)
+
+    def create(self, path: str, mode: int, *, append: bool = False) -> int:
+        """A new empty file at `path` (parents made), open for writing; the caller closes it."""
+        host_root, _ = self._split(path)
+        host = self.host_path(path)
+        if host == host_root:
+            raise SandboxFileError(f"cannot write over the directory {path!r}")
+        self._makedirs(host_root, host.parent)
+        return hostio.create_file(host, mode, self._owner, shown=path, append=append)
 
     def mkdir(self, path: str) -> None:
         host_root, _ = self._split(path)
@@ -124,14 +127,16 @@ class HostMounts:
                 os.chown(new_dir, *self._owner)
 
     def remove(self, path: str) -> None:
+        """Remove a file, symlink or tree (never followed, any depth: `treeops`). Unbounded work on a tree:
+        call it off the event loop."""
         host_root, _ = self._split(path)
         host = self.host_path(path)
         if host == host_root:
             raise SandboxFileError(f"refusing to remove the mount root {path!r}")
-        if host.is_symlink() or (host.exists() and not host.is_dir()):
-            host.unlink()
-        elif host.is_dir():
+        try:
             remove_tree(host)
+        except OSError as exc:
+            raise SandboxFileError(f"cannot remove {path!r}: {exc.strerror or exc}") from exc
 
     def list(self, path: str, max_entries: int) -> tuple[list[FileEntry], bool]:
         top = self.resolve_existing(path)
@@ -177,25 +182,3 @@ def remove_if_empty(root: Path, subdirs: Iterable[str]) -> bool:
     except OSError:
         return False
     return True
-
-
-def remove_tree(root: Path) -> None:
-    """rmtree that also gets through directories a sandboxed process made unwritable."""
-
-    def fix_and_retry(func: object, failed: str, exc_info: tuple[type, BaseException, object]) -> None:
-        exc = exc_info[1]
-        if isinstance(exc, FileNotFoundError):
-            return
-        if isinstance(exc, PermissionError) or getattr(exc, "errno", None) == errno.EACCES:
-            parent = os.path.dirname(failed)
-            os.chmod(parent, 0o700)
-            if os.path.isdir(failed) and not os.path.islink(failed):
-                os.chmod(failed, 0o700)
-                shutil.rmtree(failed, onerror=fix_and_retry)
-            else:
-                os.unlink(failed)
-            return
-        raise exc
-
-    if os.path.lexists(root):
-        shutil.rmtree(root, onerror=fix_and_retry)

@@ -27,7 +27,7 @@ from coding_agent_env.sandbox.base import SandboxLimits
 from coding_agent_env.sandbox.local import netns
 from coding_agent_env.sandbox.local.cgroup import CgroupLimits, Cgroups, SandboxCgroup
 from coding_agent_env.sandbox.local.disk import mount_tmpfs, unmount
-from coding_agent_env.sandbox.local.hostfs import remove_tree
+from coding_agent_env.sandbox.launcher.inside.treeops import remove_tree
 from coding_agent_env.sandbox.local.launch import SUBDIRS
 
 __all__ = ["Bounds", "DirWork", "Made", "Provisioner", "close_namespace", "reap", "remove_root"]

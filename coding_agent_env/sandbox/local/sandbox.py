@@ -25,7 +25,8 @@ from coding_agent_env.sandbox.base import ExecResult, FileEntry, Process, RelayE
 from coding_agent_env.sandbox.local import proc
 from coding_agent_env.sandbox.local.cgroup import SandboxCgroup
 from coding_agent_env.sandbox.local.disk import tmpfs_usage, tree_usage
-from coding_agent_env.sandbox.local.hostfs import HostMounts, remove_if_empty, remove_tree
+from coding_agent_env.sandbox.launcher.inside.treeops import remove_tree
+from coding_agent_env.sandbox.local.hostfs import HostMounts, remove_if_empty
 from coding_agent_env.sandbox.local.launch import SUBDIRS, Box, Launch, host_dirs
 from coding_agent_env.sandbox.local.provision import DirWork, Made, remove_root
 from coding_agent_env.sandbox.local.relay import RelayServing
@@ -37,6 +38,8 @@ _REAP_S = 5.0
 _WATCH_S = 1.0
 """How often a watched disk budget is measured."""
 _FULL_SLACK = 64 * 1024
+_INLINE_WRITE = 64 * 1024
+"""Writes up to this size run on the event loop (a thread's hand-offs would cost more than the write)."""
 """A tmpfs with less than this free is full (a write of that size would fail)."""
 
 
@@ -149,7 +152,7 @@ class LocalSandbox(Sandbox):
             raise SandboxError(f"cannot start command: {exc.strerror}") from exc
         finally:
             if fresh_dir is not None:
-                remove_tree(fresh_dir)
+                await asyncio.shield(asyncio.to_thread(remove_tree, fresh_dir))  # the command filled it: unbounded
 
     async def spawn(
         self,
@@ -186,25 +189,28 @@ class LocalSandbox(Sandbox):
         return proc.HostProcess(child, self._children, on_exit=served.stop if served is not None else None)
 
     def _open_log(self, log_path: str) -> int:
-        mounts = self._box.mounts
-        mounts.write(log_path, b"", 0o644)
-        return os.open(mounts.host_path(log_path), os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        return self._box.mounts.create(log_path, 0o644, append=True)
 
     async def read_bytes(self, path: str, *, max_bytes: int | None = None, tail: bool = False) -> bytes:
         self._check_open()
-        return self._box.mounts.read(path, max_bytes, tail)
+        # Off the loop: whatever the sandbox left at `path`, only this thread can wait on it.
+        return await asyncio.to_thread(self._box.mounts.read, path, max_bytes, tail)
 
     async def mkdir(self, path: str) -> None:
         self._check_open()
-        self._box.mounts.mkdir(path)
+        self._box.mounts.mkdir(path)  # a few system calls, none of which waits on what the sandbox made
 
     async def write_bytes(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
         self._check_open()
-        self._box.mounts.write(path, data, mode)
+        # Nothing at the path is opened (see `hostio.create_file`): only the writing itself takes time.
+        if len(data) <= _INLINE_WRITE:
+            self._box.mounts.write(path, data, mode)
+        else:
+            await asyncio.to_thread(self._box.mounts.write, path, data, mode)
 
     async def remove(self, path: str) -> None:
         self._check_open()
-        self._box.mounts.remove(path)
+        await asyncio.to_thread(self._box.mounts.remove, path)  # a tree the sandbox made: unbounded
 
     async def list_files(self, path: str, *, max_entries: int) -> tuple[list[FileEntry], bool]:
         self._check_open()

@@ -12,10 +12,17 @@ import asyncio
 import base64
 
 from coding_agent_env.backend_config import E2bConfig, HfConfig, LauncherTimeouts
-from coding_agent_env.errors import SandboxError, SandboxFileError, SandboxFileNotFoundError, SandboxUnavailableError
-from coding_agent_env.sandbox.base import SandboxPaths, SandboxSpec
+from coding_agent_env.errors import (
+    SandboxError,
+    SandboxFileError,
+    SandboxFileNotFoundError,
+    SandboxFileNotRegularError,
+    SandboxUnavailableError,
+)
+from coding_agent_env.sandbox.base import SandboxPaths, SandboxSpec, over_read_cap, read_cap
 from coding_agent_env.sandbox.launcher import client
 from coding_agent_env.sandbox.launcher.client import InnerLayout
+from coding_agent_env.sandbox.launcher.inside import fileops
 from coding_agent_env.sandbox.launcher.sandbox import LauncherSandbox
 from coding_agent_env.sandbox.launcher.transport import Transport
 
@@ -58,6 +65,10 @@ def check_public_relay(spec: SandboxSpec, config: HfConfig | E2bConfig, backend:
     return spec.relay.public_url
 
 
+def _base64_size(n: int) -> int:
+    return 4 * ((n + 2) // 3)
+
+
 class RemoteSandbox(LauncherSandbox):
     """One remote sandbox under `root`. `tidy`: close() first kills every launcher and removes the root
     (engines shared between sandboxes, or to keep close deterministic) before closing the transport."""
@@ -91,16 +102,21 @@ class RemoteSandbox(LauncherSandbox):
         if not client.inside(self.paths, real):
             raise SandboxFileError(f"{path!r} resolves outside the sandbox")
         if info.get("kind") != "file":
-            raise SandboxFileError(f"{path!r} is not a regular file")
-        if max_bytes is None:
-            return await self._remote.read_file(real)
-        # Only the slice asked for crosses the vendor's API (base64 on the launcher's stdout), never the whole
-        # file: an agent may leave a log of gigabytes.
+            raise SandboxFileNotRegularError(f"{path!r} is not a regular file")
+        # Always through the launcher's `read` (O_NOFOLLOW | O_NONBLOCK, a regular file only: a symlink at
+        # `full` is refused, a FIFO swapped in since the stat is not waited on), and only the slice asked for
+        # crosses the vendor's API (base64 on the launcher's stdout): an agent may leave a log of gigabytes.
+        cap = read_cap(max_bytes)
         end = "tail" if tail else "head"
-        code, out, err = await self.run_machinery(self.layout.launcher_argv("read", real, str(max_bytes), end))
+        argv = self.layout.launcher_argv("read", full, str(cap), end)
+        code, out, err = await self.run_machinery(argv, max_out=_base64_size(cap))
+        if code == fileops.NOT_REGULAR:
+            raise SandboxFileNotRegularError(f"{path!r} is not a regular file")
+        if code == fileops.MISSING:
+            raise SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}")
         if code != 0:
             raise SandboxFileError(f"cannot read {path!r}: {err.decode(errors='replace')[-200:]}")
-        return base64.b64decode(out)
+        return over_read_cap(path, base64.b64decode(out), max_bytes)
 
     async def write_bytes(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
         self._check_open()

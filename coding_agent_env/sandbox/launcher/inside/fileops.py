@@ -7,8 +7,6 @@ import os
 import stat
 import sys
 
-import procs
-
 
 def _kind(mode: int) -> str:
     if stat.S_ISLNK(mode):
@@ -57,16 +55,33 @@ def stat_path(path: str) -> int:
     return 0
 
 
+NOT_REGULAR = 3
+"""`read`'s exit code for a path that is not a regular file (a FIFO, socket, device, directory, symlink)."""
+MISSING = 4
+"""`read`'s exit code for a path that does not exist."""
+
+
 def read_slice(path: str, max_bytes: int, end: str) -> int:
     """Print, base64-encoded, at most `max_bytes` of the regular file `path`: its head, or its tail with
-    `end` "tail". The caller resolved `path`; a symlink put in its place since is not followed."""
+    `end` "tail". Opened without following a symlink and without blocking (a FIFO opens at once), then checked
+    to be a regular file: anything else exits `NOT_REGULAR`, a missing path `MISSING`."""
     import base64
+    import errno
 
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        print(f"no such file: {path}", file=sys.stderr)
+        return MISSING
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.ENODEV, errno.EISDIR):
+            print(f"not a regular file: {path}", file=sys.stderr)
+            return NOT_REGULAR
+        raise
     with os.fdopen(fd, "rb") as handle:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             print(f"not a regular file: {path}", file=sys.stderr)
-            return 1
+            return NOT_REGULAR
         if end == "tail":
             handle.seek(max(os.fstat(fd).st_size - max_bytes, 0))
         data = handle.read(max_bytes)
@@ -76,7 +91,9 @@ def read_slice(path: str, max_bytes: int, end: str) -> int:
 
 def prepare(path: str, root: str, uid: int | None) -> int:
     """Make every directory between `root` and PATH's parent real (a symlink or file there is replaced,
-    never followed), then remove a symlink at PATH itself."""
+    never followed), then remove whatever is at PATH itself unless a regular file or a directory: a symlink
+    (the engine's write would follow it), a FIFO (its open would wait for a reader forever), a socket or a
+    device."""
     rel = os.path.relpath(os.path.dirname(path), root)
     current = root
     for part in [] if rel == "." else rel.split("/"):
@@ -87,7 +104,11 @@ def prepare(path: str, root: str, uid: int | None) -> int:
             os.mkdir(current, 0o755)
             if uid is not None:
                 os.chown(current, uid, uid)
-    if os.path.islink(path):
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return 0
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
         os.unlink(path)
     return 0
 
@@ -96,7 +117,10 @@ def remove(path: str, root: str) -> int:
     """Remove PATH (a tree, a file or a symlink, never followed) below ROOT, as whoever runs this (root: an
     agent's mode-000 directories are no obstacle). Every directory from ROOT down to PATH's parent is opened
     with O_NOFOLLOW, so a symlink the sandbox user planted there fails the removal instead of redirecting it;
-    `rm -rf` (which follows no symlink) then runs in that parent, pinned as its cwd. Missing: not an error."""
+    the tree is then removed through that pinned parent (`treeops`: iterative, any depth, no symlink
+    followed). Missing: not an error."""
+    import treeops
+
     rel = os.path.relpath(path, root)
     if rel == "." or rel.startswith("..") or os.path.isabs(rel):
         print(f"refusing to remove {path!r}", file=sys.stderr)
@@ -114,16 +138,12 @@ def remove(path: str, root: str) -> int:
                 return 1
             os.close(fd)
             fd = nxt
-        child = os.fork()
-        if child == 0:
-            try:
-                os.fchdir(fd)
-                procs.default_signals()
-                os.execvp("rm", ["rm", "-rf", "--", name])
-            finally:
-                os._exit(127)
+        try:
+            # The pinned parent by its descriptor: whatever is renamed meanwhile, the removal stays in it.
+            treeops.remove_tree(f"/proc/self/fd/{fd}/{name}")
+        except OSError as exc:
+            print(f"cannot remove {path!r}: {exc}", file=sys.stderr)
+            return 1
     finally:
         os.close(fd)
-    _, status = os.waitpid(child, 0)
-    code = os.waitstatus_to_exitcode(status)
-    return code if code >= 0 else 128 - code
+    return 0

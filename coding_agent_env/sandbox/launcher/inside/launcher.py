@@ -1,7 +1,8 @@
 """In-sandbox process launcher for backends whose engine runs commands for us (docker, hf, e2b).
 
 Standard library only and importing nothing from this package: backends copy this file and its modules
-(`FILES`: `procs.py` for the process modes, `initd.py` for `init`, `fileops.py` for the file modes) into one
+(`FILES`: `procs.py` for the process modes, `initd.py` for `init`, `fileops.py` for the file modes,
+`treeops.py` to remove trees) into one
 directory of the sandbox and run it as `python3 launcher.py MODE ...`. Modes:
 
 - `run --token T --run-dir D [--timeout S] [--cwd C] [--uid U] [--env-keys K1,K2 | --env-file F]
@@ -53,7 +54,7 @@ import fileops  # noqa: E402
 import initd  # noqa: E402
 import procs  # noqa: E402
 
-FILES = ("launcher.py", "procs.py", "initd.py", "fileops.py")
+FILES = ("launcher.py", "procs.py", "initd.py", "fileops.py", "treeops.py")
 """The launcher's files, copied together into a sandbox's machinery directory."""
 
 

@@ -189,9 +189,13 @@ def _wait_for(child: int, deadline: float) -> tuple[int | None, bool]:
 
 
 def _remove_tree(path: str) -> None:
-    import shutil
+    """Remove a fresh HOME the command may have filled with anything (a tree of any depth: `treeops`)."""
+    import treeops  # beside this file (see launcher.py); only this mode needs it
 
-    shutil.rmtree(path, ignore_errors=True)
+    try:
+        treeops.remove_tree(path)
+    except OSError:
+        pass  # what is left goes with the sandbox
 
 
 def mark_killed(run_dir: str, token: str) -> int | None:
