@@ -24,11 +24,13 @@ import traceback
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["LoopStats", "LoopWatchdog", "Stall"]
+__all__ = ["LOGGED_FRAMES", "LoopStats", "LoopWatchdog", "Stall"]
 
 log = logging.getLogger(__name__)
 
 _MS = 1000.0
+LOGGED_FRAMES = 12
+"""Frames of the loop thread's stack a stall's warning shows, innermost last."""
 
 
 @dataclass(frozen=True)
@@ -170,9 +172,13 @@ class LoopWatchdog:
         with self._lock:
             self._stalls += 1
             self._last_stall = stall
-        where = "\n".join(stack) if stack else "  (no stack: the loop thread is gone)"
-        log.warning("event loop blocked for %.0f ms so far (threshold %.0f ms) in %s; the loop thread is at:\n%s",
-                    stall.blocked_ms, self._stall * _MS, stall.task or "no task (a plain callback)", where)
+        # The innermost frames say what holds the loop; the outer ones are the server's own (uvicorn, middleware)
+        # and would bury them. The whole stack is in `stats.last_stall`.
+        shown = stack[-LOGGED_FRAMES:]
+        where = "\n".join(shown) if shown else "  (no stack: the loop thread is gone)"
+        log.warning("event loop blocked for %.0f ms so far (threshold %.0f ms) in %s; the loop thread's innermost "
+                    "%d of %d frames:\n%s", stall.blocked_ms, self._stall * _MS,
+                    stall.task or "no task (a plain callback)", len(shown), len(stack), where)
 
 
 def _describe(task: asyncio.Task[Any] | None) -> str | None:
