@@ -15,6 +15,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from coding_agent_env.aio_watchdog import LoopWatchdog
+from coding_agent_env.api import build_app
 from coding_agent_env.settings import Settings
 from tests.protocol.live import LiveServer, wait_until
 
@@ -181,3 +182,24 @@ def test_off_by_setting(settings: Settings) -> None:
 def test_settings_from_the_environment() -> None:
     settings = Settings.from_env({"LOOP_WATCHDOG": "false", "LOOP_TICK_MS": "20", "LOOP_STALL_WARN_MS": "100"})
     assert (settings.loop_watchdog, settings.loop_tick_ms, settings.loop_stall_warn_ms) == (False, 20.0, 100.0)
+
+
+async def test_a_shutdown_cancelled_over_and_over_still_stops_the_watchdog(settings: Settings) -> None:
+    app = build_app(settings.model_copy(update={"enable_web_interface": False}))
+    started = asyncio.Event()
+
+    async def serve() -> None:
+        async with app.router.lifespan_context(app):
+            started.set()
+            await asyncio.Event().wait()  # served until cancelled
+
+    task = asyncio.create_task(serve())
+    await asyncio.wait_for(started.wait(), HOLD_DEADLINE_S)
+    watchdog = app.state.loop_watchdog
+    assert watchdog.running
+    deadline = time.monotonic() + HOLD_DEADLINE_S
+    while not task.done():  # a cancellation at every await of the shutdown
+        assert time.monotonic() < deadline, "the cancelled lifespan did not end"
+        task.cancel()
+        await asyncio.sleep(0)
+    assert not watchdog.running
