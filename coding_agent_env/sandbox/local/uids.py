@@ -1,38 +1,84 @@
-"""Host uids for local sandboxes when the server runs as root: one per live sandbox."""
+"""Host uids for local sandboxes when the server runs as root: one per live sandbox, on the whole host.
+
+A uid is a host resource, not a process's (INTEGRITY 36): two servers, or a server and a CLI rollout, with
+overlapping ranges must never run two live sandboxes as one uid (each would read the other's files, and the
+close() of one, which ends every process of its uid, would kill the other's). So a uid is held by an exclusive
+`flock` on its own lock file, `LOCK_DIR/<uid>.lock`, for as long as its sandbox lives. The kernel drops the
+lock when its holder closes it or dies, however it dies: a crashed server leaves no uid taken. Lock files are
+never removed (removing one while another process opens it would let two processes lock two different files
+of one name).
+"""
 
 from __future__ import annotations
 
+import fcntl
+import os
 import threading
+from pathlib import Path
 from typing import ClassVar
 
 from coding_agent_env.errors import SandboxError
 
-__all__ = ["UidPool"]
+__all__ = ["LOCK_DIR", "UidPool"]
+
+LOCK_DIR = Path("/run/coding-agent-env/uids")
+"""Where every server and CLI on this host locks the uids it uses (root's, 0700)."""
 
 
 class UidPool:
-    """The uids `base` .. `base + count - 1`, handed out one per live sandbox.
+    """The uids `base` .. `base + count - 1`, handed out one per live sandbox, host-wide (see the module
+    docstring). `lock_dir`: where the lock files are (default `LOCK_DIR`; only processes sharing it share the
+    guarantee)."""
 
-    A uid is a host resource, not a backend's: every pool of this process draws from one ledger, so two local
-    backends with overlapping ranges (two `Backends` in one process, say, one per in-process rollout) never
-    give one uid to two live sandboxes (each would then read the other's files, and close() of one, which ends
-    every process of its uid, would kill the other's)."""
-
-    _taken: ClassVar[set[int]] = set()
+    _held: ClassVar[dict[int, int]] = {}
+    """uid -> the descriptor of its held lock, for every pool of this process."""
     _ledger: ClassVar[threading.Lock] = threading.Lock()
 
-    def __init__(self, base: int, count: int) -> None:
+    def __init__(self, base: int, count: int, *, lock_dir: Path = LOCK_DIR) -> None:
         self._range = range(base, base + count)
+        self._dir = lock_dir
 
     def take(self) -> int:
-        """The lowest free uid of the range; `SandboxError` when all are taken."""
+        """The lowest uid of the range no process on this host holds, now held by this one; `SandboxError` when
+        all are taken (or the lock directory cannot be made)."""
         with self._ledger:
+            self._make_dir()
             for uid in self._range:
-                if uid not in self._taken:
-                    self._taken.add(uid)
+                if uid in self._held:
+                    continue
+                fd = self._lock(uid)
+                if fd is not None:
+                    self._held[uid] = fd
                     return uid
-        raise SandboxError("no free sandbox uid: too many local sandboxes alive")
+        raise SandboxError("no free sandbox uid: too many local sandboxes alive on this host")
 
     def give(self, uid: int) -> None:
+        """Release `uid` (its sandbox is gone). Unknown or already given: nothing to do."""
         with self._ledger:
-            self._taken.discard(uid)
+            fd = self._held.pop(uid, None)
+        if fd is not None:
+            os.close(fd)  # closing the only descriptor of its open file drops the lock
+
+    def _make_dir(self) -> None:
+        try:
+            self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SandboxError(f"cannot make the sandbox uid lock directory {self._dir}: {exc.strerror}") from exc
+
+    def _lock(self, uid: int) -> int | None:
+        """The descriptor holding `uid`'s lock, or None when another process (or open file) holds it."""
+        path = self._dir / f"{uid}.lock"
+        try:
+            # CLOEXEC: no command the sandbox starts may inherit (and so keep) the lock.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise SandboxError(f"cannot open the sandbox uid lock {path}: {exc.strerror}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except OSError as exc:
+            os.close(fd)
+            raise SandboxError(f"cannot lock {path}: {exc.strerror}") from exc
+        return fd
