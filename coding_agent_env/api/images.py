@@ -2,13 +2,15 @@
 this server (`coding-agent-env run --server`) can run Harbor tasks whose environment needs an image.
 
 The body is the context as a tar archive (gzipped or not; `tasks.context.pack`), at most `IMAGE_BUILD_MAX_MB`
-sent and unpacked. The server unpacks it into a private directory (no links, devices or paths leaving it), names
+sent and unpacked. The server unpacks it as a stream, in a worker thread, into a private directory (no links,
+devices or paths leaving it), refusing it the moment it crosses a cap on the unpacked size, the entry count or the
+compression ratio (`tasks.context.UnpackCaps`: a gzip bomb costs what the caps allow, not what it holds); names
 the image by the content hash it computes itself (`coding-agent-env-task:<hash>`, the name the client computes
 too), builds it with the Docker backend unless it exists (one build per tag at a time), removes the directory,
 and answers `{"image": TAG, "built": bool}`; a rollout then names that image. Refusals, each with a message:
 403 when the operator has not enabled builds (`IMAGE_BUILDS=true`), 409 without a Docker backend, 413 for a
-context over the cap, 400 for an archive that is not a clean build context or has no Dockerfile, 422 when the
-build fails (the engine's last lines).
+context over a cap (sent or unpacked size, entries, compression ratio), 400 for an archive that is not a clean
+build context or has no Dockerfile, 422 when the build fails (the engine's last lines).
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ from coding_agent_env.errors import SandboxError, UnknownBackendError
 from coding_agent_env.runs.images import ImageBuilds
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.settings import Settings
-from coding_agent_env.tasks.context import ContextError, content_hash, image_tag, unpack
+from coding_agent_env.tasks.context import (
+    ContextError,
+    ContextTooLargeError,
+    UnpackCaps,
+    content_hash,
+    image_tag,
+    unpack,
+)
 from coding_agent_env.urls import IMAGES_PATH
 
 __all__ = ["IMAGES_PATH", "ImageBuildRoute"]
@@ -61,15 +70,16 @@ class ImageBuildRoute:
         state = self._settings.state_dir / "builds"
         state.mkdir(parents=True, exist_ok=True)
         context = Path(tempfile.mkdtemp(prefix="context-", dir=state))
+        # Unpacking and hashing are CPU and disk work on untrusted bytes: a worker thread, never the event loop.
+        preparing = asyncio.ensure_future(asyncio.to_thread(_prepare, body, context, UnpackCaps(limit)))
         tag: str | None = None
         try:
             try:
-                await asyncio.to_thread(unpack, body, context, limit)
+                tag = await asyncio.shield(preparing)
+            except ContextTooLargeError as exc:
+                return _refusal(413, f"build context refused: {exc}")
             except ContextError as exc:
                 return _refusal(400, f"not a build context: {exc}")
-            if not (context / "Dockerfile").is_file():
-                return _refusal(400, "not a build context: no Dockerfile at its top")
-            tag = image_tag(await asyncio.to_thread(content_hash, context))
             try:
                 built = await self._builds.ensure(context, tag)
             except UnknownBackendError as exc:
@@ -78,9 +88,34 @@ class ImageBuildRoute:
                 return _refusal(422, str(exc))
             return JSONResponse({"image": tag, "built": built})
         finally:
-            # Not before a build that may read it has ended (its asker may have gone: the build goes on).
-            loop = asyncio.get_running_loop()
-            self._builds.after(tag, lambda: loop.run_in_executor(None, shutil.rmtree, context, True))
+            self._remove_later(context, preparing, tag)
+
+    def _remove_later(self, context: Path, preparing: asyncio.Future[str], tag: str | None) -> None:
+        """Remove `context` once nothing uses it: not while its unpacking thread still writes into it (the asker
+        went away mid-unpack), nor before a build that reads it has ended (a build goes on without its asker)."""
+        loop = asyncio.get_running_loop()
+
+        def remove() -> None:
+            loop.run_in_executor(None, shutil.rmtree, context, True)
+
+        if preparing.done():
+            self._builds.after(tag, remove)
+            return
+
+        def unpacked(done: asyncio.Future[str]) -> None:
+            if not done.cancelled():
+                done.exception()  # retrieved: its asker is gone, nobody else will
+            remove()
+
+        preparing.add_done_callback(unpacked)
+
+
+def _prepare(body: bytes, context: Path, caps: UnpackCaps) -> str:
+    """Unpack `body` into `context` and name its image; `ContextError` (or `ContextTooLargeError`) if refused."""
+    unpack(body, context, caps)
+    if not (context / "Dockerfile").is_file():
+        raise ContextError("no Dockerfile at its top")
+    return image_tag(content_hash(context))
 
 
 async def _read_at_most(request: Request, limit: int) -> bytes | None:
