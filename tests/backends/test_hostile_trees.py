@@ -51,13 +51,13 @@ def _chown_tree(top: Path, uid: int) -> None:
 
 
 @pytest.mark.parametrize("depth", [3000, 10000])
-def test_a_deep_tree_is_removed_in_place_whatever_its_depth(tmp_path: Path, depth: int) -> None:
-    outside = tmp_path / "outside"
+def test_a_deep_tree_is_removed_in_place_whatever_its_depth(state_dir: Path, depth: int) -> None:
+    outside = state_dir / "outside"
     outside.mkdir()
     (outside / "keep").write_text("keep")
-    _make_tree(tmp_path / "tree", depth, outside)
-    treeops.remove_tree(tmp_path / "tree")
-    assert not (tmp_path / "tree").exists()
+    _make_tree(state_dir / "tree", depth, outside)
+    treeops.remove_tree(state_dir / "tree")
+    assert not (state_dir / "tree").exists()
     assert (outside / "keep").read_text() == "keep"
 
 
@@ -79,11 +79,11 @@ def test_a_non_root_remover_gets_through_directories_without_permissions(state_d
     assert (outside / "keep").read_text() == "keep"
 
 
-def test_a_file_or_symlink_or_nothing_is_fine(tmp_path: Path) -> None:
-    (tmp_path / "f").write_text("x")
-    os.symlink(tmp_path / "f", tmp_path / "link")
-    treeops.remove_tree(tmp_path / "link")
-    assert (tmp_path / "f").exists() and not os.path.lexists(tmp_path / "link")
-    treeops.remove_tree(tmp_path / "f")
-    treeops.remove_tree(tmp_path / "missing" / "deeper")
-    assert list(tmp_path.iterdir()) == []
+def test_a_file_or_symlink_or_nothing_is_fine(state_dir: Path) -> None:
+    (state_dir / "f").write_text("x")
+    os.symlink(state_dir / "f", state_dir / "link")
+    treeops.remove_tree(state_dir / "link")
+    assert (state_dir / "f").exists() and not os.path.lexists(state_dir / "link")
+    treeops.remove_tree(state_dir / "f")
+    treeops.remove_tree(state_dir / "missing" / "deeper")
+    assert list(state_dir.iterdir()) == []

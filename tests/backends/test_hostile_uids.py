@@ -90,12 +90,12 @@ def test_a_dead_holders_uid_is_free_again(settings: Settings, holders: Callable[
     pool.give(uids.start)
 
 
-def test_an_explicit_lock_dir_is_where_the_locks_are(tmp_path: Path, settings: Settings,
+def test_an_explicit_lock_dir_is_where_the_locks_are(state_dir: Path, settings: Settings,
                                                      holders: Callable[..., Holder]) -> None:
     uids = uid_pool(settings)
-    holder = holders(uids.start, 4, tmp_path)
-    assert (tmp_path / f"{holder.uid}.lock").is_file()
-    pool = UidPool(uids.start, 4, lock_dir=tmp_path)
+    holder = holders(uids.start, 4, state_dir)
+    assert (state_dir / f"{holder.uid}.lock").is_file()
+    pool = UidPool(uids.start, 4, lock_dir=state_dir)
     taken = pool.take()
     assert taken != holder.uid
     pool.give(taken)

@@ -68,6 +68,7 @@ class DockerSandbox(LauncherSandbox):
         self.limit_scopes = MappingProxyType(dict(scopes) if scopes is not None else base_scopes(self.limits))
         self._engine_here = engine_here
         """The engine runs on this host (a unix socket): its containers' pids and groups are this host's."""
+        self._hits_at_close: list[str] | None = None
         self.network = spec.network
         self._forward_port = relay_port if spec.network == "llm" else None
         if self._forward_port is not None:
@@ -76,9 +77,15 @@ class DockerSandbox(LauncherSandbox):
             self.agents_dir = AGENTS_DIR
 
     async def limits_hit(self) -> list[str]:
-        """From the container's control-group counters, when its engine runs on this host (else none known)."""
+        """From the container's control-group counters, when its engine runs on this host (else none known);
+        after close, what they said just before the container was removed."""
+        if self._hits_at_close is not None:
+            return list(self._hits_at_close)
         if self.closed or not self._engine_here:
             return []
+        return await self._read_hits()
+
+    async def _read_hits(self) -> list[str]:
         state = (await call("inspect container", self._api.inspect_container, self.id)).get("State") or {}
         pid = state.get("Pid") or 0
         return await asyncio.to_thread(self._hits_of, pid) if pid > 0 else []
@@ -131,11 +138,19 @@ class DockerSandbox(LauncherSandbox):
 
     async def _close(self) -> None:
         try:
-            await call("remove container", self._api.remove_container, self.id, force=True, v=True)
-        except SandboxFileNotFoundError:
-            pass  # already gone
+            if self._engine_here:
+                # The counters go with the container's group: read them a last time (best effort).
+                try:
+                    self._hits_at_close = await self._read_hits()
+                except SandboxError:
+                    self._hits_at_close = []
         finally:
-            await self._docker.close()
+            try:
+                await call("remove container", self._api.remove_container, self.id, force=True, v=True)
+            except SandboxFileNotFoundError:
+                pass  # already gone
+            finally:
+                await self._docker.close()
 
 
 async def discard(api: Any, container_id: str) -> None:

@@ -21,13 +21,14 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["mount_tmpfs", "tmpfs_usage", "tree_usage", "unmount"]
+__all__ = ["mount_tmpfs", "reserve", "tmpfs_usage", "tree_usage", "unmount"]
 
 log = logging.getLogger(__name__)
 
 _MNT_NODEV = 4
 _MNT_NOSUID = 2
 _MNT_DETACH = 2
+_FALLOC_FL_KEEP_SIZE = 1
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
 
@@ -48,6 +49,16 @@ def unmount(path: Path) -> bool:
         err = ctypes.get_errno()
         if err not in (22, 2):  # EINVAL: not a mount point; ENOENT: gone
             log.error("cannot unmount sandbox disk %s: %s", path, os.strerror(err))
+        return False
+    return True
+
+
+def reserve(fd: int, nbytes: int) -> bool:
+    """Allocate `nbytes` of disk for the open file `fd` beyond its end, its size unchanged (`fallocate` with
+    KEEP_SIZE): writes into that space then succeed even once the filesystem is full. What a full disk must
+    not silence (an agent's log) gets its own room this way, inside the budget. False when it cannot be had
+    (already full, or a filesystem without fallocate): the file is then as any other."""
+    if _libc.fallocate(fd, _FALLOC_FL_KEEP_SIZE, ctypes.c_long(0), ctypes.c_long(nbytes)) != 0:
         return False
     return True
 

@@ -30,6 +30,8 @@ from coding_agent_env.sandbox.local.proc import HostCredentials
 
 __all__ = [
     "AGENTS_MOUNT",
+    "ROOT_SUBDIRS",
+    "SHM_SUBDIR",
     "SUBDIRS",
     "Box",
     "Bwrap",
@@ -46,6 +48,12 @@ __all__ = [
 INNER_UID = 1000
 SUBDIRS = {"workdir": "work", "home": "home", "tmp": "tmp", "logs": "logs"}
 """Each sandbox path's host directory under the sandbox root."""
+SHM_SUBDIR = "shm"
+"""The host directory under the sandbox root that bubblewrap shows at `/dev/shm`: inside the root's disk budget
+(bwrap's own `/dev` is a tmpfs of its own, bounded by nothing but memory)."""
+ROOT_SUBDIRS = (*SUBDIRS.values(), SHM_SUBDIR)
+"""Every directory a sandbox root is made with."""
+SHM_MOUNT = "/dev/shm"
 BWRAP_PATHS = SandboxPaths(workdir="/workspace", home="/home/sandbox", tmp="/tmp", logs="/logs", tests="/tests")
 TESTS_TARGET = f"{BWRAP_PATHS.logs}/tests"
 """What `/tests` links to: a directory only verify fills (see `RolloutRequest.verify_files_root`)."""
@@ -159,12 +167,19 @@ class Launch(abc.ABC):
         private tmpfs ones from bwrap."""
         return None
 
+    def fresh_shm(self, box: Box) -> Path | None:
+        """A fresh host directory under the sandbox root for a `fresh` command's `/dev/shm` (inside the disk
+        budget, empty: nothing an earlier command left), or None where commands see the host's."""
+        return None
+
     @abc.abstractmethod
     def command(
-        self, box: Box, argv: Sequence[str], cwd: str, *, fresh: bool, netns: int | None, forwarder: bool = False
+        self, box: Box, argv: Sequence[str], cwd: str, *, fresh: bool, netns: int | None, forwarder: bool = False,
+        shm: Path | None = None,
     ) -> Command:
         """How to start argv in `box` (`cwd` a sandbox path) in network namespace `netns` (None: a new one);
-        with `forwarder`, the relay forwarder runs beside it in that new namespace."""
+        with `forwarder`, the relay forwarder runs beside it in that new namespace. `shm`: the host directory
+        shown at `/dev/shm` (default: the sandbox's own, `SHM_SUBDIR`), where there is a private `/dev`."""
 
     def kills_by_uid(self, box: Box) -> bool:
         """Whether close() must end every process of the sandbox's uid (they may have left their group)."""
@@ -198,7 +213,8 @@ class Unisolated(Launch):
         return path
 
     def command(
-        self, box: Box, argv: Sequence[str], cwd: str, *, fresh: bool, netns: int | None, forwarder: bool = False
+        self, box: Box, argv: Sequence[str], cwd: str, *, fresh: bool, netns: int | None, forwarder: bool = False,
+        shm: Path | None = None,
     ) -> Command:
         head = [*cgroup_join(box), *_prlimit(box.limits)]
         return Command([*head, *argv], str(box.mounts.host_path(cwd)), HostCredentials(box.uid, box.uid))
@@ -215,17 +231,28 @@ class Bwrap(Launch):
         self.bwrap = bwrap
         self.system_args = tuple(system_args)
 
+    def fresh_shm(self, box: Box) -> Path | None:
+        path = box.root / f"{SHM_SUBDIR}-{secrets.token_hex(6)}"
+        path.mkdir(mode=0o700)
+        if box.uid is not None:
+            os.chown(path, box.uid, box.uid)
+        return path
+
     def command(
-        self, box: Box, argv: Sequence[str], cwd: str, *, fresh: bool, netns: int | None, forwarder: bool = False
+        self, box: Box, argv: Sequence[str], cwd: str, *, fresh: bool, netns: int | None, forwarder: bool = False,
+        shm: Path | None = None,
     ) -> Command:
-        inner = self._bwrap(box, argv, cwd, fresh=fresh, netns=netns, forwarder=forwarder)
+        inner = self._bwrap(box, argv, cwd, fresh=fresh, netns=netns, forwarder=forwarder, shm=shm)
         return Command([*self._root_launcher(box, netns), *inner], None, self._creds(box))
 
     def _bwrap(
-        self, box: Box, argv: Sequence[str], cwd: str, *, fresh: bool, netns: int | None, forwarder: bool
+        self, box: Box, argv: Sequence[str], cwd: str, *, fresh: bool, netns: int | None, forwarder: bool,
+        shm: Path | None = None,
     ) -> list[str]:
         paths, hosts = BWRAP_PATHS, box.hosts
-        binds: list[str] = ["--bind", str(hosts["workdir"]), paths.workdir]
+        # Over the `/dev` the system arguments made (they come first): `/dev/shm` in the disk budget.
+        binds: list[str] = ["--bind", str(shm or box.root / SHM_SUBDIR), SHM_MOUNT]
+        binds += ["--bind", str(hosts["workdir"]), paths.workdir]
         if box.agents_source is not None:
             binds += ["--ro-bind", box.agents_source, AGENTS_MOUNT]
         if forwarder:

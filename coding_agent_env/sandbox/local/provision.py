@@ -1,7 +1,7 @@
 """Making and removing a local sandbox's host root (and, with a root launcher, its network namespace), and what
 bounds it as a whole (`Bounds`: its control group, its root a tmpfs of its disk budget).
 
-A sandbox root is `STATE_DIR/<server pid>-<rollout>-<random>/` with the `SUBDIRS`, owned by the sandbox's uid
+A sandbox root is `STATE_DIR/<server pid>-<rollout>-<random>/` with the `ROOT_SUBDIRS`, owned by the sandbox's uid
 as root. Roots whose server process is gone are orphans, removed by `reap` (unmounted first).
 """
 
@@ -28,7 +28,7 @@ from coding_agent_env.sandbox.local import netns
 from coding_agent_env.sandbox.local.cgroup import CgroupLimits, Cgroups, SandboxCgroup
 from coding_agent_env.sandbox.local.disk import mount_tmpfs, unmount
 from coding_agent_env.sandbox.launcher.inside.treeops import remove_tree
-from coding_agent_env.sandbox.local.launch import SUBDIRS
+from coding_agent_env.sandbox.local.launch import ROOT_SUBDIRS
 
 __all__ = ["Bounds", "DirWork", "Made", "Provisioner", "close_namespace", "reap", "remove_root"]
 
@@ -180,7 +180,7 @@ class Provisioner:
             if made.tmpfs:
                 assert limits is not None
                 mount_tmpfs(root, limits.disk_mb << 20, uid)
-            for sub in SUBDIRS.values():
+            for sub in ROOT_SUBDIRS:
                 (root / sub).mkdir(mode=0o755)
                 if uid is not None:
                     os.chown(root / sub, uid, uid)

@@ -8,7 +8,12 @@ unmounted) and the group, and gives the uid back.
 
 Disk budget: a tmpfs root refuses writes past it (ENOSPC); without one, a watch measures the sandbox's
 directories every `_WATCH_S` and kills its running commands while the budget is passed. Either way
-`limits_hit()` then says `disk quota exceeded`.
+`limits_hit()` then says `disk quota exceeded`: a high-water mark, sampled every `_SAMPLE_S` while any command
+runs (and as each ends), so a disk filled and emptied again is still reported (one kept full for less than a
+sample can be missed). A spawned command's log has `_LOG_RESERVE` bytes of the budget set aside for it, so an
+agent that fills the disk still leaves its log. Its `/dev/shm` is a directory of that root (`launch.SHM_SUBDIR`; a private one per
+`fresh` command), inside the same budget. The control group's counters (OOM kills, refused forks) are read
+once more just before the group is removed, so `limits_hit()` after `close()` still says what was hit.
 """
 
 from __future__ import annotations
@@ -24,10 +29,10 @@ from coding_agent_env.errors import SandboxError
 from coding_agent_env.sandbox.base import ExecResult, FileEntry, Process, RelayEndpoint, Sandbox
 from coding_agent_env.sandbox.local import proc
 from coding_agent_env.sandbox.local.cgroup import SandboxCgroup
-from coding_agent_env.sandbox.local.disk import tmpfs_usage, tree_usage
+from coding_agent_env.sandbox.local.disk import reserve, tmpfs_usage, tree_usage
 from coding_agent_env.sandbox.launcher.inside.treeops import remove_tree
 from coding_agent_env.sandbox.local.hostfs import HostMounts, remove_if_empty
-from coding_agent_env.sandbox.local.launch import SUBDIRS, Box, Launch, host_dirs
+from coding_agent_env.sandbox.local.launch import ROOT_SUBDIRS, SUBDIRS, Box, Launch, host_dirs
 from coding_agent_env.sandbox.local.provision import DirWork, Made, remove_root
 from coding_agent_env.sandbox.local.relay import RelayServing
 
@@ -38,6 +43,10 @@ _REAP_S = 5.0
 _WATCH_S = 1.0
 """How often a watched disk budget is measured."""
 _FULL_SLACK = 64 * 1024
+_SAMPLE_S = 0.05
+"""How often a tmpfs root's use is sampled while commands run (one statvfs: about a microsecond)."""
+_LOG_RESERVE = 1 << 20
+"""Disk set aside in a spawned command's log file (see `_open_log`), out of the sandbox's own budget."""
 _INLINE_WRITE = 64 * 1024
 """Writes up to this size run on the event loop (a thread's hand-offs would cost more than the write)."""
 """A tmpfs with less than this free is full (a write of that size would fail)."""
@@ -75,6 +84,10 @@ class LocalSandbox(Sandbox):
         self._disk_budget = disk_budget
         self._disk_over = False
         self._watch: asyncio.Task[None] | None = None
+        self._sampler: asyncio.Task[None] | None = None
+        self._running = 0
+        """Commands of `exec` running now (spawned ones are in `_children` until they exit)."""
+        self._hits_at_close: list[str] | None = None
         self._closing: asyncio.Future[None] | None = None
         self._children: dict[int, proc.Child] = {}
         """Running children by process group: what close() kills and reaps."""
@@ -135,8 +148,13 @@ class LocalSandbox(Sandbox):
     ) -> ExecResult:
         self._check_open()
         fresh_dir = self._launch.fresh_home(self._box) if fresh else None
+        fresh_shm = self._launch.fresh_shm(self._box) if fresh else None
+        self._running += 1
+        self._sample_while_running()
         try:
-            command = self._launch.command(self._box, argv, cwd or self.paths.workdir, fresh=fresh, netns=self._netns)
+            command = self._launch.command(
+                self._box, argv, cwd or self.paths.workdir, fresh=fresh, netns=self._netns, shm=fresh_shm
+            )
             result = await proc.run_capped(
                 command.argv,
                 env=self._env(env, fresh_dir),
@@ -151,8 +169,10 @@ class LocalSandbox(Sandbox):
         except OSError as exc:
             raise SandboxError(f"cannot start command: {exc.strerror}") from exc
         finally:
-            if fresh_dir is not None:
-                await asyncio.shield(asyncio.to_thread(remove_tree, fresh_dir))  # the command filled it: unbounded
+            self._running -= 1
+            for fresh_made in (fresh_dir, fresh_shm):
+                if fresh_made is not None:  # the command filled it: unbounded
+                    await asyncio.shield(asyncio.to_thread(remove_tree, fresh_made))
 
     async def spawn(
         self,
@@ -186,10 +206,16 @@ class LocalSandbox(Sandbox):
                 raise SandboxError(f"cannot start process: {exc.strerror}") from exc
             raise
         self._children[child.pid] = child
+        self._sample_while_running()
         return proc.HostProcess(child, self._children, on_exit=served.stop if served is not None else None)
 
     def _open_log(self, log_path: str) -> int:
-        return self._box.mounts.create(log_path, 0o644, append=True)
+        """The spawned command's log, opened for appending; on a tmpfs root its first `_LOG_RESERVE` bytes are
+        set aside (`disk.reserve`), so an agent that fills the disk still leaves a log."""
+        fd = self._box.mounts.create(log_path, 0o644, append=True)
+        if self._tmpfs:
+            reserve(fd, _LOG_RESERVE)
+        return fd
 
     async def read_bytes(self, path: str, *, max_bytes: int | None = None, tail: bool = False) -> bytes:
         self._check_open()
@@ -217,7 +243,12 @@ class LocalSandbox(Sandbox):
         return await asyncio.to_thread(self._box.mounts.list, path, max_entries)
 
     async def limits_hit(self) -> list[str]:
+        if self._hits_at_close is not None:
+            return list(self._hits_at_close)
         self._note_full_disk()
+        return self._hits()
+
+    def _hits(self) -> list[str]:
         hits = self._cgroup.hits() if self._cgroup is not None else []
         if self._disk_over:
             hits.append(f"disk quota exceeded: the sandbox's disk budget of {self._disk_budget >> 20} MB")
@@ -228,6 +259,19 @@ class LocalSandbox(Sandbox):
         if self._tmpfs and not self._disk_over and not self.closed:
             used, size = tmpfs_usage(self._box.root)
             self._disk_over = size - used < _FULL_SLACK
+
+    def _sample_while_running(self) -> None:
+        """Make sure the disk's high-water mark is sampled while commands run (a tmpfs root: see the module
+        docstring; a watched one has its own watch)."""
+        if self._tmpfs and (self._sampler is None or self._sampler.done()):
+            self._sampler = asyncio.ensure_future(self._sample_disk())
+
+    async def _sample_disk(self) -> None:
+        while not self.closed and not self._disk_over:
+            self._note_full_disk()
+            if not self._running and not self._children:
+                return
+            await asyncio.sleep(_SAMPLE_S)
 
     async def _watch_disk(self) -> None:
         """The watched budget (no tmpfs): measure every `_WATCH_S`; while it is passed, kill what runs."""
@@ -242,6 +286,8 @@ class LocalSandbox(Sandbox):
     async def _close(self) -> None:
         if self._watch is not None:
             self._watch.cancel()
+        if self._sampler is not None:
+            self._sampler.cancel()
         # Before any await: even a close cancelled at once has killed.
         killed = [child.kill_tree() for child in self._children.values()]
         if self._netns is not None:
@@ -272,9 +318,11 @@ class LocalSandbox(Sandbox):
         try:
             if self._tmpfs:
                 await self._dirs.run(functools.partial(remove_root, box.root, True))  # unmounting frees it all
-            elif not await self._dirs.run(functools.partial(remove_if_empty, box.root, SUBDIRS.values())):
+            elif not await self._dirs.run(functools.partial(remove_if_empty, box.root, ROOT_SUBDIRS)):
                 await asyncio.to_thread(remove_tree, box.root)  # what the sandbox left: unbounded
         finally:
+            # The group's counters go with it: read them a last time (its processes are all dead by now).
+            self._hits_at_close = self._hits()
             if self._cgroup is not None and not self._cgroup.remove():
                 await asyncio.to_thread(_kill_and_remove, self._cgroup)
             self._dirs.live -= 1
