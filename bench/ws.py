@@ -109,7 +109,7 @@ def running(argv: list[str], port: int, env: dict[str, str], cwd: Path,
             time.sleep(0.05)
         if while_starting is not None:
             while_starting(url)
-        while httpx.get(f"{url}/web/", timeout=2).status_code == 503:  # a tab still building ("starting")
+        while still_starting(httpx.get(f"{url}/web/", timeout=2)):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"server {argv[:3]} did not finish starting")
             time.sleep(0.05)
@@ -122,6 +122,12 @@ def running(argv: list[str], port: int, env: dict[str, str], cwd: Path,
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
+
+
+def still_starting(web: httpx.Response) -> bool:
+    """Whether our tab is still being built: its "starting" page (503 with Retry-After; a tab that could not
+    start answers 503 without, and the reference's 404 means no tab)."""
+    return web.status_code == 503 and "retry-after" in web.headers
 
 
 RESET = json.dumps({"type": "reset", "data": {}})
@@ -146,7 +152,7 @@ async def ws_pairs_while_starting(url: str, limit: int) -> list[float]:
     """reset+step round trips from the moment /health answers until the server is ready (at most `limit`)."""
     times = []
     async with httpx.AsyncClient(base_url=url) as client, connect(url.replace("http", "ws", 1) + "/ws") as ws:
-        while len(times) < limit and (await client.get("/web/")).status_code == 503:
+        while len(times) < limit and still_starting(await client.get("/web/")):
             for _ in range(10):
                 started = time.perf_counter()
                 await ws.send(RESET)
