@@ -11,14 +11,15 @@ A task directory holds `task.toml`, `instruction.md`, `environment/` (a `Dockerf
 - the `oracle` agent runs `solution/solve.sh`;
 - `tests/` become hidden verify files under `/tests` (written only for verify, removed with the sandbox), verify
   runs `bash /tests/test.sh`, and the reward must come from `/logs/verifier/reward.txt` or `reward.json`;
-- every file and directory is read through `TaskDir`: the directory is resolved once and anything whose real path
-  leaves it (a link: `instruction.md`, `tests/`, `environment/`, an entry below them, a COPY source) refuses the
-  task, naming the path, before anything of it is read; non-regular files (a FIFO) are refused, never opened
-  blocking;
 - `environment/`: on Docker the image is built from it (`DockerEnvironment`); elsewhere the files its Dockerfile
   `COPY`s into the workdir are laid there, its `ENV`s become the request's `env` (expanded as Docker would, over
   the standard PATH), and a Dockerfile doing more than FROM / WORKDIR / COPY / ENV is refused (naming the Docker
   backend) unless `TaskOptions.ignore_dockerfile`. On Docker the image's own ENV applies (`Sandbox.task_env`).
+
+Every file and directory is read through `tasks.confined.TaskDir`: the directory is resolved once, and anything
+whose real path leaves it (a link: `task.toml`, `instruction.md`, the `environment/` `tests/` `solution/` roots,
+an entry below them, a COPY source) refuses the task with a load error naming the path, before anything of it is
+read; a file that is not a regular file (a FIFO, a device) is refused where it is needed, never opened blocking.
 """
 
 from __future__ import annotations
