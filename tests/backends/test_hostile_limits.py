@@ -92,3 +92,13 @@ async def test_a_docker_fork_bomb_is_still_reported_after_close(make_backend: Ca
     finally:
         await box.close()
     assert any("process limit" in hit for hit in await box.limits_hit()), out[-500:]
+
+
+async def test_a_docker_workdir_filled_then_emptied_is_reported(make_backend: Callable[[str], Any]) -> None:
+    box = await make_backend("docker")().create(SandboxSpec(rollout_id="limits", limits=LIMITS))
+    try:
+        code, out = await sh(box, "head -c 100M /dev/zero > fill; sleep 0.3; rm -f fill")
+        assert code == 0, out
+        assert any("disk quota exceeded" in hit for hit in await box.limits_hit()), out
+    finally:
+        await box.close()

@@ -56,7 +56,7 @@ def test_a_deep_tree_is_removed_in_place_whatever_its_depth(state_dir: Path, dep
     outside.mkdir()
     (outside / "keep").write_text("keep")
     _make_tree(state_dir / "tree", depth, outside)
-    treeops.remove_tree(state_dir / "tree")
+    treeops.remove_tree(state_dir / "tree")  # (the state dir's own teardown would recurse: it must go here)
     assert not (state_dir / "tree").exists()
     assert (outside / "keep").read_text() == "keep"
 
@@ -72,10 +72,14 @@ def test_a_non_root_remover_gets_through_directories_without_permissions(state_d
     _make_tree(top, 3000, outside)
     _chown_tree(work, _NOBODY)
     os.chmod(top, 0o000)
-    done = subprocess.run([sys.executable, "-c", _REMOVE_AS, str(top), str(_NOBODY)], capture_output=True,
-                          text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+    try:
+        done = subprocess.run([sys.executable, "-c", _REMOVE_AS, str(top), str(_NOBODY)], capture_output=True,
+                              text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+    finally:
+        left = top.exists()
+        treeops.remove_tree(work)  # as root, whatever the child left (the fixture's rmtree would recurse)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert not top.exists()
+    assert not left
     assert (outside / "keep").read_text() == "keep"
 
 

@@ -7,19 +7,23 @@ at the path read is never followed (`SandboxFileNotRegularError`, as for a FIFO 
 of the sandbox roots is named so); a symlinked *parent* directory is followed inside the container's own filesystem (never the host's:
 the daemon confines it to the container root). `close()` removes the container (killing everything in it),
 then closes the transport (and its host directory).
+
+`limits_hit()` (engine on this host): the container's control-group counters, read once more just before it is
+removed (so they still answer after close), and the workdir's disk budget as a high-water mark sampled every
+`_SAMPLE_S` while commands run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
 from coding_agent_env.backend_config import LauncherTimeouts
 from coding_agent_env.errors import SandboxError, SandboxFileError, SandboxFileNotFoundError, SandboxFileNotRegularError
-from coding_agent_env.sandbox.base import SandboxSpec, over_read_cap, read_cap
+from coding_agent_env.sandbox.base import ExecResult, Process, SandboxSpec, over_read_cap, read_cap
 from coding_agent_env.sandbox.base import scopes as base_scopes
 from coding_agent_env.sandbox.cgroups import limit_hits_of_pid
 from coding_agent_env.sandbox.docker import tar
@@ -29,12 +33,14 @@ from coding_agent_env.sandbox.docker.layout import AGENTS_DIR, LAYOUT, PATHS
 from coding_agent_env.sandbox.docker.transport import DockerTransport
 from coding_agent_env.sandbox.launcher import client
 from coding_agent_env.sandbox.launcher.client import SANDBOX_UID
-from coding_agent_env.sandbox.launcher.sandbox import LauncherSandbox
+from coding_agent_env.sandbox.launcher.sandbox import LauncherProcess, LauncherSandbox
 
 __all__ = ["DockerSandbox"]
 
 _FULL_SLACK = 64 * 1024
 """A workdir with less than this free is full (a write of that size would fail)."""
+_SAMPLE_S = 0.05
+"""How often the workdir's use is sampled while commands run (one statvfs through /proc)."""
 
 
 class DockerSandbox(LauncherSandbox):
@@ -69,6 +75,15 @@ class DockerSandbox(LauncherSandbox):
         self._engine_here = engine_here
         """The engine runs on this host (a unix socket): its containers' pids and groups are this host's."""
         self._hits_at_close: list[str] | None = None
+        self._pid: int | None = None
+        """The container's PID 1 as this host sees it (looked up once)."""
+        self._disk_full = False
+        """The workdir was seen full (a high-water mark: see `_sample_disk`)."""
+        self._execs = 0
+        """Commands of `exec` running now."""
+        self._spawned: list[LauncherProcess] = []
+        """Spawned commands that may still run."""
+        self._sampler: asyncio.Task[None] | None = None
         self.network = spec.network
         self._forward_port = relay_port if spec.network == "llm" else None
         if self._forward_port is not None:
@@ -86,21 +101,68 @@ class DockerSandbox(LauncherSandbox):
         return await self._read_hits()
 
     async def _read_hits(self) -> list[str]:
-        state = (await call("inspect container", self._api.inspect_container, self.id)).get("State") or {}
-        pid = state.get("Pid") or 0
+        pid = await self._host_pid()
         return await asyncio.to_thread(self._hits_of, pid) if pid > 0 else []
+
+    async def _host_pid(self) -> int:
+        if self._pid is None:
+            state = (await call("inspect container", self._api.inspect_container, self.id)).get("State") or {}
+            self._pid = int(state.get("Pid") or 0)
+        return self._pid
 
     def _hits_of(self, pid: int) -> list[str]:
         hits = limit_hits_of_pid(pid)
         disk = self.limits.get("disk")
+        if disk and (self._disk_full or self._workdir_full(pid)):
+            hits.append(f"disk quota exceeded: the sandbox's disk budget of {disk >> 20} MB")
+        return hits
+
+    @staticmethod
+    def _workdir_full(pid: int) -> bool:
         try:
             # The container's own view of its workdir, from this host: its tmpfs (or its sized layer).
             st = os.statvfs(f"/proc/{pid}/root{PATHS.workdir}")
         except OSError:
-            return hits
-        if disk and st.f_bavail * st.f_frsize < _FULL_SLACK:
-            hits.append(f"disk quota exceeded: the sandbox's disk budget of {disk >> 20} MB")
-        return hits
+            return False
+        return st.f_bavail * st.f_frsize < _FULL_SLACK
+
+    # -- the disk's high-water mark, while commands run (engine on this host) ---------------------------
+
+    async def exec(self, argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
+                   cwd: str | None = None, fresh: bool = False, max_output_bytes: int) -> ExecResult:
+        self._execs += 1
+        self._watch_disk()
+        try:
+            return await super().exec(argv, timeout=timeout, env=env, cwd=cwd, fresh=fresh,
+                                      max_output_bytes=max_output_bytes)
+        finally:
+            self._execs -= 1
+
+    async def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
+                    log_path: str | None = None) -> Process:
+        process = await super().spawn(argv, env=env, cwd=cwd, log_path=log_path)
+        if isinstance(process, LauncherProcess):
+            self._spawned.append(process)
+            self._watch_disk()
+        return process
+
+    def _watch_disk(self) -> None:
+        """Sample the workdir's use while commands run: a disk filled and emptied again within one command is
+        still reported (one kept full for less than `_SAMPLE_S` can be missed)."""
+        if self._engine_here and self.limits.get("disk") and (self._sampler is None or self._sampler.done()):
+            self._sampler = asyncio.ensure_future(self._sample_disk())
+
+    async def _sample_disk(self) -> None:
+        try:
+            pid = await self._host_pid()
+        except SandboxError:
+            return
+        while pid > 0 and not self.closed and not self._disk_full:
+            self._spawned = [process for process in self._spawned if not process.finished]
+            self._disk_full = self._workdir_full(pid)
+            if not self._execs and not self._spawned:
+                return
+            await asyncio.sleep(_SAMPLE_S)
 
     async def start(self) -> None:
         """Start the container; ready once its directories exist (and the forwarder listens under `llm`)."""
@@ -137,6 +199,8 @@ class DockerSandbox(LauncherSandbox):
             await self._archive.put(root, tar.dir_entries_tar([rel], SANDBOX_UID), what=f"mkdir {path!r}")
 
     async def _close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
         try:
             if self._engine_here:
                 # The counters go with the container's group: read them a last time (best effort).

@@ -244,6 +244,11 @@ class LauncherProcess(Process):
     def returncode(self) -> int | None:
         return self._code
 
+    @property
+    def finished(self) -> bool:
+        """Whether the command's run is over (whether or not anyone waited for it)."""
+        return self._task.done()
+
     async def wait(self) -> int:
         if self._code is None:
             ran = await asyncio.shield(self._task)
