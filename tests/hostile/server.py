@@ -48,6 +48,8 @@ class HostileServer:
             "ENABLE_WEB_INTERFACE": "false",
             "SANDBOX_BACKENDS": "local,docker" if docker else "local",
             "MAX_CONCURRENT_ENVS": "4",
+            # A stall is the loop held half a second: what /health's probe would feel (its bound is 1 s).
+            "LOOP_STALL_WARN_MS": "500",
             **(docker or {}),
         }
         self.log = state_dir.parent / f"{state_dir.name}.server.log"
@@ -78,6 +80,12 @@ class HostileServer:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"server did not start: {self.log_text()[-3000:]}")
             time.sleep(0.05)  # polling a starting server, with a deadline
+
+    def loop_stats(self) -> dict[str, object]:
+        """The server's event-loop watchdog figures (`GET /health/loop`)."""
+        answer = httpx.get(f"{self.http}/health/loop", timeout=PROBE_TIMEOUT_S)
+        answer.raise_for_status()
+        return answer.json()
 
     def log_text(self) -> str:
         try:

@@ -2,7 +2,8 @@
 run through a live server on the local backend (bubblewrap) and on Docker.
 
 For every case: while the hostile rollout runs, the server's `/health` answers within `HEALTH_WORST_S`
-(probed every 0.1 s from another thread) and a well-behaved rollout in another session finishes with its honest
+(probed every 0.1 s from another thread), its event-loop watchdog counts no stall (the loop held half a second)
+and a well-behaved rollout in another session finishes with its honest
 reward; the hostile rollout ends by its own deadline with a scored result (`completed` / `agent_failed` /
 `agent_timeout`, a reward, never `infra_error` or a protocol error) whose expected reward and notes the case
 states; and nothing of it is left on the host (processes of the server's sandbox uids, mounts, sandbox
@@ -195,6 +196,7 @@ async def test_attack(attack: Attack, hostile_server: tuple[str, HostileServer])
         pytest.skip(f"{attack.name}: not a {backend} case")
     request = {"task_id": attack.name, "agent": "oracle", "instruction": f"attack: {attack.name}",
                "sandbox": backend, "agent_timeout_s": 60, "command_timeout_s": 60, **attack.request}
+    stalls_before = server.loop_stats()["stalls"]
     with HealthProbe(server.http) as probe:
         (hostile, took), (benign, _) = await asyncio.wait_for(
             asyncio.gather(_rollout(server, request), _rollout(server, {**BENIGN, "sandbox": backend})),
@@ -205,6 +207,8 @@ async def test_attack(attack: Attack, hostile_server: tuple[str, HostileServer])
     assert not probe.failures and probe.worst_s < HEALTH_WORST_S, (
         f"/health stalled during {attack.name}: worst {probe.worst_s:.2f} s, failures {probe.failures[:3]}")
     assert probe.answers > 0
+    loop = server.loop_stats()
+    assert loop["stalls"] == stalls_before, f"{attack.name} held the server's event loop: {loop['last_stall']}"
     assert benign.status == "completed" and benign.reward == 1.0, f"the other session suffered: {benign.error}"
     assert hostile.status in SCORED, f"{attack.name} escaped scoring: {summary}"
     assert hostile.reward == attack.reward, f"{attack.name}: {summary}"
