@@ -13,9 +13,10 @@ import coding_agent_env
 PACKAGE = Path(coding_agent_env.__file__).parent
 ENTRY_POINTS = {"cli", "serve", "client"}
 """Root modules at the top: they may import anything, nothing below imports them."""
-LEAVES = {path.stem for path in PACKAGE.glob("*.py")} - ENTRY_POINTS - {"__init__"}
-"""Root modules every layer may use (errors, settings, models, helpers)."""
+LEAVES = {path.stem for path in PACKAGE.glob("*.py")} - ENTRY_POINTS - {"__init__"} | {"models"}
+"""Root modules every layer may use (errors, settings, helpers), and the wire models' package."""
 ALLOWED = {
+    "models": {"settings", "verify_env"},  # the lowest layer: the wire limits and verify's search-path rules
     "gate": {"errors", "models", "settings"},
     # Trainer-side: imports where openenv and TRL are (no server dependencies; tests/compat/test_trainer_sessions.py).
     "harness": {"errors", "urls", "models", "settings", "llm", "rollout"},  # rollout: in-process sessions

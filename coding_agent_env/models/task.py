@@ -1,0 +1,254 @@
+"""`Task`: what is to be done and how it is checked, whoever does it.
+
+A task is the instruction, the files and commands around it (setup, verify, hidden verify files, artifacts, the
+reference solution), where it runs (sandbox, image, environment, limits) and its deadlines. Nothing about an
+agent or an LLM: `RolloutRequest` adds those. A rollout's request, an episode's `reset` arguments and every
+task-set loader compose this one model, so a new task field is declared here once, with its validation, and
+reaches all three (see README "The rollout contract").
+
+Validation is structural (types, sizes, path shapes); whether a named backend is enabled, or limits are within
+the server's caps, is the server's business.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from coding_agent_env.models.wire import WireModel
+from coding_agent_env.settings import WireLimits
+from coding_agent_env.verify_env import AGENT_WRITABLE_ROOTS, workspace_entry
+
+__all__ = ["SANDBOX_OWN_ENV", "LimitsRequest", "Task", "check_relative_path"]
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SANDBOX_OWN_ENV = frozenset({"HOME", "TMPDIR", "USER", "LOGNAME", "REWARD_FILE"})
+"""Variables that are the sandbox's (or verify's) own: neither a request's `env` nor an image's ENV sets them."""
+
+
+def check_relative_path(path: str, what: str = "file path") -> str:
+    """Normalise a workdir-relative path; refuse absolute paths, `..`, NUL and empty names."""
+    if not path or "\x00" in path:
+        raise ValueError(f"{what} must be a non-empty string without NUL bytes")
+    if len(path.encode()) > WireLimits.MAX_PATH_BYTES:
+        raise ValueError(f"{what} longer than {WireLimits.MAX_PATH_BYTES} bytes")
+    if path.startswith("/") or path.startswith("\\"):
+        raise ValueError(f"{what} {path!r} is absolute; paths are relative to the workdir")
+    parts = path.replace("\\", "/").split("/")
+    if ".." in parts:
+        raise ValueError(f"{what} {path!r} contains '..'")
+    normal = posixpath.normpath("/".join(parts))
+    if normal in (".", ""):
+        raise ValueError(f"{what} {path!r} names the workdir itself")
+    return normal
+
+
+class LimitsRequest(WireModel):
+    """Sandbox limits a request asks for; each at most the server's (`SANDBOX_MEMORY_MB`, `SANDBOX_DISK_MB`,
+    `SANDBOX_MAX_PROCESSES`, `SANDBOX_CPUS`), which also stand for what is not given."""
+
+    memory_mb: int | None = Field(default=None, ge=16, description="Memory of the whole sandbox, MB.")
+    disk_mb: int | None = Field(default=None, ge=1, description="Disk the sandbox may write, MB.")
+    max_processes: int | None = Field(default=None, ge=8, description="Processes and threads of the whole sandbox.")
+    cpus: float | None = Field(default=None, gt=0, le=1024, description="CPUs the sandbox may use at once.")
+
+
+class Task(WireModel):
+    """One task: an instruction, its files and commands, where it runs and its deadlines."""
+
+    UNSET_WHEN_EMPTY: ClassVar[frozenset[str]] = frozenset(("task_id", "image", "template", "sandbox", "setup", "verify"))
+    """Fields for which upstream clients send "" or null to mean "not given"."""
+
+    instruction: str = Field(
+        min_length=1,
+        max_length=WireLimits.MAX_INSTRUCTION_CHARS,
+        description="The task given to the agent, verbatim. It reaches the agent through a file, never argv.",
+    )
+    setup: list[str] = Field(
+        default_factory=list,
+        max_length=WireLimits.MAX_COMMANDS,
+        description="Shell commands run in order in the workdir before the agent; the first failure stops "
+        "the rollout with status setup_failed and reward null.",
+    )
+    verify: list[str] = Field(
+        default_factory=list,
+        max_length=WireLimits.MAX_COMMANDS,
+        description="Shell commands run after the agent's process tree is dead. Reward: a number in [0,1] "
+        "written to $REWARD_FILE, else the fraction of verify commands that exit 0.",
+    )
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="Text files written into the workdir before setup: relative path -> content.",
+    )
+    verify_files: dict[str, str] = Field(
+        default_factory=dict,
+        description="Hidden test files: relative path -> content, written only for verify (never visible during "
+        "setup or the agent's phase), replacing whatever the agent left at those paths.",
+    )
+    verify_files_root: Literal["workdir", "/tests"] = Field(
+        default="workdir",
+        description="Where `verify_files` are placed for verify: relative to the workdir, or under `/tests` (Harbor's "
+        "layout; the directory is made afresh just before verify and removed with the sandbox). `/tests` needs a "
+        "backend that can show it (local bubblewrap, Docker); elsewhere the rollout ends as an infra_error.",
+    )
+    reward_file_required: bool = Field(
+        default=False,
+        description="Whether verify must write the reward file (Harbor's rule): when it writes none, the reward is 0 "
+        "and `reward_note` says so, instead of the fraction of verify commands that passed.",
+    )
+    artifacts: list[str] = Field(
+        default_factory=list,
+        max_length=WireLimits.MAX_ARTIFACT_PATTERNS,
+        description="What the agent is expected to produce or change: workdir-relative paths or glob patterns "
+        "(`*`, `?`, `[...]`; `*` also matches `/`). When given, verify runs in a clean room: a fresh sandbox "
+        "with `files`, these artifacts (regular files only) and `verify_files`, and nothing else the agent wrote.",
+    )
+    solution: list[str] = Field(
+        default_factory=list,
+        max_length=WireLimits.MAX_COMMANDS,
+        description="Reference solution commands, run by the 'oracle' agent in place of an LLM agent.",
+    )
+    sandbox: str | None = Field(
+        default=None,
+        max_length=WireLimits.MAX_NAME_CHARS,
+        description="Sandbox backend, one of those the server enabled; default: the server's default backend.",
+    )
+    image: str | None = Field(
+        default=None,
+        max_length=WireLimits.MAX_NAME_CHARS,
+        description="Container image or template for backends that use one; ignored by the local backend. "
+        "`template` (OpenEnv's opencode_env name for it) is accepted as the same field.",
+    )
+    agent_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        le=WireLimits.MAX_AGENT_TIMEOUT_S,
+        description="Deadline for the agent; at the deadline its whole process tree is killed (agent_timeout).",
+    )
+    command_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        le=WireLimits.MAX_COMMAND_TIMEOUT_S,
+        description="Deadline for each setup and verify command.",
+    )
+    limits: LimitsRequest | None = Field(
+        default=None, description="Sandbox limits, each within the server's own (which stand for what is not given)."
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=WireLimits.MAX_ENV_VARS,
+        description="Environment variables for every command in the sandbox (setup, the agent, verify), over the "
+        "image's own ENV: PATH may be set; HOME, TMPDIR, USER, LOGNAME and REWARD_FILE are the sandbox's. "
+        "A Harbor task's Dockerfile ENV arrives here on backends that do not build its image.",
+    )
+    verify_hardening: bool = Field(
+        default=True,
+        description="Verify runs hardened: Python with PYTHONSAFEPATH=1 and PYTHONNOUSERSITE=1 (neither the current "
+        "nor the script's directory first on sys.path: `python3 -m unittest name` and `python3 -c 'import x'` no "
+        "longer import from the workdir unless the command puts it on the path), PYTHONPATH, PYTHONHOME, "
+        "PYTHONSTARTUP, LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, BASH_ENV and ENV emptied, and search-path entries "
+        "(PATH, NODE_PATH, ...) inside places the agent can write dropped; `env` may then not point a search-path "
+        "variable into them (refused). In a clean room, a reward file counts only with `reward_file_required` "
+        "(the artifacts verify runs could write one). false: none of this.",
+    )
+    task_id: str | None = Field(
+        default=None, max_length=WireLimits.MAX_NAME_CHARS, description="Caller's id for the task, echoed in the result."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upstream_arguments(cls, data: Any) -> Any:
+        """OpenEnv's `OpenCodeEnv` / `PiEnv` clients send every argument: "" and null mean "not given"."""
+        if not isinstance(data, dict):
+            return data
+        unset = cls.UNSET_WHEN_EMPTY
+        data = {key: value for key, value in data.items() if not (key in unset and value in ("", None))}
+        if "template" in data:
+            template = data.pop("template")
+            if "image" in data and data["image"] != template:
+                raise ValueError("give image or template (the same field), not both")
+            data["image"] = template
+        return data
+
+    @field_validator("files", "verify_files")
+    @classmethod
+    def _files_confined(cls, files: dict[str, str]) -> dict[str, str]:
+        if len(files) > WireLimits.MAX_FILES:
+            raise ValueError(f"at most {WireLimits.MAX_FILES} files")
+        total = 0
+        out: dict[str, str] = {}
+        for path, text in files.items():
+            normal = check_relative_path(path)
+            if normal in out:
+                raise ValueError(f"file path {path!r} given twice")
+            total += len(text.encode("utf-8", "surrogatepass"))
+            out[normal] = text
+        if total > WireLimits.MAX_FILES_BYTES:
+            raise ValueError(f"files total more than {WireLimits.MAX_FILES_BYTES} bytes")
+        return out
+
+    @field_validator("artifacts")
+    @classmethod
+    def _artifacts_confined(cls, patterns: list[str]) -> list[str]:
+        return [check_relative_path(pattern, "artifact") for pattern in patterns]
+
+    @field_validator("setup", "verify", "solution")
+    @classmethod
+    def _commands_bounded(cls, commands: list[str]) -> list[str]:
+        for cmd in commands:
+            if not cmd.strip():
+                raise ValueError("commands must not be empty")
+            if len(cmd.encode("utf-8", "surrogateescape")) > WireLimits.MAX_COMMAND_BYTES:
+                raise ValueError(f"command longer than {WireLimits.MAX_COMMAND_BYTES} bytes (UTF-8)")
+            if "\x00" in cmd:
+                raise ValueError("commands must not contain NUL bytes")
+        return commands
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        total = 0
+        for name, value in env.items():
+            if not _ENV_NAME.fullmatch(name):
+                raise ValueError(f"env name {name[:64]!r} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)")
+            if name in SANDBOX_OWN_ENV:
+                raise ValueError(f"env may not set {name}: it is the sandbox's own")
+            if "\x00" in value:
+                raise ValueError(f"env {name} contains a NUL byte")
+            total += len(name) + len(value.encode("utf-8", "surrogateescape"))
+        if total > WireLimits.MAX_ENV_BYTES:
+            raise ValueError(f"env totals more than {WireLimits.MAX_ENV_BYTES} bytes")
+        return env
+
+    @field_validator("instruction")
+    @classmethod
+    def _instruction_not_blank(cls, instruction: str) -> str:
+        if not instruction.strip():
+            raise ValueError("instruction must not be blank")
+        return instruction
+
+    @model_validator(mode="after")
+    def _files_total_bounded(self) -> Task:
+        total = sum(len(text.encode("utf-8", "surrogatepass")) for text in self.files.values())
+        total += sum(len(text.encode("utf-8", "surrogatepass")) for text in self.verify_files.values())
+        if total > WireLimits.MAX_FILES_BYTES:
+            raise ValueError(f"files and verify_files total more than {WireLimits.MAX_FILES_BYTES} bytes")
+        return self
+
+    @model_validator(mode="after")
+    def _env_outside_the_workspace(self) -> Task:
+        """Hardened verify runs with the task's `env`: a search path into what the agent can write would hand
+        verify to the agent (a planted `python3` on PATH, a library in LD_PRELOAD)."""
+        if not self.verify_hardening:
+            return self
+        for name, value in self.env.items():
+            problem = workspace_entry(name, value)
+            if problem is not None:
+                raise ValueError(
+                    f"env {problem}: verify would load what the agent left there. Point it outside "
+                    f"{', '.join(AGENT_WRITABLE_ROOTS)}, or set verify_hardening: false"
+                )
+        return self

@@ -1,0 +1,26 @@
+"""The base of every wire model, and the small vocabularies several of them share."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["Mode", "NativeDialect", "WireModel"]
+
+NativeDialect = Literal["anthropic", "responses", "google"]
+"""Agent wire dialects other than chat completions, by the names the relay gives them."""
+
+
+class Mode(str, Enum):
+    """How LLM calls are handled: `transparent_proxy` also asks the upstream for logprobs and token ids."""
+
+    BLACK_BOX = "black_box"
+    TRANSPARENT_PROXY = "transparent_proxy"
+
+
+class WireModel(BaseModel):
+    """A model on the wire: an unknown field is an error, never silently dropped."""
+
+    model_config = ConfigDict(extra="forbid")
