@@ -8,9 +8,9 @@ unmounted) and the group, and gives the uid back.
 
 Disk budget: a tmpfs root refuses writes past it (ENOSPC); without one, a watch measures the sandbox's
 directories every `_WATCH_S` and kills its running commands while the budget is passed. Either way
-`limits_hit()` then says `disk quota exceeded`: a high-water mark, sampled every `_SAMPLE_S` while any command
-runs (and as each ends), so a disk filled and emptied again is still reported (one kept full for less than a
-sample can be missed). A spawned command's log has `_LOG_RESERVE` bytes of the budget set aside for it, so an
+`limits_hit()` then says `disk quota exceeded`: a tmpfs root's is a high-water mark, sampled every millisecond
+while any command runs (`highwater`: one thread for all sandboxes), so a disk filled and emptied again is still
+reported. A spawned command's log has `_LOG_RESERVE` bytes of the budget set aside for it, so an
 agent that fills the disk still leaves its log. Its `/dev/shm` is a directory of that root (`launch.SHM_SUBDIR`; a private one per
 `fresh` command), inside the same budget. The control group's counters (OOM kills, refused forks) are read
 once more just before the group is removed, so `limits_hit()` after `close()` still says what was hit.
@@ -29,8 +29,9 @@ from coding_agent_env.errors import SandboxError
 from coding_agent_env.sandbox.base import ExecResult, FileEntry, Process, RelayEndpoint, Sandbox
 from coding_agent_env.sandbox.local import proc
 from coding_agent_env.sandbox.local.cgroup import SandboxCgroup
-from coding_agent_env.sandbox.local.disk import reserve, tmpfs_usage, tree_usage
+from coding_agent_env.sandbox.local.disk import reserve, tree_usage
 from coding_agent_env.sandbox.launcher.inside.treeops import remove_tree
+from coding_agent_env.sandbox.local.highwater import HighWater
 from coding_agent_env.sandbox.local.hostfs import HostMounts, remove_if_empty
 from coding_agent_env.sandbox.local.launch import ROOT_SUBDIRS, SUBDIRS, Box, Launch, host_dirs
 from coding_agent_env.sandbox.local.provision import DirWork, Made, remove_root
@@ -43,8 +44,8 @@ _REAP_S = 5.0
 _WATCH_S = 1.0
 """How often a watched disk budget is measured."""
 _FULL_SLACK = 64 * 1024
-_SAMPLE_S = 0.05
-"""How often a tmpfs root's use is sampled while commands run (one statvfs: about a microsecond)."""
+HIGH_WATER = HighWater()
+"""The one sampler of tmpfs roots' use in this process (its thread starts with the first command)."""
 _LOG_RESERVE = 1 << 20
 """Disk set aside in a spawned command's log file (see `_open_log`), out of the sandbox's own budget."""
 _INLINE_WRITE = 64 * 1024
@@ -84,9 +85,7 @@ class LocalSandbox(Sandbox):
         self._disk_budget = disk_budget
         self._disk_over = False
         self._watch: asyncio.Task[None] | None = None
-        self._sampler: asyncio.Task[None] | None = None
-        self._running = 0
-        """Commands of `exec` running now (spawned ones are in `_children` until they exit)."""
+        self._mark = HIGH_WATER.mark(root, _FULL_SLACK) if self._tmpfs else None
         self._hits_at_close: list[str] | None = None
         self._closing: asyncio.Future[None] | None = None
         self._children: dict[int, proc.Child] = {}
@@ -149,8 +148,7 @@ class LocalSandbox(Sandbox):
         self._check_open()
         fresh_dir = self._launch.fresh_home(self._box) if fresh else None
         fresh_shm = self._launch.fresh_shm(self._box) if fresh else None
-        self._running += 1
-        self._sample_while_running()
+        self._sampled()
         try:
             command = self._launch.command(
                 self._box, argv, cwd or self.paths.workdir, fresh=fresh, netns=self._netns, shm=fresh_shm
@@ -169,7 +167,7 @@ class LocalSandbox(Sandbox):
         except OSError as exc:
             raise SandboxError(f"cannot start command: {exc.strerror}") from exc
         finally:
-            self._running -= 1
+            self._unsampled()
             for fresh_made in (fresh_dir, fresh_shm):
                 if fresh_made is not None:  # the command filled it: unbounded
                     await asyncio.shield(asyncio.to_thread(remove_tree, fresh_made))
@@ -206,8 +204,14 @@ class LocalSandbox(Sandbox):
                 raise SandboxError(f"cannot start process: {exc.strerror}") from exc
             raise
         self._children[child.pid] = child
-        self._sample_while_running()
-        return proc.HostProcess(child, self._children, on_exit=served.stop if served is not None else None)
+        self._sampled()
+
+        async def exited() -> None:
+            self._unsampled()
+            if served is not None:
+                await served.stop()
+
+        return proc.HostProcess(child, self._children, on_exit=exited)
 
     def _open_log(self, log_path: str) -> int:
         """The spawned command's log, opened for appending; on a tmpfs root its first `_LOG_RESERVE` bytes are
@@ -255,23 +259,20 @@ class LocalSandbox(Sandbox):
         return hits
 
     def _note_full_disk(self) -> None:
-        """A tmpfs root that is (nearly) full: the budget was reached (what failed with ENOSPC says so too)."""
-        if self._tmpfs and not self._disk_over and not self.closed:
-            used, size = tmpfs_usage(self._box.root)
-            self._disk_over = size - used < _FULL_SLACK
+        """A tmpfs root that is (nearly) full now, or was while commands ran (`highwater`): the budget was
+        reached (what failed with ENOSPC says so too)."""
+        if self._mark is not None and not self._disk_over and not self.closed:
+            self._mark.sample()
+            self._disk_over = self._mark.full
 
-    def _sample_while_running(self) -> None:
-        """Make sure the disk's high-water mark is sampled while commands run (a tmpfs root: see the module
-        docstring; a watched one has its own watch)."""
-        if self._tmpfs and (self._sampler is None or self._sampler.done()):
-            self._sampler = asyncio.ensure_future(self._sample_disk())
+    def _sampled(self) -> None:
+        """A command starts: the disk's high-water mark is sampled while it runs (a tmpfs root)."""
+        if self._mark is not None:
+            HIGH_WATER.started(self._mark)
 
-    async def _sample_disk(self) -> None:
-        while not self.closed and not self._disk_over:
-            self._note_full_disk()
-            if not self._running and not self._children:
-                return
-            await asyncio.sleep(_SAMPLE_S)
+    def _unsampled(self) -> None:
+        if self._mark is not None:
+            HIGH_WATER.ended(self._mark)
 
     async def _watch_disk(self) -> None:
         """The watched budget (no tmpfs): measure every `_WATCH_S`; while it is passed, kill what runs."""
@@ -286,8 +287,8 @@ class LocalSandbox(Sandbox):
     async def _close(self) -> None:
         if self._watch is not None:
             self._watch.cancel()
-        if self._sampler is not None:
-            self._sampler.cancel()
+        if self._mark is not None:
+            HIGH_WATER.forget(self._mark)
         # Before any await: even a close cancelled at once has killed.
         killed = [child.kill_tree() for child in self._children.values()]
         if self._netns is not None:
