@@ -9,8 +9,8 @@ the daemon confines it to the container root). `close()` removes the container (
 then closes the transport (and its host directory).
 
 `limits_hit()` (engine on this host): the container's control-group counters, read once more just before it is
-removed (so they still answer after close), and the workdir's disk budget as a high-water mark sampled every
-`_SAMPLE_S` while commands run.
+removed (so they still answer after close), and the workdir's disk budget as a high-water mark sampled while
+commands run (`sandbox.highwater`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -31,6 +32,7 @@ from coding_agent_env.sandbox.docker.archive import Archive
 from coding_agent_env.sandbox.docker.engine import call
 from coding_agent_env.sandbox.docker.layout import AGENTS_DIR, LAYOUT, PATHS
 from coding_agent_env.sandbox.docker.transport import DockerTransport
+from coding_agent_env.sandbox.highwater import HIGH_WATER, Mark
 from coding_agent_env.sandbox.launcher import client
 from coding_agent_env.sandbox.launcher.client import SANDBOX_UID
 from coding_agent_env.sandbox.launcher.sandbox import LauncherProcess, LauncherSandbox
@@ -39,8 +41,6 @@ __all__ = ["DockerSandbox"]
 
 _FULL_SLACK = 64 * 1024
 """A workdir with less than this free is full (a write of that size would fail)."""
-_SAMPLE_S = 0.05
-"""How often the workdir's use is sampled while commands run (one statvfs through /proc)."""
 
 
 class DockerSandbox(LauncherSandbox):
@@ -77,13 +77,7 @@ class DockerSandbox(LauncherSandbox):
         self._hits_at_close: list[str] | None = None
         self._pid: int | None = None
         """The container's PID 1 as this host sees it (looked up once)."""
-        self._disk_full = False
-        """The workdir was seen full (a high-water mark: see `_sample_disk`)."""
-        self._execs = 0
-        """Commands of `exec` running now."""
-        self._spawned: list[LauncherProcess] = []
-        """Spawned commands that may still run."""
-        self._sampler: asyncio.Task[None] | None = None
+        self._mark: Mark | None = None
         self.network = spec.network
         self._forward_port = relay_port if spec.network == "llm" else None
         if self._forward_port is not None:
@@ -113,7 +107,7 @@ class DockerSandbox(LauncherSandbox):
     def _hits_of(self, pid: int) -> list[str]:
         hits = limit_hits_of_pid(pid)
         disk = self.limits.get("disk")
-        if disk and (self._disk_full or self._workdir_full(pid)):
+        if disk and ((self._mark is not None and self._mark.full) or self._workdir_full(pid)):
             hits.append(f"disk quota exceeded: the sandbox's disk budget of {disk >> 20} MB")
         return hits
 
@@ -130,39 +124,36 @@ class DockerSandbox(LauncherSandbox):
 
     async def exec(self, argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
                    cwd: str | None = None, fresh: bool = False, max_output_bytes: int) -> ExecResult:
-        self._execs += 1
-        self._watch_disk()
+        mark = await self._disk_mark()
+        if mark is not None:
+            HIGH_WATER.started(mark)
         try:
             return await super().exec(argv, timeout=timeout, env=env, cwd=cwd, fresh=fresh,
                                       max_output_bytes=max_output_bytes)
         finally:
-            self._execs -= 1
+            if mark is not None:
+                HIGH_WATER.ended(mark)
 
     async def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
                     log_path: str | None = None) -> Process:
+        mark = await self._disk_mark()
         process = await super().spawn(argv, env=env, cwd=cwd, log_path=log_path)
-        if isinstance(process, LauncherProcess):
-            self._spawned.append(process)
-            self._watch_disk()
+        if mark is not None and isinstance(process, LauncherProcess):
+            HIGH_WATER.started(mark)
+            process.on_finish(lambda: HIGH_WATER.ended(mark))
         return process
 
-    def _watch_disk(self) -> None:
-        """Sample the workdir's use while commands run: a disk filled and emptied again within one command is
-        still reported (one kept full for less than `_SAMPLE_S` can be missed)."""
-        if self._engine_here and self.limits.get("disk") and (self._sampler is None or self._sampler.done()):
-            self._sampler = asyncio.ensure_future(self._sample_disk())
-
-    async def _sample_disk(self) -> None:
-        try:
-            pid = await self._host_pid()
-        except SandboxError:
-            return
-        while pid > 0 and not self.closed and not self._disk_full:
-            self._spawned = [process for process in self._spawned if not process.finished]
-            self._disk_full = self._workdir_full(pid)
-            if not self._execs and not self._spawned:
-                return
-            await asyncio.sleep(_SAMPLE_S)
+    async def _disk_mark(self) -> Mark | None:
+        """The workdir's high-water mark (`sandbox.highwater`, sampled while commands run: a workdir filled and
+        emptied again within one command is still reported), where the engine runs on this host."""
+        if self._mark is None and self._engine_here and self.limits.get("disk"):
+            try:
+                pid = await self._host_pid()
+            except SandboxError:
+                return None
+            if pid > 0 and self._mark is None:
+                self._mark = HIGH_WATER.mark(Path(f"/proc/{pid}/root{PATHS.workdir}"), _FULL_SLACK)
+        return self._mark
 
     async def start(self) -> None:
         """Start the container; ready once its directories exist (and the forwarder listens under `llm`)."""
@@ -199,8 +190,8 @@ class DockerSandbox(LauncherSandbox):
             await self._archive.put(root, tar.dir_entries_tar([rel], SANDBOX_UID), what=f"mkdir {path!r}")
 
     async def _close(self) -> None:
-        if self._sampler is not None:
-            self._sampler.cancel()
+        if self._mark is not None:
+            HIGH_WATER.forget(self._mark)
         try:
             if self._engine_here:
                 # The counters go with the container's group: read them a last time (best effort).

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Self
 
@@ -248,6 +248,10 @@ class LauncherProcess(Process):
     def finished(self) -> bool:
         """Whether the command's run is over (whether or not anyone waited for it)."""
         return self._task.done()
+
+    def on_finish(self, callback: Callable[[], object]) -> None:
+        """Call `callback` (on the loop) once the command's run is over, whether or not anyone waits for it."""
+        self._task.add_done_callback(lambda _: callback())
 
     async def wait(self) -> int:
         if self._code is None:

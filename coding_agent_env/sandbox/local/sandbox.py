@@ -9,7 +9,7 @@ unmounted) and the group, and gives the uid back.
 Disk budget: a tmpfs root refuses writes past it (ENOSPC); without one, a watch measures the sandbox's
 directories every `_WATCH_S` and kills its running commands while the budget is passed. Either way
 `limits_hit()` then says `disk quota exceeded`: a tmpfs root's is a high-water mark, sampled every millisecond
-while any command runs (`highwater`: one thread for all sandboxes), so a disk filled and emptied again is still
+while any command runs (`sandbox.highwater`: one thread for all sandboxes), so a disk filled and emptied again is still
 reported. A spawned command's log has `_LOG_RESERVE` bytes of the budget set aside for it, so an
 agent that fills the disk still leaves its log. Its `/dev/shm` is a directory of that root (`launch.SHM_SUBDIR`; a private one per
 `fresh` command), inside the same budget. The control group's counters (OOM kills, refused forks) are read
@@ -27,11 +27,11 @@ from types import MappingProxyType
 
 from coding_agent_env.errors import SandboxError
 from coding_agent_env.sandbox.base import ExecResult, FileEntry, Process, RelayEndpoint, Sandbox
+from coding_agent_env.sandbox.highwater import HIGH_WATER
+from coding_agent_env.sandbox.launcher.inside.treeops import remove_tree
 from coding_agent_env.sandbox.local import proc
 from coding_agent_env.sandbox.local.cgroup import SandboxCgroup
 from coding_agent_env.sandbox.local.disk import reserve, tree_usage
-from coding_agent_env.sandbox.launcher.inside.treeops import remove_tree
-from coding_agent_env.sandbox.local.highwater import HighWater
 from coding_agent_env.sandbox.local.hostfs import HostMounts, remove_if_empty
 from coding_agent_env.sandbox.local.launch import ROOT_SUBDIRS, SUBDIRS, Box, Launch, host_dirs
 from coding_agent_env.sandbox.local.provision import DirWork, Made, remove_root
@@ -44,8 +44,6 @@ _REAP_S = 5.0
 _WATCH_S = 1.0
 """How often a watched disk budget is measured."""
 _FULL_SLACK = 64 * 1024
-HIGH_WATER = HighWater()
-"""The one sampler of tmpfs roots' use in this process (its thread starts with the first command)."""
 _LOG_RESERVE = 1 << 20
 """Disk set aside in a spawned command's log file (see `_open_log`), out of the sandbox's own budget."""
 _INLINE_WRITE = 64 * 1024

@@ -1,4 +1,6 @@
-"""The disk high-water mark of tmpfs sandbox roots: whether each was ever (nearly) full while commands ran.
+"""The disk high-water mark of sandbox filesystems on this host (a local sandbox's tmpfs root, a local Docker
+engine's container workdir seen through `/proc/PID/root`): whether each was ever (nearly) full while commands
+ran.
 
 The kernel keeps no count of a tmpfs that filled up (writes just fail with ENOSPC), and an agent can fill its
 disk and empty it again within one command: a look at the end of each command misses that. So one thread per
@@ -16,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["HighWater", "Mark"]
+__all__ = ["HIGH_WATER", "HighWater", "Mark"]
 
 _CLOSE = 0.8
 """A root with this share of it used is watched `close_interval_s` apart: the last fifth fills in milliseconds."""
@@ -93,3 +95,7 @@ class HighWater:
                 close = mark.sample() or close
             # Sleeping without the lock: `started` and `ended` never wait for a sample.
             time.sleep(self._close_interval if close else self._interval)
+
+
+HIGH_WATER = HighWater()
+"""The one sampler of this process (its thread starts with the first command sampled)."""
