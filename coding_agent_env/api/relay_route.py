@@ -2,12 +2,13 @@
 
 A cloud sandbox (HF Sandbox, E2B) cannot reach the relay's loopback listener; it reaches the server. This ASGI
 app is the relay's door on the server's port (every dialect the relay speaks), guarded only by per-rollout tokens
-(bearer, or `x-api-key` / `x-goog-api-key` as those clients send them): a request without a
-live lease's token gets 401 here, before anything is read or forwarded (so nothing reaches the relay's handler
-or the upstream); a body over `relay_max_body_bytes` gets 413. Accepted requests are forwarded to the relay's
-loopback listener, response streamed back as it comes (the relay applies its caps, per-token concurrency
-included, and records the turn). The upstream key never leaves the server; the token dies with the agent's
-phase, as on every path.
+(bearer, or in a dialect's key header, `x-api-key` / `x-goog-api-key`, as those clients send them): a request
+without a live lease's token gets 401 here, before anything is read or forwarded (so nothing reaches the relay's
+handler or the upstream); a body over `relay_max_body_bytes` gets 413. Accepted requests are forwarded to the
+relay's loopback listener with the headers the relay reads (the dialects' own, `llm.dialects.agent_headers`:
+their key headers and those passed through, such as `anthropic-version` and `anthropic-beta`), response streamed
+back as it comes (the relay applies its caps, per-token concurrency included, and records the turn). The
+upstream key never leaves the server; the token dies with the agent's phase, as on every path.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import json
 import aiohttp
 from starlette.types import Receive, Scope, Send
 
+from coding_agent_env.llm.dialects import agent_headers, key_headers
 from coding_agent_env.llm.shared import SharedRelay
 from coding_agent_env.settings import PUBLIC_RELAY_PATH, Settings
 
 __all__ = ["PublicRelayRoute"]
 
-_FORWARDED = ("content-type", "accept", "authorization", "x-api-key", "x-goog-api-key", "anthropic-version")
+_FORWARDED = frozenset({"content-type", "accept", "authorization"}) | agent_headers()
 _HOP_BY_HOP = frozenset(("connection", "keep-alive", "transfer-encoding", "content-length", "server", "date"))
 
 
@@ -90,8 +92,8 @@ def _bearer(value: str | None) -> str | None:
 
 
 def _key(headers: dict[str, str]) -> str | None:
-    """The token as Anthropic (`x-api-key`) and Google (`x-goog-api-key`) clients send it."""
-    key = (headers.get("x-api-key") or headers.get("x-goog-api-key") or "").strip()
+    """The token as a dialect's clients send it (Anthropic's `x-api-key`, Google's `x-goog-api-key`)."""
+    key = next((value for name in key_headers() if (value := headers.get(name.lower()))), "").strip()
     return key or None
 
 

@@ -5,13 +5,11 @@ One `Relay` per server process, started on the server's event loop. It listens o
 never on the public port. Routes, each requiring a lease's bearer token (401 otherwise):
 
     POST /v1/chat/completions   forwarded to the lease's upstream with the server-held key; turn recorded
-    POST /v1/messages           Anthropic Messages (token also as `x-api-key`), translated to and from chat
-                                completions (`llm.dialects.anthropic`); turn recorded the same way
-    POST /v1/responses          the OpenAI Responses API, likewise (`llm.dialects.responses`)
-    POST /v1beta/models/M:generateContent, :streamGenerateContent   Google's (token as `x-goog-api-key`),
-                                likewise (`llm.dialects.google`)
-                                A dialect the upstream serves itself (`Upstream.native_dialects`) is passed
-                                through unchanged instead (`llm.native`)
+    POST a dialect's path       every dialect in `llm.dialects.DIALECTS` (Anthropic `/v1/messages`, Responses
+                                `/v1/responses`, Google `/v1beta/models/M:generateContent`), the token also in
+                                the dialect's key header: translated to and from chat completions, or passed
+                                through to an upstream that serves it (`Upstream.native_dialects`); turn
+                                recorded the same way (`llm.answers`)
     GET  /v1/models             the lease's model, answered locally
 
 `serve_listener(sock)` serves the same routes on a listening socket made elsewhere: the local backend makes
@@ -34,19 +32,16 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 from coding_agent_env.errors import RelayError
-from coding_agent_env.llm.dialects import ANTHROPIC, GOOGLE, RESPONSES, Dialect, anthropic, google, responses
-from coding_agent_env.llm.dialects.anthropic import DialectError
-from coding_agent_env.llm.forward import relay_call
+from coding_agent_env.llm.answers import relay_call
+from coding_agent_env.llm.dialects import Route, route_of
 from coding_agent_env.llm.lease import Lease
-from coding_agent_env.llm.native import relay_native
 from coding_agent_env.llm.upstream import Upstream
-from coding_agent_env.llm.wire import bearer_token, error_response, parse_json_object
+from coding_agent_env.llm.wire import bearer_token, error_in, error_response, parse_json_object
 from coding_agent_env.pids import pid_alive
 from coding_agent_env.settings import Settings
 
@@ -217,23 +212,18 @@ class Relay:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         lease = self._authorize(request)
         path = request.path.rstrip("/")
+        route = route_of(path)
         if lease is None:
-            dialect = _dialect_of(path)
-            if dialect is not None:
-                return _dialect_error(dialect[0], 401, "invalid, expired or revoked relay token")
-            return error_response(401, "invalid, expired or revoked relay token", "authentication_error")
-        if path in _CHAT_PATHS and request.method == "POST":
-            return await self._chat(request, lease)
-        if request.method == "POST" and (dialect := _dialect_of(path)) is not None:
-            return await self._chat(request, lease, dialect=dialect)
+            dialect = route.dialect if route is not None else None
+            return error_in(dialect, 401, "invalid, expired or revoked relay token", "authentication_error")
+        if request.method == "POST" and (route is not None or path in _CHAT_PATHS):
+            return await self._call(request, lease, route)
         if path in _MODEL_PATHS and request.method == "GET":
             return _models(lease)
         return error_response(404, f"no route {request.method} {path}", "not_found")
 
-    async def _chat(
-        self, request: web.Request, lease: Lease, dialect: tuple[Dialect, Callable[[dict[str, Any]], dict[str, Any]]]
-        | None = None,
-    ) -> web.StreamResponse:
+    async def _call(self, request: web.Request, lease: Lease, route: Route | None) -> web.StreamResponse:
+        """One POST in chat completions (`route` None) or a dialect, within the lease's caps."""
         if lease.calls_started >= self._settings.relay_max_turns:
             return error_response(429, "this rollout made its allowed number of LLM calls", "turn_limit")
         if lease.in_flight >= self._settings.relay_max_calls_per_token:
@@ -248,45 +238,14 @@ class Relay:
         body = parse_json_object(raw)
         if body is None:
             return error_response(400, "request body is not a JSON object", "invalid_request_error")
-        native = dialect is not None and dialect[0].name in lease.upstream.native_dialects
-        original = body
-        if dialect is not None:
-            try:
-                body = dialect[1](body)
-            except DialectError as exc:
-                if not native:
-                    return _dialect_error(dialect[0], 400, str(exc))
-                body = {}  # the upstream takes what the translation cannot (images, say): no prompt recorded
         assert self._session is not None
         task = asyncio.current_task()
         assert task is not None
         lease.track(task)
         try:
-            if native:
-                assert dialect is not None
-                return await relay_native(request, lease, dialect[0], original, body, self._session, self._settings)
-            return await relay_call(request, lease, body, self._session, self._settings,
-                                    dialect=dialect[0] if dialect is not None else None)
+            return await relay_call(request, lease, route, body, self._session, self._settings)
         finally:
             lease.untrack(task)
-
-
-def _dialect_of(path: str) -> tuple[Dialect, Callable[[dict[str, Any]], dict[str, Any]]] | None:
-    """The dialect a POST to `path` speaks, with its request translation; None for chat completions and the rest."""
-    if path in anthropic.PATHS:
-        return ANTHROPIC, anthropic.to_chat
-    if path in responses.PATHS:
-        return RESPONSES, responses.to_chat
-    found = google.parse_path(path)
-    if found is not None:
-        model, streamed = found
-        return GOOGLE, lambda body: google.to_chat(body, model, streamed)
-    return None
-
-
-def _dialect_error(dialect: Dialect, status: int, message: str) -> web.Response:
-    return web.Response(status=status, text=json.dumps(dialect.error_body(status, message)),
-                        content_type="application/json")
 
 
 def _models(lease: Lease) -> web.Response:

@@ -45,7 +45,7 @@ class Upstream:
     disable_thinking_body: dict[str, Any] = field(default_factory=lambda: dict(_GENERIC_THINKING_OFF))
     endpoint: str | None = None
     native_dialects: frozenset[str] = frozenset()
-    """Agent dialects the upstream serves itself (calls in them are passed through, see `llm.native`)."""
+    """Agent dialects the upstream serves itself (calls in them are passed through, see `llm.answers`)."""
 
     def __post_init__(self) -> None:
         _check_url(self.base_url)

@@ -1,4 +1,5 @@
-"""Small HTTP helpers shared by the relay's handlers: bounded JSON parsing and OpenAI-style errors."""
+"""Small HTTP helpers shared by the relay's handlers: bounded JSON parsing, the caller's token, errors in the
+caller's dialect (OpenAI-style for chat completions)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from typing import Any
 
 from aiohttp import web
 
-__all__ = ["bearer_token", "error_response", "parse_json_object"]
+from coding_agent_env.llm.dialects import Dialect, key_headers
+
+__all__ = ["bearer_token", "error_in", "error_response", "parse_json_object"]
 
 
 def parse_json_object(raw: bytes | str) -> dict[str, Any] | None:
@@ -20,12 +23,12 @@ def parse_json_object(raw: bytes | str) -> dict[str, Any] | None:
 
 
 def bearer_token(request: web.BaseRequest) -> str | None:
-    """The caller's token: `Authorization: Bearer ...`, or Anthropic clients' `x-api-key`, or Google's
-    `x-goog-api-key`."""
+    """The caller's token: `Authorization: Bearer ...`, or the header a dialect's clients send their key in
+    (Anthropic's `x-api-key`, Google's `x-goog-api-key`: `Dialect.key_header`)."""
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        key = (request.headers.get("x-api-key") or request.headers.get("x-goog-api-key") or "").strip()
+        key = next((value for name in key_headers() if (value := request.headers.get(name))), "").strip()
         return key or None
     return token.strip()
 
@@ -34,3 +37,11 @@ def error_response(status: int, message: str, kind: str) -> web.Response:
     """An OpenAI-shaped error body, which the official clients turn into typed exceptions."""
     body = {"error": {"message": message, "type": kind, "code": status}}
     return web.Response(status=status, text=json.dumps(body), content_type="application/json")
+
+
+def error_in(dialect: Dialect | None, status: int, message: str, kind: str) -> web.Response:
+    """An error in `dialect`'s shape (`kind` is chat completions' error type: a dialect has its own, by status)."""
+    if dialect is None:
+        return error_response(status, message, kind)
+    return web.Response(status=status, text=json.dumps(dialect.error_body(status, message)),
+                        content_type="application/json")

@@ -1,4 +1,4 @@
-"""Pass-through of an agent dialect to an upstream that serves it itself (`llm.native`), through the real relay.
+"""Pass-through of an agent dialect to an upstream that serves it itself (`Dialect.native`), through the real relay.
 
 The upstream is the scripted fake LLM serving the dialects natively (no real Anthropic, OpenAI or Google API
 here; see `tests/fakes/llm.py`): what it receives is exactly what a native upstream would get from the relay."""
@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from coding_agent_env.llm import Relay
-from coding_agent_env.llm.native import native_request
+from coding_agent_env.llm.dialects import DIALECTS
 from coding_agent_env.llm.upstream import resolve_upstream
 from coding_agent_env.models import RolloutRequest, Turn
 from coding_agent_env.settings import LlmEndpoint, Settings
@@ -154,7 +154,10 @@ def test_the_endpoint_or_the_request_says_which_dialects_are_native() -> None:
     assert resolve_upstream(RolloutRequest(**caller), settings).native_dialects == frozenset()
     with pytest.raises(ValueError, match="native_dialects"):
         RolloutRequest(**caller, native_dialects=["cohere"])
-    native = native_request("anthropic", "/v1/messages", {}, {"model": "x", "max_tokens": 10}, by_endpoint, {})
+    anthropic = DIALECTS["anthropic"]
+    route = anthropic.match("/v1/messages")
+    assert route is not None
+    native = anthropic.native(route, {}, {"model": "x", "max_tokens": 10}, by_endpoint, {})
     assert native.url == "https://api.anthropic.com/v1/messages" and native.body["model"] == "claude-x"
     assert native.headers["x-api-key"] == "sk-a" and "Authorization" not in native.headers
 

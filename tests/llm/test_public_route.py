@@ -13,7 +13,7 @@ from coding_agent_env.llm import SharedRelay
 from coding_agent_env.models import Mode
 from coding_agent_env.settings import Settings
 from tests.fakes.llm import FakeLLMServer, Reply
-from tests.llm.conftest import upstream_for
+from tests.llm.conftest import SERVER_KEY, upstream_for
 
 CHAT = "/llm/v1/chat/completions"
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -100,6 +100,36 @@ async def test_concurrency_per_token_is_capped(settings: Settings, fake: FakeLLM
             assert third.status_code == 429 and third.json()["error"]["type"] == "concurrency_limit"
             await lease.close()  # ends the hung calls
             assert {(await call).status_code for call in hung} <= {502, 499, 401, 504}
+    finally:
+        await route.aclose()
+        await shared.stop()
+
+
+async def test_a_passed_through_dialect_gets_every_header_its_upstream_reads(
+    settings: Settings, fake: FakeLLMServer
+) -> None:
+    """Claude Code sends `anthropic-beta` (features it uses) besides `anthropic-version`: through the public route
+    as through the loopback one, a native Anthropic upstream gets both, and the server's key, never the token."""
+    fake.app.native = frozenset({"anthropic"})
+    shared = SharedRelay(settings)
+    route = PublicRelayRoute(shared, settings)
+    relay = await shared.get()
+    try:
+        lease = await relay.open_lease("r", upstream_for(fake, native_dialects=frozenset({"anthropic"})))
+        headers = {"x-api-key": lease.token, "anthropic-version": "2023-06-01",
+                   "anthropic-beta": "interleaved-thinking-2025-05-14,context-1m-2025-08-07"}
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=route), base_url="http://server") as http:
+            answer = await http.post("/llm/v1/messages", headers=headers, json={
+                "model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": "hi"}]})
+        await lease.close()
+        assert answer.status_code == 200 and answer.json()["content"] == [{"type": "text", "text": "ok"}]
+        [seen] = fake.app.requests
+        assert seen.path == "/v1/messages"
+        assert seen.headers["anthropic-beta"] == headers["anthropic-beta"]
+        assert seen.headers["anthropic-version"] == "2023-06-01"
+        assert seen.headers["x-api-key"] == SERVER_KEY and lease.token not in json.dumps(seen.headers)
+        [turn] = lease.turns()
+        assert turn.passthrough == "anthropic" and turn.message.content == "ok"
     finally:
         await route.aclose()
         await shared.stop()

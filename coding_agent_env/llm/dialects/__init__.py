@@ -1,42 +1,66 @@
-"""Wire dialects an agent may speak to the relay, each translated to and from the upstream's chat completions:
-one module per dialect, pure (no I/O): `anthropic` (Messages), `responses` (OpenAI Responses), `google`
-(generateContent). `Dialect` is what the relay's forwarder needs of one: the whole-response translation, a
-stream translator per call, and the dialect's error shapes."""
+"""The wire dialects an agent may speak to the relay besides chat completions: one module each, and this registry.
+
+Each module (pure: no I/O) holds everything about its dialect as one `Dialect` object, `DIALECT` (see
+`dialects.base`): its paths, translation to and from chat completions, the stream translator, the read-back of
+its own answers, pass-through to an upstream that serves it, end-of-stream detection and error shapes.
+`dialects.chat` is the chat-completions side they share.
+
+Adding a dialect: one module here with its `Dialect`, and one line in `DIALECTS` below. (Its name is also one of
+the wire's `models.NativeDialect`, which the wire models spell out for their schema: tests/llm/dialects/
+test_registry.py fails until it is there.)
+"""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Mapping
 
 from coding_agent_env.llm.dialects import anthropic, google, responses
+from coding_agent_env.llm.dialects.base import (
+    Dialect,
+    DialectError,
+    NativeRequest,
+    Recorder,
+    Route,
+    StreamTranslator,
+)
 
-__all__ = ["ANTHROPIC", "GOOGLE", "RESPONSES", "Dialect", "StreamTranslator"]
+__all__ = [
+    "DIALECTS",
+    "Dialect",
+    "DialectError",
+    "NativeRequest",
+    "Recorder",
+    "Route",
+    "StreamTranslator",
+    "agent_headers",
+    "key_headers",
+    "route_of",
+]
+
+DIALECTS: Mapping[str, Dialect] = {dialect.name: dialect for dialect in (
+    anthropic.DIALECT,
+    responses.DIALECT,
+    google.DIALECT,
+)}
+"""Every dialect, by name."""
 
 
-class StreamTranslator(Protocol):
-    def feed(self, chunk: dict[str, Any]) -> bytes: ...
-
-    def finish(self) -> bytes: ...
-
-
-@dataclass(frozen=True)
-class Dialect:
-    name: str
-    response: Callable[[dict[str, Any], str | None], dict[str, Any]]
-    """A whole chat completion (and the requested model) -> the dialect's response body."""
-    stream: Callable[[str | None], StreamTranslator]
-    """A translator for one streamed call (the requested model)."""
-    error_body: Callable[[int, str], dict[str, Any]]
-    """The dialect's error body for a status and message."""
-    stream_error: Callable[[dict[str, Any]], bytes]
-    """An error body as the event that ends a stream in this dialect."""
+def route_of(path: str) -> Route | None:
+    """The route of a POST to `path` (trailing slash removed) in some dialect; None for chat completions and the
+    rest."""
+    for dialect in DIALECTS.values():
+        found = dialect.match(path)
+        if found is not None:
+            return found
+    return None
 
 
-ANTHROPIC = Dialect("anthropic", anthropic.response_from_chat, anthropic.AnthropicStream, anthropic.error_body,
-                    lambda body: f"event: error\ndata: {json.dumps(body)}\n\n".encode())
-RESPONSES = Dialect("responses", responses.response_from_chat, responses.ResponsesStream, responses.error_body,
-                    lambda body: f"event: error\ndata: {json.dumps({'type': 'error', **body['error']})}\n\n".encode())
-GOOGLE = Dialect("google", google.response_from_chat, google.GoogleStream, google.error_body,
-                 lambda body: f"data: {json.dumps(body)}\n\n".encode())
+def key_headers() -> tuple[str, ...]:
+    """The headers besides `Authorization: Bearer` that clients send a key (the relay token) in."""
+    return tuple(dict.fromkeys(d.key_header for d in DIALECTS.values() if d.key_header is not None))
+
+
+def agent_headers() -> frozenset[str]:
+    """Every agent header some dialect reads (lower case): the key headers and those forwarded on pass-through."""
+    passed = {header for dialect in DIALECTS.values() for header in dialect.passed_headers}
+    return frozenset(header.lower() for header in {*key_headers(), *passed})

@@ -19,6 +19,12 @@ input_tokens / output_tokens. Streams: `message_start`, then per content block `
 `content_block_delta` (`text_delta`, `input_json_delta`), `content_block_stop`, then `message_delta` (stop
 reason, usage) and `message_stop`, in the order the real API sends them; `finish()` closes a stream that ended
 without a finish reason.
+
+Read-back (a call passed through to an upstream that speaks Messages): `text`, `thinking` and `tool_use` blocks,
+whole or streamed (`input_json_delta`s joined); stop reasons end_turn / stop_sequence / pause_turn -> stop,
+max_tokens -> length, tool_use -> tool_calls, refusal -> content_filter. Pass-through: `{base_url}/messages`, the
+key as `x-api-key`, the agent's `anthropic-version` (2023-06-01 when it sent none) and `anthropic-beta`, the cap on
+`max_tokens`.
 """
 
 from __future__ import annotations
@@ -27,7 +33,11 @@ import json
 import uuid
 from typing import Any
 
-__all__ = ["PATHS", "AnthropicStream", "DialectError", "error_body", "response_from_chat", "to_chat"]
+from coding_agent_env.llm.dialects.base import Dialect, DialectError, Route, refuse_unknown
+from coding_agent_env.llm.dialects.chat import ChatBuilder, arguments_object, first_choice, sse, token_counts
+from coding_agent_env.llm.dialects.chat import as_count, as_dict, as_list, as_str
+
+__all__ = ["DIALECT", "PATHS", "AnthropicStream", "DialectError", "error_body", "response_from_chat", "to_chat"]
 
 PATHS = frozenset({"/v1/messages", "/messages"})
 
@@ -36,10 +46,6 @@ _IGNORED = frozenset({"metadata", "thinking", "top_k", "service_tier", "containe
                       "output_config", "betas", "cache_control"})
 _KNOWN = frozenset({"model", "messages", "system", "max_tokens", "temperature", "top_p", "stop_sequences",
                     "stream", "tools", "tool_choice"}) | _IGNORED
-
-
-class DialectError(ValueError):
-    """A request that cannot be translated; the message says which field and why."""
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:
@@ -51,9 +57,7 @@ def error_body(status: int, message: str) -> dict[str, Any]:
 
 def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     """The chat-completions request for a Messages request; `DialectError` for what cannot be translated."""
-    unknown = sorted(set(body) - _KNOWN)
-    if unknown:
-        raise DialectError(f"unsupported Messages field(s): {', '.join(unknown)}")
+    refuse_unknown(body, _KNOWN, "Messages")
     messages: list[dict[str, Any]] = []
     system = body.get("system")
     if system:
@@ -163,31 +167,21 @@ def _tool_choice(choice: Any) -> Any:
     raise DialectError(f"unsupported tool_choice {choice!r}")
 
 
-def _input(arguments: Any) -> dict[str, Any]:
-    try:
-        parsed = json.loads(arguments) if isinstance(arguments, str) and arguments else {}
-    except ValueError:
-        return {"arguments": arguments}
-    return parsed if isinstance(parsed, dict) else {"arguments": arguments}
-
-
 def _usage(usage: Any) -> dict[str, int]:
-    usage = usage if isinstance(usage, dict) else {}
-    return {"input_tokens": int(usage.get("prompt_tokens") or 0), "output_tokens": int(usage.get("completion_tokens") or 0)}
+    prompt, completion = token_counts(usage)
+    return {"input_tokens": prompt, "output_tokens": completion}
 
 
 def response_from_chat(chat: dict[str, Any], model: str | None) -> dict[str, Any]:
     """The Messages response for a whole chat completion."""
-    choices = chat.get("choices") if isinstance(chat.get("choices"), list) else []
-    choice = choices[0] if choices and isinstance(choices[0], dict) else {}
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    choice, message = first_choice(chat, "message")
     content: list[dict[str, Any]] = []
     if message.get("content"):
         content.append({"type": "text", "text": message["content"]})
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
         content.append({"type": "tool_use", "id": call.get("id") or _id("toolu"), "name": function.get("name"),
-                        "input": _input(function.get("arguments"))})
+                        "input": arguments_object(function.get("arguments"))})
     return {"id": _id("msg"), "type": "message", "role": "assistant", "model": chat.get("model") or model,
             "content": content, "stop_reason": _STOP.get(choice.get("finish_reason") or "stop", "end_turn"),
             "stop_sequence": None, "usage": _usage(chat.get("usage"))}
@@ -198,7 +192,7 @@ def _id(prefix: str) -> str:
 
 
 def _sse(event: str, data: dict[str, Any]) -> bytes:
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+    return sse(data, event)
 
 
 class AnthropicStream:
@@ -217,9 +211,7 @@ class AnthropicStream:
         out = [self._start(chunk)] if not self._started else []
         if isinstance(chunk.get("usage"), dict):
             self._usage = _usage(chunk["usage"])
-        choices = chunk.get("choices") if isinstance(chunk.get("choices"), list) else []
-        choice = choices[0] if choices and isinstance(choices[0], dict) else {}
-        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+        choice, delta = first_choice(chunk, "delta")
         if delta.get("content"):
             if self._block != "text":
                 out.append(self._open({"type": "text", "text": ""}, "text"))
@@ -273,3 +265,122 @@ class AnthropicStream:
             return b""
         self._block = None
         return _sse("content_block_stop", {"type": "content_block_stop", "index": self._index})
+
+
+# -- read-back: Messages answers as a chat completion -----------------------------------------------------------
+
+_READ_STOP = {"end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop", "max_tokens": "length",
+              "tool_use": "tool_calls", "refusal": "content_filter"}
+
+
+def _read_usage(into: ChatBuilder, usage: Any) -> None:
+    usage = as_dict(usage)
+    if "input_tokens" in usage:
+        into.prompt_tokens = as_count(usage["input_tokens"])
+    if "output_tokens" in usage:
+        into.completion_tokens = as_count(usage["output_tokens"])
+
+
+def _read(body: Any) -> dict[str, Any]:
+    body = as_dict(body)
+    out = ChatBuilder()
+    out.model = as_str(body.get("model")) or None
+    for block in as_list(body.get("content")):
+        block = as_dict(block)
+        kind = block.get("type")
+        if kind == "text":
+            out.text.append(as_str(block.get("text")))
+        elif kind == "thinking":
+            out.reasoning.append(as_str(block.get("thinking")))
+        elif kind == "tool_use":
+            out.call(block.get("id"), block.get("name"), block.get("input"))
+    out.finish = _READ_STOP.get(as_str(body.get("stop_reason")))
+    _read_usage(out, body.get("usage"))
+    return out.completion()
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self._out = ChatBuilder()
+        self._calls: dict[int, dict[str, Any]] = {}  # index -> the tool call entry its block feeds
+        self._partial: dict[int, list[str]] = {}
+
+    def feed(self, event: Any) -> None:
+        event = as_dict(event)
+        kind = event.get("type")
+        if kind == "message_start":
+            message = as_dict(event.get("message"))
+            self._out.model = as_str(message.get("model")) or self._out.model
+            _read_usage(self._out, message.get("usage"))
+        elif kind == "content_block_start":
+            self._start(event.get("index"), as_dict(event.get("content_block")))
+        elif kind == "content_block_delta":
+            self._delta(event.get("index"), as_dict(event.get("delta")))
+        elif kind == "content_block_stop":
+            self._stop(event.get("index"))
+        elif kind == "message_delta":
+            reason = as_str(as_dict(event.get("delta")).get("stop_reason"))
+            self._out.finish = _READ_STOP.get(reason, self._out.finish)
+            _read_usage(self._out, event.get("usage"))
+
+    def _start(self, index: Any, block: dict[str, Any]) -> None:
+        if not isinstance(index, int):
+            return
+        if block.get("type") == "text":
+            self._out.text.append(as_str(block.get("text")))
+        elif block.get("type") == "thinking":
+            self._out.reasoning.append(as_str(block.get("thinking")))
+        elif block.get("type") == "tool_use":
+            start = block.get("input")
+            self._calls[index] = self._out.call(block.get("id"), block.get("name"), start or {})
+            self._partial[index] = []
+
+    def _delta(self, index: Any, delta: dict[str, Any]) -> None:
+        kind = delta.get("type")
+        if kind == "text_delta":
+            self._out.text.append(as_str(delta.get("text")))
+        elif kind == "thinking_delta":
+            self._out.reasoning.append(as_str(delta.get("thinking")))
+        elif kind == "input_json_delta" and index in self._partial:
+            self._partial[index].append(as_str(delta.get("partial_json")))
+
+    def _stop(self, index: Any) -> None:
+        if index in self._partial:
+            self._finish_call(index)
+
+    def _finish_call(self, index: int) -> None:
+        parts = self._partial[index]
+        if parts:
+            self._calls[index]["function"]["arguments"] = "".join(parts)
+
+    def completion(self) -> dict[str, Any]:
+        for index in self._partial:
+            self._finish_call(index)
+        return self._out.completion()
+
+
+class Anthropic(Dialect):
+    """Anthropic Messages; see the module docstring."""
+
+    name = "anthropic"
+    paths = PATHS
+    key_header = "x-api-key"
+    passed_headers = {"anthropic-version": "2023-06-01", "anthropic-beta": None}
+    resource = "/messages"
+    token_cap_field = ("max_tokens",)
+    last_events = frozenset({"message_stop"})
+
+    response = staticmethod(response_from_chat)
+    stream = staticmethod(AnthropicStream)
+    recorder = staticmethod(_Recorder)
+    read = staticmethod(_read)
+    error_body = staticmethod(error_body)
+
+    def to_chat(self, body: dict[str, Any], route: Route) -> dict[str, Any]:
+        return to_chat(body)
+
+    def stream_error(self, body: dict[str, Any]) -> bytes:
+        return f"event: error\ndata: {json.dumps(body)}\n\n".encode()
+
+
+DIALECT = Anthropic()

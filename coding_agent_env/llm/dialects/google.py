@@ -14,17 +14,29 @@ Responses: one candidate with `text` and `functionCall` parts (arguments parsed 
 `{"arguments": <the raw string>}`), `finishReason` STOP (also for tool calls), MAX_TOKENS, SAFETY; usage as
 `usageMetadata`. Streams (`alt=sse`, `data:` lines only): text as it comes, each function call whole once its
 arguments are complete, and a last chunk with the finish reason and usage.
+
+Read-back (a call passed through to an upstream that speaks generateContent): each streamed chunk is a
+GenerateContentResponse (a whole answer is one chunk; a stream without `alt=sse` comes as a JSON array of them);
+candidate 0's `text` parts (`thought` ones as reasoning) and `functionCall`s; MAX_TOKENS -> length, SAFETY /
+RECITATION / BLOCKLIST / PROHIBITED_CONTENT / SPII / IMAGE_SAFETY -> content_filter, else tool_calls when it called
+one, else stop; a stream ends with the chunk that has a `finishReason`. Pass-through:
+`{base_url}/models/MODEL:METHOD` (the upstream's model, else the path's; `alt` kept), the key as
+`x-goog-api-key`, the cap on `generationConfig.maxOutputTokens`.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
-from coding_agent_env.llm.dialects.anthropic import DialectError
+from coding_agent_env.llm.dialects.base import Dialect, DialectError, Route, refuse_unknown
+from coding_agent_env.llm.dialects.chat import ChatBuilder, arguments_object, first_choice, sse, token_counts
+from coding_agent_env.llm.dialects.chat import as_count, as_dict, as_list, as_str
 
-__all__ = ["DialectError", "GoogleStream", "error_body", "parse_path", "response_from_chat", "to_chat"]
+__all__ = ["DIALECT", "DialectError", "GoogleStream", "error_body", "parse_path", "response_from_chat", "to_chat"]
 
 _PATH = re.compile(r"^/(?:v1beta|v1)/models/(?P<model>.+?):(?P<method>generateContent|streamGenerateContent)$")
 _FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP", "content_filter": "SAFETY"}
@@ -48,9 +60,7 @@ def error_body(status: int, message: str) -> dict[str, Any]:
 
 def to_chat(body: dict[str, Any], model: str, stream: bool) -> dict[str, Any]:
     """The chat-completions request for a generateContent request; `DialectError` for what cannot be translated."""
-    unknown = sorted(set(body) - _KNOWN)
-    if unknown:
-        raise DialectError(f"unsupported generateContent field(s): {', '.join(unknown)}")
+    refuse_unknown(body, _KNOWN, "generateContent")
     messages: list[dict[str, Any]] = []
     system = body.get("systemInstruction")
     if system:
@@ -184,22 +194,13 @@ def _tool_choice(config: Any) -> Any:
     raise DialectError(f"unsupported functionCallingConfig mode {calling['mode']!r}")
 
 
-def _args(arguments: Any) -> dict[str, Any]:
-    try:
-        parsed = json.loads(arguments) if isinstance(arguments, str) and arguments else {}
-    except ValueError:
-        return {"arguments": arguments}
-    return parsed if isinstance(parsed, dict) else {"arguments": arguments}
-
-
 def _usage(usage: Any) -> dict[str, int]:
-    usage = usage if isinstance(usage, dict) else {}
-    prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    prompt, completion = token_counts(usage)
     return {"promptTokenCount": prompt, "candidatesTokenCount": completion, "totalTokenCount": prompt + completion}
 
 
 def _call_part(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
-    call: dict[str, Any] = {"name": name, "args": _args(arguments)}
+    call: dict[str, Any] = {"name": name, "args": arguments_object(arguments)}
     if call_id:
         call["id"] = call_id
     return {"functionCall": call}
@@ -207,9 +208,7 @@ def _call_part(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
 
 def response_from_chat(chat: dict[str, Any], model: str | None) -> dict[str, Any]:
     """The GenerateContentResponse for a whole chat completion."""
-    choices = chat.get("choices") if isinstance(chat.get("choices"), list) else []
-    choice = choices[0] if choices and isinstance(choices[0], dict) else {}
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    choice, message = first_choice(chat, "message")
     parts: list[dict[str, Any]] = []
     if message.get("content"):
         parts.append({"text": message["content"]})
@@ -235,9 +234,7 @@ class GoogleStream:
     def feed(self, chunk: dict[str, Any]) -> bytes:
         if isinstance(chunk.get("usage"), dict):
             self._usage = _usage(chunk["usage"])
-        choices = chunk.get("choices") if isinstance(chunk.get("choices"), list) else []
-        choice = choices[0] if choices and isinstance(choices[0], dict) else {}
-        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+        choice, delta = first_choice(chunk, "delta")
         out = b""
         if delta.get("content"):
             out += self._chunk([{"text": delta["content"]}])
@@ -267,4 +264,81 @@ class GoogleStream:
         if finish is not None:
             candidate["finishReason"] = finish
             body["usageMetadata"] = self._usage or _usage({})
-        return f"data: {json.dumps(body, separators=(',', ':'))}\n\n".encode()
+        return sse(body)
+
+
+# -- read-back: generateContent answers as a chat completion ----------------------------------------------------
+
+_FILTERED = frozenset({"SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY"})
+
+
+class _Recorder:
+    """Each chunk of a stream is a GenerateContentResponse; a whole response is one chunk."""
+
+    def __init__(self) -> None:
+        self._out = ChatBuilder()
+        self._reason: str | None = None
+
+    def feed(self, event: Any) -> None:
+        event = as_dict(event)
+        self._out.model = as_str(event.get("modelVersion")) or self._out.model
+        candidates = as_list(event.get("candidates"))
+        candidate = as_dict(candidates[0]) if candidates else {}
+        for part in as_list(as_dict(candidate.get("content")).get("parts")):
+            part = as_dict(part)
+            call = part.get("functionCall")
+            if isinstance(call, dict):
+                self._out.call(call.get("id"), call.get("name"), call.get("args"))
+            elif isinstance(part.get("text"), str):
+                (self._out.reasoning if part.get("thought") is True else self._out.text).append(part["text"])
+        if candidate.get("finishReason"):
+            self._reason = as_str(candidate["finishReason"])
+        usage = as_dict(event.get("usageMetadata"))
+        if usage:
+            self._out.prompt_tokens = as_count(usage.get("promptTokenCount"))
+            self._out.completion_tokens = as_count(usage.get("candidatesTokenCount"))
+
+    def completion(self) -> dict[str, Any]:
+        if self._reason == "MAX_TOKENS":
+            self._out.finish = "length"
+        elif self._reason in _FILTERED:
+            self._out.finish = "content_filter"
+        return self._out.completion()
+
+
+class Google(Dialect):
+    """Google generateContent; see the module docstring."""
+
+    name = "google"
+    key_header = "x-goog-api-key"
+    model_field = None  # the model travels in the URL
+    token_cap_field = ("generationConfig", "maxOutputTokens")
+
+    response = staticmethod(response_from_chat)
+    stream = staticmethod(GoogleStream)
+    recorder = staticmethod(_Recorder)
+    error_body = staticmethod(error_body)
+
+    def match(self, path: str) -> Route | None:
+        found = parse_path(path)
+        return None if found is None else Route(self, model=found[0], streamed=found[1])
+
+    def to_chat(self, body: dict[str, Any], route: Route) -> dict[str, Any]:
+        assert route.model is not None and route.streamed is not None, route
+        return to_chat(body, route.model, route.streamed)
+
+    def ends(self, event: dict[str, Any]) -> bool:
+        """A stream's last chunk is the one with a finishReason."""
+        candidates = event.get("candidates")
+        return isinstance(candidates, list) and any(isinstance(c, dict) and c.get("finishReason") for c in candidates)
+
+    def stream_error(self, body: dict[str, Any]) -> bytes:
+        return f"data: {json.dumps(body)}\n\n".encode()
+
+    def upstream_path(self, route: Route, model: str | None, query: Mapping[str, str]) -> str:
+        method = "streamGenerateContent" if route.streamed else "generateContent"
+        path = f"/models/{quote(model or '', safe='/-_.')}:{method}"
+        return path + f"?alt={quote(query['alt'])}" if query.get("alt") else path
+
+
+DIALECT = Google()

@@ -20,6 +20,12 @@ to input_tokens / output_tokens / total_tokens. Streams: `response.created`, `re
 `response.output_text.done`, `response.content_part.done`) or (`response.function_call_arguments.delta`...,
 `response.function_call_arguments.done`), `response.output_item.done`, then `response.completed`, each with a
 `sequence_number`; `finish()` closes a stream that ended without a finish reason.
+
+Read-back (a call passed through to an upstream that speaks Responses): `message`, `function_call` and `reasoning`
+output items; a stream by its final event (`response.completed`, `.incomplete` or `.failed`, which carries the
+whole response), or, cut short, by the items so far; incomplete (max_output_tokens) -> length, content_filter ->
+content_filter, else tool_calls when it called a function, else stop. Pass-through: `{base_url}/responses`, the
+key as `Authorization: Bearer`, the cap on `max_output_tokens`.
 """
 
 from __future__ import annotations
@@ -29,9 +35,19 @@ import time
 import uuid
 from typing import Any
 
-from coding_agent_env.llm.dialects.anthropic import DialectError
+from coding_agent_env.llm.dialects.base import Dialect, DialectError, Route, refuse_unknown
+from coding_agent_env.llm.dialects.chat import (
+    ChatBuilder,
+    as_count,
+    as_dict,
+    as_list,
+    as_str,
+    first_choice,
+    sse,
+    token_counts,
+)
 
-__all__ = ["PATHS", "DialectError", "ResponsesStream", "error_body", "response_from_chat", "to_chat"]
+__all__ = ["DIALECT", "PATHS", "DialectError", "ResponsesStream", "error_body", "response_from_chat", "to_chat"]
 
 PATHS = frozenset({"/v1/responses", "/responses"})
 
@@ -51,9 +67,7 @@ def error_body(status: int, message: str) -> dict[str, Any]:
 
 def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     """The chat-completions request for a Responses request; `DialectError` for what cannot be translated."""
-    unknown = sorted(set(body) - _KNOWN - {"previous_response_id"})
-    if unknown:
-        raise DialectError(f"unsupported Responses field(s): {', '.join(unknown)}")
+    refuse_unknown(body, _KNOWN | {"previous_response_id"}, "Responses")
     if body.get("previous_response_id"):
         raise DialectError("previous_response_id is not supported: send the whole conversation as input")
     if body.get("store") is True:
@@ -159,8 +173,7 @@ def _tool_choice(choice: Any) -> Any:
 
 
 def _usage(usage: Any) -> dict[str, Any]:
-    usage = usage if isinstance(usage, dict) else {}
-    prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    prompt, completion = token_counts(usage)
     return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": completion,
             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + completion}
 
@@ -190,9 +203,7 @@ def _response(response_id: str, model: str | None, output: list[dict[str, Any]],
 
 def response_from_chat(chat: dict[str, Any], model: str | None) -> dict[str, Any]:
     """The Response object for a whole chat completion."""
-    choices = chat.get("choices") if isinstance(chat.get("choices"), list) else []
-    choice = choices[0] if choices and isinstance(choices[0], dict) else {}
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    choice, message = first_choice(chat, "message")
     output: list[dict[str, Any]] = []
     if message.get("content"):
         output.append(_message_item(_id("msg"), message["content"]))
@@ -224,9 +235,7 @@ class ResponsesStream:
             self._model = chunk["model"]
         if isinstance(chunk.get("usage"), dict):
             self._usage = _usage(chunk["usage"])
-        choices = chunk.get("choices") if isinstance(chunk.get("choices"), list) else []
-        choice = choices[0] if choices and isinstance(choices[0], dict) else {}
-        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+        choice, delta = first_choice(chunk, "delta")
         if delta.get("content"):
             if self._open is None or self._open["key"] != "text":
                 out.append(self._close())
@@ -264,7 +273,7 @@ class ResponsesStream:
     def _event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
-        return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+        return sse(data, kind)
 
     def _start(self) -> bytes:
         self._started = True
@@ -304,3 +313,110 @@ class ResponsesStream:
                                  output_index=item["index"], arguments=item["arguments"])
         self._output.append(done)
         return events + self._event("response.output_item.done", output_index=item["index"], item=done)
+
+
+# -- read-back: Responses answers as a chat completion ----------------------------------------------------------
+
+_FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+def _read(body: Any) -> dict[str, Any]:
+    body = as_dict(body)
+    out = ChatBuilder()
+    out.model = as_str(body.get("model")) or None
+    for item in as_list(body.get("output")):
+        _read_item(out, as_dict(item))
+    reason = as_str(as_dict(body.get("incomplete_details")).get("reason"))
+    if body.get("status") == "incomplete":
+        out.finish = "content_filter" if reason == "content_filter" else "length"
+    usage = as_dict(body.get("usage"))
+    out.prompt_tokens, out.completion_tokens = as_count(usage.get("input_tokens")), as_count(usage.get("output_tokens"))
+    return out.completion()
+
+
+def _read_item(out: ChatBuilder, item: dict[str, Any]) -> None:
+    kind = item.get("type")
+    if kind == "message":
+        for part in as_list(item.get("content")):
+            part = as_dict(part)
+            if part.get("type") in ("output_text", "text"):
+                out.text.append(as_str(part.get("text")))
+    elif kind == "function_call":
+        out.call(item.get("call_id") or item.get("id"), item.get("name"), item.get("arguments") or "")
+    elif kind == "reasoning":
+        for part in as_list(item.get("summary")) + as_list(item.get("content")):
+            out.reasoning.append(as_str(as_dict(part).get("text")))
+
+
+class _Recorder:
+    """The final event (`response.completed`, `.incomplete` or `.failed`) carries the whole response; until it
+    comes (a stream cut short), the items so far are what is known: each as `response.output_item.done` gave it,
+    or as its `added` event and the deltas since built it."""
+
+    _DELTAS = {"response.output_text.delta": "_text", "response.refusal.delta": "_text",
+               "response.reasoning_summary_text.delta": "_reasoning", "response.reasoning_text.delta": "_reasoning",
+               "response.function_call_arguments.delta": "arguments"}
+
+    def __init__(self) -> None:
+        self._final: dict[str, Any] | None = None
+        self._items: dict[Any, dict[str, Any]] = {}
+        self._model: str | None = None
+
+    def feed(self, event: Any) -> None:
+        event = as_dict(event)
+        kind = event.get("type")
+        response = as_dict(event.get("response"))
+        if kind in _FINAL_EVENTS:
+            self._final = response
+        elif kind in ("response.output_item.added", "response.output_item.done"):
+            item = as_dict(event.get("item"))
+            self._items[item.get("id") or event.get("output_index")] = {**item, "done": kind.endswith("done")}
+        elif kind in self._DELTAS:
+            item = self._items.setdefault(event.get("item_id"), {"type": "message", "done": False})
+            if not item["done"]:
+                key = self._DELTAS[kind]
+                item[key] = as_str(item.get(key)) + as_str(event.get("delta"))
+        if response.get("model"):
+            self._model = as_str(response["model"])
+
+    def completion(self) -> dict[str, Any]:
+        final = dict(self._final or {"model": self._model})
+        if not as_list(final.get("output")):
+            final["output"] = [self._as_done(item) for item in self._items.values()]
+        return _read(final)
+
+    @staticmethod
+    def _as_done(item: dict[str, Any]) -> dict[str, Any]:
+        """An item cut short, in the shape `output_item.done` would have given it."""
+        if item["done"]:
+            return item
+        if item.get("type") == "reasoning":
+            return {**item, "summary": [{"type": "summary_text", "text": item.get("_reasoning", "")}]}
+        if item.get("type") == "message":
+            return {**item, "content": [{"type": "output_text", "text": item.get("_text", "")}]}
+        return item
+
+
+class Responses(Dialect):
+    """The OpenAI Responses API; see the module docstring."""
+
+    name = "responses"
+    paths = PATHS
+    resource = "/responses"
+    token_cap_field = ("max_output_tokens",)
+    last_events = _FINAL_EVENTS
+
+    response = staticmethod(response_from_chat)
+    stream = staticmethod(ResponsesStream)
+    recorder = staticmethod(_Recorder)
+    read = staticmethod(_read)
+    error_body = staticmethod(error_body)
+
+    def to_chat(self, body: dict[str, Any], route: Route) -> dict[str, Any]:
+        return to_chat(body)
+
+    def stream_error(self, body: dict[str, Any]) -> bytes:
+        return f"event: error\ndata: {json.dumps({'type': 'error', **body['error']})}\n\n".encode()
+
+
+DIALECT = Responses()

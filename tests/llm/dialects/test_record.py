@@ -1,6 +1,7 @@
-"""Reading a dialect's answers back (`dialects.record`): for any chat completion, translating it to a dialect
-(whole, or streamed in any chunking) and reading that back gives the same text, tool calls (name, id where the
-dialect keeps one, and arguments as the same JSON), finish reason and usage, as far as the dialect carries them."""
+"""Reading a dialect's answers back (each `Dialect`'s `read` and `recorder`): for any chat completion, translating
+it to a dialect (whole, or streamed in any chunking) and reading that back gives the same text, tool calls (name, id
+where the dialect keeps one, and arguments as the same JSON), finish reason and usage, as far as the dialect
+carries them."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coding_agent_env.llm.dialects import anthropic, google, record, responses
+from coding_agent_env.llm.dialects import DIALECTS as REGISTRY
+from coding_agent_env.llm.dialects import anthropic, google, responses
 from coding_agent_env.llm.sse import SseParser
 from tests.llm.dialects.test_anthropic import chunks_of
 
@@ -59,7 +61,7 @@ calls_strategy = st.lists(st.builds(lambda name, command: (name, json.dumps({"co
 def test_a_whole_response_reads_back(dialect: str, text: str, calls: list[tuple[str, str]], finish: str) -> None:
     to_dialect, _ = DIALECTS[dialect]
     original = chat(text, calls, finish)
-    back = record.whole(dialect, json.loads(json.dumps(to_dialect(original, "m"))))
+    back = REGISTRY[dialect].read(json.loads(json.dumps(to_dialect(original, "m"))))
     assert summary(back) == (text or None, tuple((f"c{i}", n, json.loads(a)) for i, (n, a) in enumerate(calls)),
                              expected_finish(dialect, finish, calls))
     assert back["usage"]["prompt_tokens"] == 5 and back["usage"]["completion_tokens"] == 9
@@ -77,7 +79,7 @@ def test_a_stream_reads_back_in_any_chunking(
     _, stream_of = DIALECTS[dialect]
     stream = stream_of("m")
     data = b"".join(stream.feed(chunk) for chunk in chunks_of(text, calls, cuts)) + stream.finish()
-    reader, parser = record.recorder(dialect), SseParser(1 << 20)
+    reader, parser = REGISTRY[dialect].recorder(), SseParser(1 << 20)
     position = 0
     for cut in [*byte_cuts, len(data)]:  # the bytes arrive cut anywhere, as from a socket
         for line in parser.feed(data[position:position + cut]):
@@ -94,18 +96,18 @@ def test_a_stream_reads_back_in_any_chunking(
                          lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
                                                                                      max_size=4)))
 def test_any_json_is_read_without_raising(dialect: str, junk: Any) -> None:
-    reader = record.recorder(dialect)
+    reader = REGISTRY[dialect].recorder()
     reader.feed(junk)
-    for completion in (reader.completion(), record.whole(dialect, junk)):
+    for completion in (reader.completion(), REGISTRY[dialect].read(junk)):
         assert completion["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls", "content_filter")
 
 
 def test_thinking_and_reasoning_are_kept_apart_from_the_answer() -> None:
-    back = record.whole("anthropic", {"content": [{"type": "thinking", "thinking": "hmm"},
+    back = REGISTRY["anthropic"].read({"content": [{"type": "thinking", "thinking": "hmm"},
                                                    {"type": "text", "text": "done"}], "stop_reason": "end_turn"})
     message = back["choices"][0]["message"]
     assert (message["content"], message["reasoning_content"]) == ("done", "hmm")
-    back = record.whole("google", {"candidates": [{"content": {"parts": [{"text": "plan", "thought": True},
+    back = REGISTRY["google"].read({"candidates": [{"content": {"parts": [{"text": "plan", "thought": True},
                                                                          {"text": "ok"}]},
                                                    "finishReason": "SAFETY"}]})
     message = back["choices"][0]["message"]
@@ -137,7 +139,7 @@ def test_a_stream_cut_short_keeps_the_text_that_arrived(
     data = b"".join(stream.feed(chunk) for chunk in chunks_of(text, calls, cuts)) + stream.finish()
     events = [json.loads(line) for line in SseParser(1 << 20).feed(data)]
     arrived = events[:keep % (len(events) + 1)]
-    reader = record.recorder(dialect)
+    reader = REGISTRY[dialect].recorder()
     for event in arrived:
         reader.feed(event)
     content = reader.completion()["choices"][0]["message"]["content"] or ""
