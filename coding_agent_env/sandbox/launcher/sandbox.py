@@ -159,10 +159,20 @@ class LauncherSandbox(Sandbox):
         if self._transport.brings_status:
             return ran.code, False
         try:
-            raw = await self._transport.read_file(self.layout.status_path(token))
+            raw = await self._read_status(self.layout.status_path(token))
         except SandboxFileNotFoundError:
             return ran.code, False
-        return client.parse_status(raw)
+        try:
+            return client.parse_status(raw)
+        except SandboxError:
+            # Where commands can write the run directory (remote engines), a status file is theirs to spoil:
+            # the launcher's own exit code (128 + signal) stands, never an infra error.
+            return ran.code, False
+
+    async def _read_status(self, path: str) -> bytes:
+        """A run's status file, through the engine (a backend whose commands could put something else there
+        reads it its own way)."""
+        return await self._transport.read_file(path)
 
     async def _kill_run(self, token: str) -> None:
         """Kill a launcher's whole tree (it is gone afterwards); a closed sandbox has nothing left to kill."""
