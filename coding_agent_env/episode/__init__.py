@@ -1,7 +1,7 @@
 """Interactive episodes: reset(task) -> terminal commands in a persistent shell -> final answer -> verify.
 
 The trainer's own model is the agent: it sees the instruction, sends one command per `terminal` call, and
-ends with a final answer, verified and scored exactly as a rollout is (`rollout.verification`).
+ends with a final answer, verified and scored exactly as a rollout is (`workspace.verify`).
 """
 
 from coding_agent_env.episode.episode import Episode

@@ -11,13 +11,13 @@ Contract:
   user, under the task's `command_timeout_s` (its whole tree killed at it), its output bounded in the sandbox
   (`episode_max_output_bytes`). Processes a command leaves in the background end with it, so between calls no
   process of the episode is alive: the final answer's verify runs after every process the episode started is
-  dead, in a fresh context, with the reward file cleared first, through the rollout's own verify path
-  (`rollout.verification`: hidden verify files, the clean room when artifacts are declared, the same reward
+  dead, in a fresh context, with the reward file cleared first, through the workspace lifecycle a rollout
+  uses (`workspace.lifecycle`: hidden verify files, the clean room when artifacts are declared, the same reward
   rule). The answer is written where verify reads it, `$FINAL_ANSWER_FILE`.
 - Calls run one at a time (`EpisodeBusyError`); after the episode ended each is refused (`EpisodeDoneError`).
 - Deadlines: the episode's total (`episode_timeout_s`, from start) bounds every stage and command; a watchdog
   ends it at that deadline or after `episode_idle_timeout_s` without a call (`expired`). Provision, setup and
-  verify each also have their own stage budget (`rollout.budget`).
+  verify each also have their own stage budget (`workspace.budget`).
 - Teardown (the sandbox closed) runs once, shielded from cancellation, bounded by `teardown_timeout_s`;
   `close()` cancels a call in flight first and is idempotent.
 - Nothing the episode's commands leave raises out of it (DESIGN.md, "Everything a sandbox produces is
@@ -41,16 +41,15 @@ from coding_agent_env.aio import shielded
 from coding_agent_env.episode.errors import EpisodeBusyError, EpisodeDoneError
 from coding_agent_env.episode.report import CommandRecord, EpisodeReport, EpisodeStatus, TerminalResult
 from coding_agent_env.errors import SandboxError
-from coding_agent_env.models import CommandResult, ErrorInfo, RolloutRequest
-from coding_agent_env.rollout.budget import Budget
-from coding_agent_env.rollout.commands import CommandRunner
-from coding_agent_env.rollout.limits import resolve_limits
-from coding_agent_env.rollout.redact import Redactor
-from coding_agent_env.rollout.setup import run_setup
-from coding_agent_env.rollout.verification import CleanRoomSetupFailed, Verification, VerifyPlan, verify_task
+from coding_agent_env.models import ErrorInfo, Task
 from coding_agent_env.sandbox.base import Sandbox, SandboxSpec
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.settings import Settings
+from coding_agent_env.workspace.budget import Budget
+from coding_agent_env.workspace.limits import resolve_limits
+from coding_agent_env.workspace.lifecycle import Workspace
+from coding_agent_env.workspace.redact import Redactor
+from coding_agent_env.workspace.verify.verification import CleanRoomSetupFailed
 
 __all__ = ["Episode"]
 
@@ -65,13 +64,15 @@ _SHOWN_COMMAND_CHARS = 200
 class Episode:
     """See the module docstring. Lives on one event loop; build it with `Episode.start`."""
 
-    def __init__(self, task: RolloutRequest, *, settings: Settings, backends: Backends, episode_id: str | None) -> None:
+    def __init__(self, task: Task, *, settings: Settings, backends: Backends, episode_id: str | None) -> None:
         self.task = task
         self.settings = settings
         self.backends = backends
         self.backend = backends.resolve(task.sandbox)
         self.limits = resolve_limits(task, settings)
         self.id = episode_id if episode_id is not None else uuid.uuid4().hex
+        self.workspace = Workspace(task, settings=settings, backends=backends, backend_name=self.backend,
+                                   redact=Redactor([]), label=f"episode {self.id}")
         self.budget = Budget.for_request(task, settings)
         loop = asyncio.get_running_loop()
         self.deadline = loop.time() + settings.episode_timeout_s
@@ -79,23 +80,25 @@ class Episode:
         self.status = EpisodeStatus.RUNNING
         self.error: ErrorInfo | None = None
         self.step_count = 0
-        self.sandbox: Sandbox | None = None
-        self.spec: SandboxSpec | None = None
         self.shell: SandboxShell | None = None
-        self.setup_results: list[CommandResult] = []
-        self.verification = Verification()
-        self.limits_hit: list[str] = []
         self.history: deque[CommandRecord] = deque(maxlen=settings.episode_max_history)
         self.commands_run = 0
-        self.redact = Redactor([])
         self._call: asyncio.Task[object] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._teardown_task: asyncio.Task[None] | None = None
 
+    @property
+    def sandbox(self) -> Sandbox | None:
+        return self.workspace.sandbox
+
+    @property
+    def redact(self) -> Redactor:
+        return self.workspace.redact
+
     # -- lifecycle -------------------------------------------------------------------------------------
 
     @staticmethod
-    def check(task: RolloutRequest, *, settings: Settings, backends: Backends) -> None:
+    def check(task: Task, *, settings: Settings, backends: Backends) -> None:
         """`RequestError` if this server will not run `task` (its backend is not enabled, its limits are over
         the caps): what `start` would refuse before making anything."""
         backends.resolve(task.sandbox)
@@ -103,7 +106,7 @@ class Episode:
 
     @classmethod
     async def start(
-        cls, task: RolloutRequest, *, settings: Settings, backends: Backends, episode_id: str | None = None
+        cls, task: Task, *, settings: Settings, backends: Backends, episode_id: str | None = None
     ) -> Episode:
         """Provision, write the files, run setup. The returned episode is running, or done (setup_failed,
         infra_error) with its sandbox gone. Cancelled meanwhile, it tears down and re-raises."""
@@ -181,21 +184,16 @@ class Episode:
                               duration_s=round(time.monotonic() - started, 6))
 
     async def _final_answer(self, answer: str) -> EpisodeReport:
-        sandbox = self._open_sandbox()
-        assert self.spec is not None
-        answer_path = f"{sandbox.paths.logs}/final_answer.txt"
+        answer_path = f"{self.workspace.open_sandbox().paths.logs}/final_answer.txt"
 
         async def write_answer(target: Sandbox) -> None:
             await target.remove(answer_path)
             await target.write_text(answer_path, answer)
 
-        plan = VerifyPlan(
-            task=self.task, backend=self.backends.get(self.backend), spec=self.spec, settings=self.settings,
-            runner=self._commands, on_result=lambda index, result: None,
-            env={"FINAL_ANSWER_FILE": answer_path}, prepare=write_answer,
-        )
+        verify = self.workspace.verify(env={"FINAL_ANSWER_FILE": answer_path}, prepare=write_answer)
+        verification = self.workspace.verification
         try:
-            await self._stage(self.budget.verify_s, verify_task(sandbox, plan, self.verification))
+            await self._stage(self.budget.verify_s, verify)
         except CleanRoomSetupFailed as exc:
             await self._end(EpisodeStatus.SETUP_FAILED, "verify", "CleanRoomSetupFailed", exc.message)
         except TimeoutError:
@@ -205,13 +203,11 @@ class Episode:
         except Exception as exc:  # noqa: BLE001 - on what the episode left: scored 0, never unscored
             log.exception("episode %s: unexpected error in verify", self.id)
             kind = type(exc).__name__
-            self.verification.reward = 0.0
-            self.verification.reward_note = f"verify could not complete on what the episode left ({kind}): scored 0"
+            verification.reward = 0.0
+            verification.reward_note = f"verify could not complete on what the episode left ({kind}): scored 0"
             await self._end(EpisodeStatus.COMPLETED, "verify", kind, _message(exc))
         else:
             await self._end(EpisodeStatus.COMPLETED, "", "", "")
-        finally:
-            self.limits_hit += self.verification.limits_hit
         return self.report()
 
     async def _exclusive(self, work: Awaitable[T]) -> T:
@@ -253,26 +249,15 @@ class Episode:
             env=self.task.env,
             deadline_s=self.settings.episode_timeout_s + self.settings.teardown_timeout_s,
         )
-        self.spec = spec
-        self.sandbox = await self.backends.get(self.backend).create(spec)
-        for path, text in self.task.files.items():
-            await self.sandbox.write_text(path, text)
-        shell_dir = f"{self.sandbox.paths.logs}/agent"
-        await self.sandbox.mkdir(shell_dir)
-        self.shell = SandboxShell(self.sandbox, shell_dir, max_output_bytes=self.settings.episode_max_output_bytes)
+        sandbox = await self.workspace.provision(spec)
+        shell_dir = f"{sandbox.paths.logs}/agent"
+        await sandbox.mkdir(shell_dir)
+        self.shell = SandboxShell(sandbox, shell_dir, max_output_bytes=self.settings.episode_max_output_bytes)
 
     async def _setup(self) -> None:
-        failure = await run_setup(self._commands(self._open_sandbox()), self.task.setup,
-                                  on_result=lambda index, result: self.setup_results.append(result))
+        failure = await self.workspace.set_up()
         if failure is not None:
             await self._end(EpisodeStatus.SETUP_FAILED, "setup", "SetupCommandFailed", failure.message)
-
-    def _commands(self, sandbox: Sandbox) -> CommandRunner:
-        return CommandRunner(sandbox, self.task.command_timeout_s, self.settings.max_output_bytes, self.redact)
-
-    def _open_sandbox(self) -> Sandbox:
-        assert self.sandbox is not None, "used before provision"
-        return self.sandbox
 
     # -- ending ----------------------------------------------------------------------------------------
 
@@ -303,7 +288,7 @@ class Episode:
             if kind:
                 self.error = ErrorInfo(type=kind, stage=stage, message=self.redact.text(message))
             if status is not EpisodeStatus.COMPLETED:
-                self.verification.reward = None
+                self.workspace.verification.reward = None
             log.info("episode %s ended: %s", self.id, status.value)
         if self._teardown_task is None:
             self._teardown_task = asyncio.ensure_future(self._teardown())
@@ -313,40 +298,21 @@ class Episode:
         watchdog = self._watchdog
         if watchdog is not None and watchdog is not asyncio.current_task():
             watchdog.cancel()
-        sandbox = self.sandbox
-        if sandbox is None:
-            return
-        try:
-            async with asyncio.timeout(self.settings.teardown_timeout_s):
-                try:
-                    if not sandbox.closed:
-                        self.limits_hit = [*await sandbox.limits_hit(), *self.limits_hit]
-                finally:
-                    await sandbox.close()
-        except Exception as exc:  # noqa: BLE001 - a sandbox-made tree, say: the report still goes out
-            log.error("episode %s: teardown failed: %r", self.id, exc)
-            if self.error is None:
-                self.error = ErrorInfo(type=type(exc).__name__, stage="teardown", message=self.redact.text(str(exc)))
+        failure = await self.workspace.close()
+        if failure is not None and self.error is None:
+            self.error = failure
 
     # -- report ----------------------------------------------------------------------------------------
 
     def report(self) -> EpisodeReport:
-        sandbox = self.sandbox
-        dropped = self.commands_run - len(self.history)
+        sandbox, verification = self.sandbox, self.workspace.verification
         return EpisodeReport(
+            **self.workspace.report_fields(),
             episode_id=self.id, task_id=self.task.task_id, status=self.status, done=self.done,
-            step_count=self.step_count, sandbox=self.backend,
-            sandbox_id=sandbox.id if sandbox else None,
-            isolation=sandbox.isolation if sandbox else None,
-            network=sandbox.network if sandbox else None,
-            limits=dict(sandbox.limits) if sandbox else {},
-            limit_scopes=dict(sandbox.limit_scopes) if sandbox else {},  # type: ignore[arg-type]
-            limits_hit=self.limits_hit,
-            reward=self.verification.reward if self.status is EpisodeStatus.COMPLETED else None,
-            reward_note=self.verification.reward_note,
-            setup_results=self.setup_results, verify_results=self.verification.results,
-            verify_context=self.verification.context, artifacts=self.verification.artifacts,
-            commands=list(self.history), commands_dropped=dropped, error=self.error,
+            step_count=self.step_count, sandbox_id=sandbox.id if sandbox else None,
+            reward=verification.reward if self.status is EpisodeStatus.COMPLETED else None,
+            reward_note=verification.reward_note,
+            commands=list(self.history), commands_dropped=self.commands_run - len(self.history), error=self.error,
         )
 
 

@@ -1,8 +1,9 @@
 """`reset`'s task arguments -> the task of an interactive episode.
 
-An episode's task is a `RolloutRequest`'s task fields (`instruction`, `files`, `setup`, `verify`,
-`verify_files`, `artifacts`, `sandbox`, `image`, `command_timeout_s`, `limits`, `task_id`), validated by the
-same model (so the same caps, path rules and limits), plus the names upstream `terminus_env` accepts:
+An episode's task is a `models.Task` (the fields a rollout's request has for its task, validated by the same
+model: the same caps, path rules and limits), but the two only an agent run uses (`solution`, the oracle
+agent's commands, and `agent_timeout_s`: an episode has its own deadlines), plus the names upstream
+`terminus_env` accepts:
 `setup_scripts` / `verify_scripts` (a string or a list of strings; blank entries dropped) for `setup` /
 `verify`, and `sandbox_backend` for `sandbox`. Giving both names of one field is an error, as is any other
 key. The agent fields (agent, endpoint, key, model) do not belong to an episode: the trainer is the agent.
@@ -17,15 +18,15 @@ from pydantic import ValidationError
 
 from coding_agent_env.episode.errors import TaskArgumentsError
 from coding_agent_env.errors import InvalidTaskError
-from coding_agent_env.models import RolloutRequest, validation_summary
-from coding_agent_env.rollout.writable import check_writable
+from coding_agent_env.models import RolloutRequest, Task, validation_summary
+from coding_agent_env.workspace.writable import check_writable
 
-__all__ = ["TASK_FIELDS", "UPSTREAM_ALIASES", "is_task", "parse_task", "task_schema"]
+__all__ = ["AGENT_RUN_FIELDS", "TASK_FIELDS", "UPSTREAM_ALIASES", "is_task", "parse_task", "task_schema"]
 
-TASK_FIELDS = frozenset({
-    "instruction", "files", "setup", "verify", "verify_files", "artifacts", "sandbox", "image",
-    "command_timeout_s", "limits", "task_id", "env", "verify_hardening",
-})
+AGENT_RUN_FIELDS = frozenset({"solution", "agent_timeout_s"})
+"""Task fields that only an agent run uses: in an episode the trainer is the agent."""
+TASK_FIELDS = frozenset(Task.model_fields) - AGENT_RUN_FIELDS
+"""What `reset` takes: every task field (a new one in `models.Task` arrives here by itself) but the above."""
 UPSTREAM_ALIASES = {"setup_scripts": "setup", "verify_scripts": "verify", "sandbox_backend": "sandbox"}
 """terminus_env's names -> ours."""
 _SCRIPT_LISTS = frozenset({"setup_scripts", "verify_scripts"})
@@ -37,7 +38,7 @@ def is_task(arguments: Mapping[str, Any]) -> bool:
 
 
 def parse_task(arguments: Mapping[str, Any]) -> RolloutRequest:
-    """The episode's task (as a `RolloutRequest` with agent `nop`), or `TaskArgumentsError` naming each bad
+    """The episode's task (a `Task`; as the `RolloutRequest` of agent `nop`, the form it always had), or `TaskArgumentsError` naming each bad
     field (never its value)."""
     unknown = sorted(str(key) for key in arguments if key not in TASK_FIELDS and key not in UPSTREAM_ALIASES)
     if unknown:
@@ -70,7 +71,7 @@ def _script_list(alias: str, value: Any) -> list[str]:
 
 def task_schema() -> dict[str, Any]:
     """JSON schema of the task arguments (what an MCP client's `start_episode` takes)."""
-    full = RolloutRequest.model_json_schema()
+    full = Task.model_json_schema()
     properties = {name: spec for name, spec in full["properties"].items() if name in TASK_FIELDS}
     scripts = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
     properties["setup_scripts"] = {**scripts, "description": "Upstream's name for setup (blank entries dropped)."}

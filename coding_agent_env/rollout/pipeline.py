@@ -2,7 +2,8 @@
 
     provision -> files -> setup -> agent -> verify -> score -> collect -> teardown
 
-Verify runs where the request says (see `cleanroom`): with declared `artifacts`, in a clean room (a fresh
+The sandbox, setup, verify, score and teardown are the workspace lifecycle's (`workspace.lifecycle`, shared
+with interactive episodes). Verify runs where the request says (see `workspace.verify`): with declared `artifacts`, in a clean room (a fresh
 sandbox with the task's files, set up again, the artifacts and the hidden `verify_files`), else in the agent's
 workspace with the `verify_files` written over it. Either way only once the agent's tree is dead.
 
@@ -28,7 +29,6 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
 
 from coding_agent_env.agents.base import Agent, AgentContext
 from coding_agent_env.agents.registry import get_agent
@@ -53,18 +53,16 @@ from coding_agent_env.models import (
     Timings,
 )
 from coding_agent_env.rollout import events as ev
-from coding_agent_env.rollout.budget import Budget
 from coding_agent_env.rollout.collect import collect_files
-from coding_agent_env.rollout.commands import CommandRunner
-from coding_agent_env.rollout.limits import resolve_limits
-from coding_agent_env.rollout.redact import Redactor
-from coding_agent_env.rollout.setup import run_setup
-from coding_agent_env.rollout.verify import tests_dir
-from coding_agent_env.rollout.verification import CleanRoomSetupFailed, Verification, VerifyPlan, verify_task
-from coding_agent_env.rollout.writable import check_writable
 from coding_agent_env.sandbox.base import RelayEndpoint, Sandbox, SandboxLimits, SandboxSpec
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.settings import Settings
+from coding_agent_env.workspace.budget import Budget
+from coding_agent_env.workspace.limits import resolve_limits
+from coding_agent_env.workspace.lifecycle import Workspace
+from coding_agent_env.workspace.redact import Redactor
+from coding_agent_env.workspace.verify.verification import CleanRoomSetupFailed
+from coding_agent_env.workspace.writable import check_writable
 
 __all__ = ["run_rollout"]
 
@@ -134,7 +132,8 @@ async def _until_cancelled(rollout: _Rollout, cancel: asyncio.Event) -> RolloutR
 
 
 class _Rollout:
-    """The mutable state of one rollout; `result()` renders it at any point."""
+    """The mutable state of one rollout; `result()` renders it at any point. Its sandbox, setup, verify and
+    teardown are its `workspace`'s (the lifecycle episodes share)."""
 
     def __init__(
         self,
@@ -153,16 +152,15 @@ class _Rollout:
         self.rollout_id = uuid.uuid4().hex
         self.budget = Budget.for_request(request, settings)
         self._emit = emit
-        self.redact = Redactor([request.api_key.get_secret_value() if request.api_key else None])
+        self.workspace = Workspace(
+            request, settings=settings, backends=backends, backend_name=backend,
+            redact=Redactor([request.api_key.get_secret_value() if request.api_key else None]),
+            label=f"rollout {self.rollout_id}",
+        )
         self.upstream: Upstream | None = None
         self.relay: Relay | SharedRelay | None = None
         self.llm: RolloutLlm | None = None
-        self.sandbox: Sandbox | None = None
-        self.spec: SandboxSpec | None = None
         self.limits: SandboxLimits | None = None
-        self.limits_hit: list[str] = []
-        self._resources = AsyncExitStack()
-        """What teardown releases, last acquired first: the sandbox, then the LLM access."""
         self.status = RolloutStatus.COMPLETED
         self.error: ErrorInfo | None = None
         self.reward: float | None = None
@@ -170,12 +168,18 @@ class _Rollout:
         self.agent_exit_code: int | None = None
         self.agent_log_tail = ""
         self.agent_events: AgentEvents | None = None
-        self.setup_results: list[CommandResult] = []
-        self.verification = Verification()
         self.files: dict[str, str] = {}
         self.files_extra: list[str] = []
         self.timings: dict[str, float] = {}
         self.cancelled_by_request = False
+
+    @property
+    def redact(self) -> Redactor:
+        return self.workspace.redact
+
+    @property
+    def sandbox(self) -> Sandbox | None:
+        return self.workspace.sandbox
 
     # -- driving ---------------------------------------------------------------------------------------
 
@@ -266,7 +270,6 @@ class _Rollout:
     # -- stages ----------------------------------------------------------------------------------------
 
     async def _provision(self) -> None:
-        backend = self.backends.get(self.backend)
         relay = await self._open_llm()
         agents = self.settings.agents_dir
         spec = SandboxSpec(
@@ -279,14 +282,11 @@ class _Rollout:
             env=self.request.env,
             deadline_s=self.budget.total_s,
         )
-        self.spec = spec
-        self.sandbox = await backend.create(spec)
-        self._resources.push_async_callback(self.sandbox.close)
-        if self.request.verify_files_root == "/tests":
-            tests_dir(self.sandbox)  # refuse before the agent runs a task whose tests could not be shown
-        self.emit(ev.Provisioned(rollout_id=self.rollout_id, sandbox_id=self.sandbox.id, isolation=self.sandbox.isolation))
-        for path, text in self.request.files.items():
-            await self.sandbox.write_text(path, text)
+
+        def created(sandbox: Sandbox) -> None:
+            self.emit(ev.Provisioned(rollout_id=self.rollout_id, sandbox_id=sandbox.id, isolation=sandbox.isolation))
+
+        await self.workspace.provision(spec, created=created)
 
     async def _open_llm(self) -> RelayEndpoint | None:
         """Open the LLM access of an agent that needs one; returns the relay its sandbox must reach, if any."""
@@ -300,16 +300,15 @@ class _Rollout:
             ttl_s=self.budget.total_s,
             from_sandbox=self.agent.llm_from_sandbox,
         )
-        self.llm = await self._resources.enter_async_context(opening)
-        self.redact = Redactor([*self.llm.secrets, *self.redact.secrets])
+        self.llm = await self.workspace.resources.enter_async_context(opening)
+        self.workspace.redact = Redactor([*self.llm.secrets, *self.redact.secrets])
         return self.llm.sandbox_relay
 
     async def _setup(self) -> None:
         def record(index: int, result: CommandResult) -> None:
-            self.setup_results.append(result)
             self.emit(ev.CommandFinished(rollout_id=self.rollout_id, phase="setup", index=index, result=result))
 
-        failure = await run_setup(self._commands(), self.request.setup, on_result=record)
+        failure = await self.workspace.set_up(record)
         if failure is not None:
             self.fail(RolloutStatus.SETUP_FAILED, "setup", "SetupCommandFailed", failure.message)
             raise _StageFailed
@@ -358,27 +357,16 @@ class _Rollout:
             self.agent_log_tail = f"[coding-agent-env] the agent's log was not read: {self.redact.text(why)}\n"
 
     async def _verify(self) -> None:
-        assert self.spec is not None, "verify ran before provision"
-
         def record(index: int, result: CommandResult) -> None:
             self.emit(ev.CommandFinished(rollout_id=self.rollout_id, phase="verify", index=index, result=result))
 
-        plan = VerifyPlan(
-            task=self.request,
-            backend=self.backends.get(self.backend),
-            spec=self.spec,
-            settings=self.settings,
-            runner=self._commands,
-            on_result=record,
-        )
         try:
-            await verify_task(self._open_sandbox(), plan, self.verification)
+            await self.workspace.verify(on_result=record)
         except CleanRoomSetupFailed as exc:
             self.fail(RolloutStatus.SETUP_FAILED, "verify", "CleanRoomSetupFailed", exc.message)
             raise _StageFailed from None
-        finally:
-            self.limits_hit += self.verification.limits_hit
-        self.reward, self.reward_note = self.verification.reward, self.verification.reward_note
+        verification = self.workspace.verification
+        self.reward, self.reward_note = verification.reward, verification.reward_note
 
     async def _collect(self) -> None:
         collected = await collect_files(self._open_sandbox(), self.settings)
@@ -390,30 +378,15 @@ class _Rollout:
         self.emit(ev.PhaseStarted(rollout_id=self.rollout_id, phase="teardown"))
         started = time.monotonic()
         try:
-            async with asyncio.timeout(self.budget.teardown_s):
-                try:
-                    if self.sandbox is not None and not self.sandbox.closed:
-                        self.limits_hit = [*await self.sandbox.limits_hit(), *self.limits_hit]
-                finally:
-                    # The sandbox first, then the LLM access: its token revoked and its turns kept, even when
-                    # the sandbox's close failed.
-                    await self._resources.aclose()
-        except Exception as exc:  # noqa: BLE001 - a sandbox-made tree, say: the result still goes out
-            log.error("rollout %s: teardown failed: %r", self.rollout_id, exc)
-            if self.error is None:
-                self.error = ErrorInfo(type=type(exc).__name__, stage="teardown", message=self.redact.text(str(exc)))
+            failure = await self.workspace.close()
+            if failure is not None and self.error is None:
+                self.error = failure
         finally:
             self.timings["teardown"] = time.monotonic() - started
             self.emit(ev.PhaseFinished(rollout_id=self.rollout_id, phase="teardown", duration_s=self.timings["teardown"]))
 
     def _open_sandbox(self) -> Sandbox:
-        assert self.sandbox is not None, "stage ran before provision"
-        return self.sandbox
-
-    def _commands(self, sandbox: Sandbox | None = None) -> CommandRunner:
-        return CommandRunner(
-            sandbox or self._open_sandbox(), self.request.command_timeout_s, self.settings.max_output_bytes, self.redact
-        )
+        return self.workspace.open_sandbox()
 
     # -- result ----------------------------------------------------------------------------------------
 
@@ -425,25 +398,16 @@ class _Rollout:
         turns = self.llm.turns() if self.llm is not None else []
         task_id = self.request.task_id or ""
         raw = RolloutResult(
+            **self.workspace.report_fields(),
             rollout_id=self.rollout_id,
             task_id=task_id,
             agent=self.agent.name,
-            sandbox=self.backend,
             sandbox_id=self.sandbox.id if self.sandbox else "",
             mode=self.request.mode,
-            isolation=self.sandbox.isolation if self.sandbox else None,
-            network=self.sandbox.network if self.sandbox else None,
-            limits=dict(self.sandbox.limits) if self.sandbox else {},
-            limit_scopes=dict(self.sandbox.limit_scopes) if self.sandbox else {},
-            limits_hit=self.limits_hit,
             status=self.status,
             reward=self.reward,
             reward_note=self.reward_note,
             agent_exit_code=self.agent_exit_code,
-            setup_results=self.setup_results,
-            verify_results=self.verification.results,
-            verify_context=self.verification.context,
-            artifacts=self.verification.artifacts,
             files=self.files,
             files_extra=self.files_extra,
             proxy_turns=turns,

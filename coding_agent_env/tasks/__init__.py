@@ -1,4 +1,5 @@
-"""Task loading: request files, JSONL datasets and Harbor task directories -> `RolloutRequest`s.
+"""Task loading: request files, JSONL datasets and Harbor task directories -> tasks (`models.Task`), each as the
+`RolloutRequest` that runs it.
 
 `iter_tasks(sources)` streams `LoadedTask`s (a request, where it came from, what of the task could not be
 honoured) and `TaskError`s (a source that is not a task, with its path or line number), one at a time, so a

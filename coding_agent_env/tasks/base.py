@@ -44,6 +44,8 @@ class LoadedTask:
     """One task, ready to run."""
 
     request: RolloutRequest
+    """The task (a `RolloutRequest` is a `models.Task` with the agent and endpoint fields), as the source gave it:
+    a Harbor task has only task fields, a request file may name an agent; a batch run sets the agent's."""
     source: str
     """Where it came from: a file, `file:LINE` for a JSONL line, or a Harbor task directory."""
     notes: tuple[str, ...] = ()

@@ -1,4 +1,4 @@
-"""Harbor (Terminal-Bench 2) task directories -> requests.
+"""Harbor (Terminal-Bench 2) task directories -> tasks (`models.Task`), run as requests.
 
 A task directory holds `task.toml`, `instruction.md`, `environment/` (a `Dockerfile` and what it copies),
 `solution/solve.sh` and `tests/test.sh`. The mapping:
@@ -33,7 +33,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from coding_agent_env.models import SANDBOX_OWN_ENV, RolloutRequest, validation_summary
+from coding_agent_env.models import SANDBOX_OWN_ENV, RolloutRequest, Task, validation_summary
 from coding_agent_env.sandbox.base import STANDARD_PATH
 from coding_agent_env.settings import WireLimits
 from coding_agent_env.tasks.base import DockerEnvironment, LoadedTask, TaskError, TaskOptions
@@ -92,10 +92,10 @@ def _load(task: TaskDir, options: TaskOptions) -> LoadedTask:
         notes.append("allow_internet = true not honoured: sandboxes have no internet (only the LLM relay)")
     docker_env = _environment(task, fields, environment, options, notes)
     try:
-        request = RolloutRequest.model_validate(fields)
+        loaded = Task.model_validate(fields)
     except ValidationError as exc:
         raise _Refused(f"not a valid request: {validation_summary(exc)}") from None
-    return LoadedTask(request, task.name, tuple(notes), docker_env)
+    return LoadedTask(RolloutRequest.for_task(loaded), task.name, tuple(notes), docker_env)
 
 
 def _read_toml(task: TaskDir) -> dict[str, Any]:

@@ -16,9 +16,9 @@ from pydantic import ValidationError
 from coding_agent_env.cli import load_task
 from coding_agent_env.models import CommandResult, RolloutRequest, RolloutStatus
 from coding_agent_env.rollout import run_rollout
-from coding_agent_env.rollout.commands import CommandRunner
-from coding_agent_env.rollout.redact import Redactor
-from coding_agent_env.rollout.verify import run_verify
+from coding_agent_env.workspace.commands import CommandRunner
+from coding_agent_env.workspace.redact import Redactor
+from coding_agent_env.workspace.verify.run import run_verify
 from coding_agent_env.sandbox import Backends
 from coding_agent_env.sandbox.base import SandboxSpec
 from coding_agent_env.settings import Settings

@@ -1,4 +1,4 @@
-"""Imports go one way (DESIGN.md "Layout"): api -> session -> rollout / episode -> agents / reward / llm / sandbox, never
+"""Imports go one way (DESIGN.md "Layout"): api -> session -> rollout / episode -> workspace / agents / llm / sandbox, never
 back up, and no module imports itself back through others. Read from the source, every import counted (also
 those under TYPE_CHECKING and inside functions); importing a module's own parent packages is not an edge."""
 
@@ -20,12 +20,12 @@ ALLOWED = {
     "gate": {"errors", "models", "settings"},
     # Trainer-side: imports where openenv and TRL are (no server dependencies; tests/compat/test_trainer_sessions.py).
     "harness": {"errors", "urls", "models", "settings", "llm", "rollout"},  # rollout: in-process sessions
-    "reward": {"errors", "models", "settings"},
+    "workspace": LEAVES | {"sandbox"},  # one task's lifecycle, verify and scoring: below both of its drivers
     "sandbox": LEAVES,
     "llm": LEAVES | {"sandbox"},
     "agents": LEAVES | {"sandbox", "llm"},
-    "rollout": LEAVES | {"sandbox", "llm", "agents", "reward"},
-    "episode": LEAVES | {"sandbox", "agents", "reward", "rollout"},  # shares the rollout's commands and verify
+    "rollout": LEAVES | {"sandbox", "llm", "agents", "workspace"},
+    "episode": LEAVES | {"sandbox", "agents", "workspace"},
     "session": LEAVES | {"rollout", "episode", "llm", "sandbox"},  # it hands the app's relay and sandbox backends down
     "tasks": LEAVES | {"sandbox", "rollout"},
     "runs": LEAVES | {"tasks", "rollout", "sandbox", "client"},  # `run --server` drives a server over the client

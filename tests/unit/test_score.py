@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coding_agent_env.models import CommandResult
-from coding_agent_env.reward.score import parse_reward_file, reward_from_json, score
+from coding_agent_env.workspace.verify.score import parse_reward_file, reward_from_json, score
 
 
 def cmd(ok: bool) -> CommandResult:

@@ -30,7 +30,7 @@ from coding_agent_env.agents.terminus.parse import (
     build_terminal_tool_call,
 )
 from coding_agent_env.agents.terminus.relay_chat import RelayChat
-from coding_agent_env.reward.score import parse_reward_file, reward_from_json, score
+from coding_agent_env.workspace.verify.score import parse_reward_file, reward_from_json, score
 
 # -- hostile input -----------------------------------------------------------------------------------------
 

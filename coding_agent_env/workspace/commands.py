@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from coding_agent_env.models import CommandResult
-from coding_agent_env.rollout.redact import Redactor
+from coding_agent_env.workspace.redact import Redactor
 from coding_agent_env.sandbox.base import ExecResult, Sandbox
 
 __all__ = ["CommandRunner"]

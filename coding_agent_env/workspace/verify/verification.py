@@ -5,7 +5,7 @@ Where verify runs follows the task (see `cleanroom`): with declared `artifacts`,
 sandbox of the same backend and image with the task's files, set up again, the artifacts and the hidden
 `verify_files`), closed again shielded; otherwise in the agent's workspace with the `verify_files` written
 over it. `run_verify` clears the reward file first and runs each command in a fresh context, hardened unless
-the task says `verify_hardening: false`; `reward.score` turns the outcome into the reward. In a hardened clean
+the task says `verify_hardening: false`; `score` turns the outcome into the reward. In a hardened clean
 room a reward file counts only when the task declares one (`reward_file_required`); otherwise the reward is
 the verify commands' exit codes, which the artifacts cannot forge (see `_reward_file_uncounted`).
 
@@ -21,18 +21,18 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from coding_agent_env.aio import shielded
-from coding_agent_env.models import ArtifactReport, CommandResult, RolloutRequest, VerifyContext
-from coding_agent_env.reward.score import score
-from coding_agent_env.rollout.cleanroom import (
+from coding_agent_env.models import ArtifactReport, CommandResult, Task, VerifyContext
+from coding_agent_env.workspace.verify.score import score
+from coding_agent_env.workspace.verify.cleanroom import (
     ArtifactCaps,
     collect_artifacts,
     furnish,
     open_clean_room,
     place_verify_files,
 )
-from coding_agent_env.rollout.commands import CommandRunner
-from coding_agent_env.rollout.setup import run_setup
-from coding_agent_env.rollout.verify import run_verify, tests_dir
+from coding_agent_env.workspace.commands import CommandRunner
+from coding_agent_env.workspace.setup import run_setup
+from coding_agent_env.workspace.verify.run import run_verify, tests_dir
 from coding_agent_env.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from coding_agent_env.settings import Settings
 
@@ -64,7 +64,7 @@ class Verification:
 class VerifyPlan:
     """What verify needs from its caller."""
 
-    task: RolloutRequest
+    task: Task
     backend: SandboxBackend
     """The backend of the agent's sandbox (a clean room is made by it)."""
     spec: SandboxSpec
@@ -103,11 +103,11 @@ async def verify_task(sandbox: Sandbox, plan: VerifyPlan, out: Verification) -> 
         await shielded(_close_room(room, out))
 
 
-def _under_tests(task: RolloutRequest) -> bool:
+def _under_tests(task: Task) -> bool:
     return task.verify_files_root == "/tests"
 
 
-async def _place(sandbox: Sandbox, task: RolloutRequest) -> None:
+async def _place(sandbox: Sandbox, task: Task) -> None:
     """The hidden verify files where the task wants them. Under `/tests` the whole directory behind it is
     removed and made anew first, so nothing the agent put there survives."""
     if not _under_tests(task):
@@ -150,7 +150,7 @@ _UNCOUNTED = ("the task declares none (reward_file_required) and verify ran the 
               "have written it; the reward is the verify commands' exit codes")
 
 
-def _reward_file_uncounted(task: RolloutRequest, out: Verification) -> bool:
+def _reward_file_uncounted(task: Task, out: Verification) -> bool:
     """Whether a reward file is not counted: in a hardened clean room, unless the task declares one. There the
     artifacts are the agent's code and verify runs them as the same user as its own commands, so whatever the
     verifier's exit status says, the artifact could write the file first (and kill its verifier)."""
@@ -164,7 +164,7 @@ _SAFE_PATH_HINT = (
 )
 
 
-def _with_hint(note: str | None, task: RolloutRequest, results: list[CommandResult]) -> str | None:
+def _with_hint(note: str | None, task: Task, results: list[CommandResult]) -> str | None:
     """`note`, and the hint above when a hardened verify command failed on a missing module: the change of
     Python's path is the likely cause, and it is nowhere else in the result."""
     missing = any(not result.ok and "No module named" in result.stderr for result in results)

@@ -7,7 +7,7 @@ the task-command runner in a fresh context (a new private HOME and /tmp, the sta
 Python's safe path and no user site, empties the code-injecting variables and drops search-path entries inside
 the sandbox's writable roots, whatever the task's environment says. Afterwards the reward file, if verify wrote
 one and the caller counts it, is read (bounded; `reward.txt`, else Harbor's `reward.json` in the same
-directory); one the caller does not count is reported as ignored. Turning it into a reward is `reward.score`'s
+directory); one the caller does not count is reported as ignored. Turning it into a reward is `score`'s
 job.
 """
 
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from coding_agent_env.errors import SandboxFileError, SandboxFileNotFoundError, SandboxUnavailableError
 from coding_agent_env.models import CommandResult
-from coding_agent_env.reward.score import reward_from_json
-from coding_agent_env.rollout.commands import CommandRunner
+from coding_agent_env.workspace.verify.score import reward_from_json
+from coding_agent_env.workspace.commands import CommandRunner
 from coding_agent_env.sandbox.base import STANDARD_PATH, Sandbox
 from coding_agent_env.verify_env import AGENT_WRITABLE_ROOTS, hardened_overlay
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from coding_agent_env.models import CommandResult
-from coding_agent_env.rollout.commands import CommandRunner
+from coding_agent_env.workspace.commands import CommandRunner
 
 __all__ = ["SetupFailure", "run_setup", "why_failed"]
 

@@ -1,1 +1,0 @@
-"""Scoring: one reward path, computed in the environment and pure (no sandbox, no I/O); verify runs in `rollout`."""

@@ -1,0 +1,172 @@
+"""`Workspace`: one task's sandbox from provision to teardown, driven by a rollout or an interactive episode.
+
+    provision(spec)  the sandbox made (closed at teardown), a task whose hidden tests it cannot show refused,
+                     the task's files written
+    set_up()         the task's setup commands, in order, to the first failure (results kept)
+    runner()         the task-command runner the driver's own commands may use (deadline, output cap, redaction)
+    verify()         once no process the driver started is alive: verify in the workspace or a clean room, and
+                     the score (`verify.verification`); `verification` is filled as it goes
+    close()          teardown: the sandbox's limits_hit read, then what it holds released, last acquired first;
+                     once (later calls wait for the same teardown), shielded from cancellation, bounded by
+                     `teardown_timeout_s`; a failure is returned typed, never raised
+    report_fields()  what every result reports of it (`models.WorkspaceReport`'s fields but the reward)
+
+What goes wrong while it runs is raised to the driver, which owns the status and the error of its result (a
+rollout's `RolloutStatus`, an episode's `EpisodeStatus`); only teardown's failure is returned, so that a
+result always goes out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AsyncExitStack
+from typing import Any
+
+from coding_agent_env.aio import shielded
+from coding_agent_env.models import CommandResult, ErrorInfo, Task
+from coding_agent_env.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
+from coding_agent_env.sandbox.registry import Backends
+from coding_agent_env.settings import Settings
+from coding_agent_env.workspace.commands import CommandRunner
+from coding_agent_env.workspace.redact import Redactor
+from coding_agent_env.workspace.setup import SetupFailure, run_setup
+from coding_agent_env.workspace.verify.run import tests_dir
+from coding_agent_env.workspace.verify.verification import Verification, VerifyPlan, verify_task
+
+__all__ = ["OnResult", "Workspace"]
+
+log = logging.getLogger(__name__)
+
+OnResult = Callable[[int, CommandResult], None]
+"""Told each command's result (its index in its list) as it ends."""
+
+
+def _ignore(index: int, result: CommandResult) -> None:
+    return None
+
+
+class Workspace:
+    """See the module docstring. `label` names it in logs ("rollout <id>", "episode <id>"); its sandbox comes
+    from `backends`' backend `backend_name` (resolved and checked usable by the driver)."""
+
+    def __init__(
+        self, task: Task, *, settings: Settings, backends: Backends, backend_name: str, redact: Redactor, label: str
+    ) -> None:
+        self.task = task
+        self.settings = settings
+        self.backends = backends
+        self.backend_name = backend_name
+        self.redact = redact
+        """Applied to every command's result and every error; a driver that learns more secrets replaces it."""
+        self.label = label
+        self.sandbox: Sandbox | None = None
+        self.spec: SandboxSpec | None = None
+        self.setup_results: list[CommandResult] = []
+        self.verification = Verification()
+        self.limits_hit: list[str] = []
+        self.resources = AsyncExitStack()
+        """What teardown releases, last acquired first; a driver may enter its own before provision (a rollout's
+        LLM access: released after the sandbox is closed)."""
+        self._closing: asyncio.Future[ErrorInfo | None] | None = None
+
+    # -- the stages ------------------------------------------------------------------------------------
+
+    async def provision(self, spec: SandboxSpec, *, created: Callable[[Sandbox], None] | None = None) -> Sandbox:
+        """Make the sandbox (`created` is told as soon as it exists), refuse before anything runs a task whose
+        hidden tests it could not show (`SandboxError`), write the task's files."""
+        self.spec = spec
+        self.sandbox = sandbox = await self.backend().create(spec)
+        self.resources.push_async_callback(sandbox.close)
+        if self.task.verify_files_root == "/tests":
+            tests_dir(sandbox)
+        if created is not None:
+            created(sandbox)
+        for path, text in self.task.files.items():
+            await sandbox.write_text(path, text)
+        return sandbox
+
+    async def set_up(self, on_result: OnResult = _ignore) -> SetupFailure | None:
+        """The task's setup commands (each result kept and told to `on_result`); the first failure, or None."""
+
+        def record(index: int, result: CommandResult) -> None:
+            self.setup_results.append(result)
+            on_result(index, result)
+
+        return await run_setup(self.runner(), self.task.setup, on_result=record)
+
+    def runner(self, sandbox: Sandbox | None = None) -> CommandRunner:
+        """The task-command runner for `sandbox` (default: the workspace's own)."""
+        return CommandRunner(
+            sandbox or self.open_sandbox(), self.task.command_timeout_s, self.settings.max_output_bytes, self.redact
+        )
+
+    async def verify(
+        self,
+        *,
+        on_result: OnResult = _ignore,
+        env: Mapping[str, str] | None = None,
+        prepare: Callable[[Sandbox], Awaitable[None]] | None = None,
+    ) -> None:
+        """Verify and score (see `verify.verification.verify_task`; `CleanRoomSetupFailed` when the task's setup
+        fails again in a clean room). `env` is added to each verify command's environment; `prepare` is called
+        with the sandbox verify will run in, just before it does."""
+        assert self.spec is not None, "verify ran before provision"
+        plan = VerifyPlan(
+            task=self.task, backend=self.backend(), spec=self.spec, settings=self.settings, runner=self.runner,
+            on_result=on_result, env=env or {}, prepare=prepare,
+        )
+        try:
+            await verify_task(self.open_sandbox(), plan, self.verification)
+        finally:
+            self.limits_hit += self.verification.limits_hit
+
+    # -- teardown --------------------------------------------------------------------------------------
+
+    async def close(self) -> ErrorInfo | None:
+        """Tear down (see the module docstring); the failure, typed, if it failed."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._teardown())
+        return await shielded(self._closing)
+
+    async def _teardown(self) -> ErrorInfo | None:
+        try:
+            async with asyncio.timeout(self.settings.teardown_timeout_s):
+                try:
+                    if self.sandbox is not None and not self.sandbox.closed:
+                        self.limits_hit = [*await self.sandbox.limits_hit(), *self.limits_hit]
+                finally:
+                    # The sandbox first, then what the driver held before it (a rollout's LLM access: its token
+                    # revoked and its turns kept), even when the sandbox's close failed.
+                    await self.resources.aclose()
+        except Exception as exc:  # noqa: BLE001 - a sandbox-made tree, say: the result still goes out
+            log.error("%s: teardown failed: %r", self.label, exc)
+            return ErrorInfo(type=type(exc).__name__, stage="teardown", message=self.redact.text(str(exc)))
+        return None
+
+    # -- facts -----------------------------------------------------------------------------------------
+
+    def backend(self) -> SandboxBackend:
+        return self.backends.get(self.backend_name)
+
+    def open_sandbox(self) -> Sandbox:
+        assert self.sandbox is not None, "used before provision"
+        return self.sandbox
+
+    def report_fields(self) -> dict[str, Any]:
+        """`models.WorkspaceReport`'s fields as this workspace has them, but `reward` and `reward_note` (the
+        driver's: a status may void the score)."""
+        sandbox, verification = self.sandbox, self.verification
+        return {
+            "sandbox": self.backend_name,
+            "isolation": sandbox.isolation if sandbox else None,
+            "network": sandbox.network if sandbox else None,
+            "limits": dict(sandbox.limits) if sandbox else {},
+            "limit_scopes": dict(sandbox.limit_scopes) if sandbox else {},
+            "limits_hit": self.limits_hit,
+            "setup_results": self.setup_results,
+            "verify_results": verification.results,
+            "verify_context": verification.context,
+            "artifacts": verification.artifacts,
+        }
