@@ -197,9 +197,15 @@ class EpisodeSession:
             # the episode when it drops).
             self.close()
             raise HarnessError(f"the episode's connection failed: {type(exc).__name__}: {exc}") from exc
-        if frame.get("type") == "error":
-            data = frame.get("data") or {}
-            raise HarnessError(f"{data.get('code', 'ERROR')}: {data.get('message', '')}")
-        if frame.get("type") != expect:
-            raise HarnessError(f"unexpected reply: {str(frame.get('type'))[:50]}")
-        return frame.get("data") or {}
+        return reply_data(frame, expect)
+
+
+def reply_data(frame: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The data of a server frame of type `kind`; `HarnessError` for an error frame (its code and message) or a
+    frame of another type."""
+    if frame.get("type") == "error":
+        data = frame.get("data") or {}
+        raise HarnessError(f"{data.get('code', 'ERROR')}: {data.get('message', '')}")
+    if frame.get("type") != kind:
+        raise HarnessError(f"unexpected reply: {str(frame.get('type'))[:50]}")
+    return frame.get("data") or {}

@@ -47,7 +47,7 @@ from pydantic import ValidationError
 from websockets.exceptions import WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
-from coding_agent_env.harness.episodes import HarnessError, VerifyResult
+from coding_agent_env.harness.episodes import HarnessError, VerifyResult, reply_data
 from coding_agent_env.llm.trace import trace_entries
 from coding_agent_env.models import RolloutRequest, RolloutResult, RolloutStatus, validation_summary
 from coding_agent_env.settings import Settings
@@ -194,9 +194,9 @@ class RolloutSession:
         action = {"type": "call_tool", "tool_name": "run_rollout", "arguments": arguments}
         try:
             self._ws.send(json.dumps({"type": "reset", "data": {}}))
-            self._expect(json.loads(self._ws.recv()), "observation")
+            reply_data(json.loads(self._ws.recv()), "observation")
             self._ws.send(json.dumps({"type": "step", "data": action}))
-            reply = self._expect(json.loads(self._ws.recv()), "observation")
+            reply = reply_data(json.loads(self._ws.recv()), "observation")
             observation = reply.get("observation") or {}
             if observation.get("error"):
                 error = observation["error"]
@@ -210,15 +210,6 @@ class RolloutSession:
         finally:
             self._exit.close()
             self._done.set()
-
-    @staticmethod
-    def _expect(frame: dict[str, Any], kind: str) -> dict[str, Any]:
-        if frame.get("type") == "error":
-            data = frame.get("data") or {}
-            raise HarnessError(f"{data.get('code', 'ERROR')}: {data.get('message', '')}")
-        if frame.get("type") != kind:
-            raise HarnessError(f"unexpected reply: {str(frame.get('type'))[:50]}")
-        return frame.get("data") or {}
 
     def _in_process(self) -> None:
         from coding_agent_env.errors import RequestError

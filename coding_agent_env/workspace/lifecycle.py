@@ -22,6 +22,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
 from typing import Any
 
 from coding_agent_env.aio import shielded
@@ -47,29 +48,27 @@ def _ignore(index: int, result: CommandResult) -> None:
     return None
 
 
+@dataclass(eq=False)
 class Workspace:
     """See the module docstring. `label` names it in logs ("rollout <id>", "episode <id>"); its sandbox comes
     from `backends`' backend `backend_name` (resolved and checked usable by the driver)."""
 
-    def __init__(
-        self, task: Task, *, settings: Settings, backends: Backends, backend_name: str, redact: Redactor, label: str
-    ) -> None:
-        self.task = task
-        self.settings = settings
-        self.backends = backends
-        self.backend_name = backend_name
-        self.redact = redact
-        """Applied to every command's result and every error; a driver that learns more secrets replaces it."""
-        self.label = label
-        self.sandbox: Sandbox | None = None
-        self.spec: SandboxSpec | None = None
-        self.setup_results: list[CommandResult] = []
-        self.verification = Verification()
-        self.limits_hit: list[str] = []
-        self.resources = AsyncExitStack()
-        """What teardown releases, last acquired first; a driver may enter its own before provision (a rollout's
-        LLM access: released after the sandbox is closed)."""
-        self._closing: asyncio.Future[ErrorInfo | None] | None = None
+    task: Task
+    settings: Settings
+    backends: Backends
+    backend_name: str
+    redact: Redactor
+    """Applied to every command's result and every error; a driver that learns more secrets replaces it."""
+    label: str
+    sandbox: Sandbox | None = field(default=None, init=False)
+    spec: SandboxSpec | None = field(default=None, init=False)
+    setup_results: list[CommandResult] = field(default_factory=list, init=False)
+    verification: Verification = field(default_factory=Verification, init=False)
+    limits_hit: list[str] = field(default_factory=list, init=False)
+    resources: AsyncExitStack = field(default_factory=AsyncExitStack, init=False)
+    """What teardown releases, last acquired first; a driver may enter its own before provision (a rollout's LLM
+    access: released after the sandbox is closed)."""
+    _closing: asyncio.Future[ErrorInfo | None] | None = field(default=None, init=False)
 
     # -- the stages ------------------------------------------------------------------------------------
 
