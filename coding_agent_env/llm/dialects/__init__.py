@@ -13,6 +13,7 @@ test_registry.py fails until it is there.)
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cache
 
 from coding_agent_env.llm.dialects import anthropic, google, responses
 from coding_agent_env.llm.dialects.base import (
@@ -55,11 +56,13 @@ def route_of(path: str) -> Route | None:
     return None
 
 
+@cache  # the registry never changes; the relay asks on every call that carries its token in a key header
 def key_headers() -> tuple[str, ...]:
     """The headers besides `Authorization: Bearer` that clients send a key (the relay token) in."""
     return tuple(dict.fromkeys(d.key_header for d in DIALECTS.values() if d.key_header is not None))
 
 
+@cache
 def agent_headers() -> frozenset[str]:
     """Every agent header some dialect reads (lower case): the key headers and those forwarded on pass-through."""
     passed = {header for dialect in DIALECTS.values() for header in dialect.passed_headers}
