@@ -1,4 +1,4 @@
-"""reward.score is pure: these pin its rule."""
+"""workspace.verify.score is pure: these pin its rule."""
 
 from __future__ import annotations
 
