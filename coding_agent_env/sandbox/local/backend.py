@@ -7,8 +7,9 @@ capabilities dropped, uid 1000 inside) over read-only system directories, with r
 `prlimit` (as root: on bwrap itself, by the launcher below). Killing a command's bwrap kills its whole PID
 namespace, so no descendant survives.
 
-When the server runs as root, each sandbox also gets its own host uid from a pool: its processes are not
-root anywhere, the process limit is really enforced (root is exempt from RLIMIT_NPROC), and sandboxes
+When the server runs as root, each sandbox also gets its own host uid from a pool, unique on the whole host
+(each uid held by a lock file while its sandbox lives, whatever number of servers and CLIs run: `uids`): its
+processes are not root anywhere, the process limit is really enforced (root is exempt from RLIMIT_NPROC), and sandboxes
 cannot read one another's files. bwrap is then started through a tiny compiled helper (`enter`; where no C
 compiler is there, `nsenter` and `prlimit` do the same in two execs), which switches to that uid and
 joins a network namespace made once per sandbox (empty but for loopback; see `netns`), so a command costs
