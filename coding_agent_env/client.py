@@ -25,17 +25,25 @@ from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from coding_agent_env.env_state import EnvState
 from coding_agent_env.errors import CodingAgentEnvError
 from coding_agent_env.models import RolloutRequest, RolloutResult
 from coding_agent_env.rollout.budget import Budget
 from coding_agent_env.settings import Settings
 from coding_agent_env.urls import ws_url
 
-__all__ = ["ClientError", "CodingAgentEnv", "EpisodeState", "ServerError", "SyncCodingAgentEnv", "ToolCallError"]
+__all__ = [
+    "ClientError",
+    "CodingAgentEnv",
+    "EnvState",
+    "EpisodeState",
+    "ServerError",
+    "SyncCodingAgentEnv",
+    "ToolCallError",
+]
 
 T = TypeVar("T")
 _MIB = 1024 * 1024
@@ -61,16 +69,8 @@ class ToolCallError(ClientError):
         self.error_type = error_type
 
 
-class EpisodeState(BaseModel):
-    """The session's `state`."""
-
-    model_config = ConfigDict(extra="allow")
-
-    episode_id: str | None = None
-    step_count: int = 0
-    rollouts_completed: int = 0
-    last_reward: float | None = None
-    last_status: str | None = None
+EpisodeState = EnvState
+"""The session's `state` (the server's own model, `env_state.EnvState`; this name is kept for callers)."""
 
 
 class CodingAgentEnv:
@@ -121,9 +121,9 @@ class CodingAgentEnv:
         """How long to wait for a rollout's reply: its stage budgets (default server settings) plus a margin."""
         return Budget.for_request(request, Settings()).total_s + self.reply_margin_s
 
-    async def state(self) -> EpisodeState:
+    async def state(self) -> EnvState:
         reply = await self._ask({"type": "state"}, self.reply_timeout_s)
-        return EpisodeState.model_validate(reply["data"])
+        return EnvState.model_validate(reply["data"])
 
     async def close(self) -> None:
         """Send `close` and drop the socket (the server frees the session). Idempotent."""
@@ -200,7 +200,7 @@ class SyncCodingAgentEnv:
     def run_rollout(self, request: RolloutRequest | None = None, /, **fields: Any) -> RolloutResult:
         return self._run(self.client.run_rollout(request, **fields))
 
-    def state(self) -> EpisodeState:
+    def state(self) -> EnvState:
         return self._run(self.client.state())
 
     def close(self) -> None:

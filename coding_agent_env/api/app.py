@@ -7,10 +7,13 @@ close every session (running rollouts are cancelled and their sandboxes torn dow
 manager stops, then release the backends, stop the watchdog and thaw the frozen objects.
 
 With `settings.enable_web_interface` (the default) the Gradio tab is served at `/web` and `/` redirects there. It is
-built in the background once the server is up (`api.web_gate`): until then `/web` answers 503 "starting" (never
+built in the background once the server is up (`api.ui.gate`): until then `/web` answers 503 "starting" (never
 404); without the `ui` extra (gradio) it answers 503 saying which extra to install. The relay's public route for
 remote sandboxes is mounted at `/llm` (`api.relay_route`); task image builds, when the operator allows them, at
 `/images` (`api.images`).
+
+The rooms: `api.protocols` (the doors: WS, JSON-RPC, MCP, HTTP), `api.tools` (the one table of tools they share),
+`api.ui` (the Gradio tab); this module only composes them.
 """
 
 from __future__ import annotations
@@ -24,14 +27,14 @@ from fastapi.responses import RedirectResponse
 
 from coding_agent_env.aio_watchdog import LoopWatchdog
 from coding_agent_env.api import heap
-from coding_agent_env.api.endpoint import McpDispatcher
-from coding_agent_env.api.http import ENV_DESCRIPTION, build_router
 from coding_agent_env.api.images import IMAGES_PATH, ImageBuildRoute
-from coding_agent_env.api.mcp import McpEndpoint
+from coding_agent_env.api.protocols.endpoint import McpDispatcher
+from coding_agent_env.api.protocols.http import ENV_DESCRIPTION, build_router
+from coding_agent_env.api.protocols.mcp import McpEndpoint
+from coding_agent_env.api.protocols.ws import serve_ws, serve_ws_mcp
 from coding_agent_env.api.relay_route import PublicRelayRoute
 from coding_agent_env.api.startup import check_backends
-from coding_agent_env.api.web_gate import WEB_PATH, WebGate
-from coding_agent_env.api.ws import serve_ws, serve_ws_mcp
+from coding_agent_env.api.ui.gate import WEB_PATH, WebGate
 from coding_agent_env.runs.recorder import ServerRecorder
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.session import SessionManager

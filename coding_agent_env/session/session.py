@@ -22,13 +22,14 @@ from enum import Enum
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from coding_agent_env.env_state import EnvState
 from coding_agent_env.episode import (
     Episode,
     EpisodeError,
     EpisodeReport,
+    TerminalCall,
     TerminalResult,
     parse_task,
-    parse_terminal,
 )
 from coding_agent_env.llm import SharedRelay
 from coding_agent_env.models import RolloutRequest, RolloutResult
@@ -110,20 +111,18 @@ class Session:
             self.episode_id = str(uuid.uuid4())
         self.step_count += 1
 
-    def snapshot(self) -> dict[str, Any]:
-        """The `state` payload: episode_id, step_count, rollouts_completed, last_reward, last_status, and
-        `episode` (its report) once an interactive episode was started."""
+    def snapshot(self) -> EnvState:
+        """The session's `state`, with `episode` (its report) once an interactive episode was started."""
         self.touch()
-        state: dict[str, Any] = {
-            "episode_id": self.episode_id,
-            "step_count": self.step_count,
-            "rollouts_completed": self.rollouts_completed,
-            "last_reward": self.last_reward,
-            "last_status": self.last_status,
-        }
-        if self.episode is not None:
-            state["episode"] = self.episode.report().model_dump(mode="json")
-        return state
+        episode = {} if self.episode is None else {"episode": self.episode.report().model_dump(mode="json")}
+        return EnvState(
+            episode_id=self.episode_id,
+            step_count=self.step_count,
+            rollouts_completed=self.rollouts_completed,
+            last_reward=self.last_reward,
+            last_status=self.last_status,
+            **episode,
+        )
 
     def touch(self) -> None:
         self.last_active = time.monotonic()
@@ -192,12 +191,17 @@ class Session:
 
     # -- interactive episodes --------------------------------------------------------------------------
 
-    async def start_episode(self, arguments: Mapping[str, Any], episode_id: str | None = None) -> Episode:
-        """End this session's episode if any, then start one for the task `arguments` (reset's kwargs:
-        `TaskArgumentsError`, or a `RequestError` for a task this server will not run; `SessionClosedError`).
-        The episode returned is running, or already done (its setup failed)."""
+    async def start_episode(
+        self, task: RolloutRequest | Mapping[str, Any], episode_id: str | None = None
+    ) -> Episode:
+        """End this session's episode if any, then start one for `task` (a `RequestError` for a task this server
+        will not run; `SessionClosedError`). The episode returned is running, or already done (its setup failed).
+
+        The server's doors pass the task validated (`api.tools`: `parse_task`); an in-process caller may pass
+        reset's arguments as they are, which are then validated the same way (`TaskArgumentsError`)."""
         self._check_open()
-        task = parse_task(arguments)
+        if not isinstance(task, RolloutRequest):
+            task = parse_task(task)
         backends = self._backends
         if backends is None:
             raise RuntimeError("a session runs episodes only with the app's sandbox backends (SessionManager's)")
@@ -209,11 +213,11 @@ class Session:
         self.touch()
         return episode
 
-    async def terminal(self, arguments: Any) -> TerminalResult | EpisodeReport:
-        """One `terminal` call in this session's episode: a command's result, or for a final answer the
-        episode's report. `EpisodeError`s (no episode, bad arguments, busy, ended) and `SessionClosedError`."""
+    async def terminal(self, call: TerminalCall) -> TerminalResult | EpisodeReport:
+        """One validated `terminal` call (`api.tools`: `parse_terminal`) in this session's episode: a command's
+        result, or for a final answer the episode's report. `EpisodeError`s (no episode, busy, ended) and
+        `SessionClosedError`."""
         self._check_open()
-        call = parse_terminal(arguments)
         if self.episode is None:
             raise NoEpisodeError()
         self.touch()

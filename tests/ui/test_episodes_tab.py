@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from coding_agent_env.api.ui_episodes import UiEpisodes
-from coding_agent_env.api.ui_interactive import report_html
-from coding_agent_env.api.ui_presets import PRESETS
+from coding_agent_env.api.ui.episodes import UiEpisodes
+from coding_agent_env.api.ui.interactive_tab import report_html
+from coding_agent_env.api.ui.presets import PRESETS
 from coding_agent_env.episode import EpisodeDoneError, TerminalArgumentsError
 from coding_agent_env.session import CapacityError, NoEpisodeError, SessionKind, SessionManager
 from coding_agent_env.settings import Settings

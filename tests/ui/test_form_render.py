@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from coding_agent_env.api import ui_render as render
-from coding_agent_env.api.ui_form import (
+from coding_agent_env.api.ui import render
+from coding_agent_env.api.ui.form import (
     CUSTOM_ENDPOINT,
     DEFAULT_ENDPOINT,
     Form,
@@ -17,8 +17,8 @@ from coding_agent_env.api.ui_form import (
     endpoint_choices,
     preset_texts,
 )
-from coding_agent_env.api.ui_presets import PRESETS
-from coding_agent_env.api.ui_run import UiRuns
+from coding_agent_env.api.ui.presets import PRESETS
+from coding_agent_env.api.ui.rollouts import UiRuns
 from coding_agent_env.models import AGENT_NAMES, ArtifactReport, CommandResult, ErrorInfo, RolloutResult, RolloutStatus
 from coding_agent_env.rollout import events as ev
 from coding_agent_env.session import CapacityError, SessionKind, SessionManager
@@ -71,7 +71,7 @@ def test_form_errors_never_quote_the_values() -> None:
 
 
 async def test_isolation_off_shows_a_warning_banner(settings: Settings) -> None:
-    from coding_agent_env.api.ui import isolation_warning
+    from coding_agent_env.api.ui.tab import isolation_warning
 
     async with Backends(with_local(settings, isolation="none")) as off, Backends(settings) as on:
         warning = isolation_warning(off)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from coding_agent_env.agents import registry
-from coding_agent_env.api.ui_run import Progress, UiRuns
+from coding_agent_env.api.ui.rollouts import Progress, UiRuns
 from coding_agent_env.models import RolloutRequest, RolloutStatus
 from coding_agent_env.session import SessionManager
 from coding_agent_env.settings import Settings

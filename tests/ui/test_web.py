@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from coding_agent_env.api.ui_presets import PRESETS
+from coding_agent_env.api.ui.presets import PRESETS
 from tests.ui.conftest import UiServer
 
 pytestmark = pytest.mark.ui

@@ -14,13 +14,14 @@ import json
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from coding_agent_env import __version__
 from coding_agent_env.aio_watchdog import LoopWatchdog
-from coding_agent_env.api.step import step
-from coding_agent_env.api.wire import CallToolAction, CallToolObservation, EnvState
+from coding_agent_env.api.protocols.step import step
+from coding_agent_env.api.protocols.wire import CallToolAction, CallToolObservation, dumps
+from coding_agent_env.env_state import EnvState
 from coding_agent_env.session import CapacityError, SessionClosedError, SessionKind, SessionManager
 
 __all__ = ["ENV_NAME", "build_router"]
@@ -96,7 +97,8 @@ def build_router(manager: SessionManager, watchdog: LoopWatchdog | None = None) 
         except CapacityError as exc:
             return JSONResponse({"detail": str(exc)}, status_code=503)
         try:
-            return await step(session, body.action)
+            payload = await step(session, body.action)
+            return Response(dumps(payload), media_type="application/json")  # the result as serialised once
         except ValidationError as exc:
             detail = json.loads(exc.json(include_input=False, include_url=False))
             return JSONResponse({"detail": detail}, status_code=422)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 import gradio as gr
 
-from coding_agent_env.api import ui_render as render
-from coding_agent_env.api.ui_episodes import UiEpisode, UiEpisodes
-from coding_agent_env.api.ui_presets import PRESETS
+from coding_agent_env.api.ui import render
+from coding_agent_env.api.ui.episodes import UiEpisode, UiEpisodes
+from coding_agent_env.api.ui.presets import PRESETS
 from coding_agent_env.episode import EpisodeReport
 from coding_agent_env.errors import RequestError
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
+
+from coding_agent_env.api.protocols.wire import dumps
 
 __all__ = ["header", "replay", "send_json"]
 
@@ -34,7 +35,8 @@ def replay(receive: Receive, body: bytes | None) -> Receive:
 
 
 async def send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
-    body = json.dumps(payload).encode()
+    """One JSON response (encoded by `wire.dumps`: a tool's result as the text it was serialised to once)."""
+    body = dumps(payload).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -14,7 +14,8 @@ from typing import Any
 
 import gradio as gr
 
-from coding_agent_env.api import ui_render as render
+from coding_agent_env.api.ui import render
+from coding_agent_env.api.ui.result_view import result_tabs
 from coding_agent_env.models import AGENT_NAMES, RolloutStatus
 from coding_agent_env.runs.store import Filters, ResultsStore, default_path
 from coding_agent_env.settings import Settings
@@ -78,16 +79,7 @@ def rollout_page(settings: Settings, rollout_id: str) -> dict[str, Any]:
             result = store.result(rollout_id)
     if result is None:
         return {"notice": render.message_html(f"No rollout {rollout_id!r} in the results store.")}
-    return {
-        "notice": render.badge_html(result),
-        "timings": timings_html(result),
-        "setup": render.command_rows(result.setup_results),
-        "verify": render.command_rows(result.verify_results),
-        "files": render.files_html(result),
-        "turns": render.turns_markdown(result),
-        "agent_log": result.agent_log_tail,
-        "raw": result.model_dump_json(indent=2),
-    }
+    return {**render.result_parts(result), "timings": timings_html(result)}
 
 
 def runs_tab(settings: Settings) -> None:
@@ -110,19 +102,7 @@ def runs_tab(settings: Settings) -> None:
         chosen = gr.Textbox(label="rollout id", elem_id="runs-rollout-id")
         open_button = gr.Button("Open", elem_id="runs-open")
     page = {"notice": gr.HTML(elem_id="runs-verdict"), "timings": gr.HTML(elem_id="runs-timings")}
-    with gr.Tabs():
-        with gr.Tab("Commands"):
-            page["setup"] = gr.Dataframe(headers=render.COMMAND_COLUMNS, label="Setup", wrap=True)
-            page["verify"] = gr.Dataframe(headers=render.COMMAND_COLUMNS, label="Verify", wrap=True,
-                                          elem_id="runs-verify")
-        with gr.Tab("Files"):
-            page["files"] = gr.HTML(elem_id="runs-files")
-        with gr.Tab("Turns"):
-            page["turns"] = gr.Markdown(elem_id="runs-turns")
-        with gr.Tab("Agent log"):
-            page["agent_log"] = gr.Code(language=None, label="agent log (tail)")
-        with gr.Tab("Raw JSON"):
-            page["raw"] = gr.Code(language="json", label="RolloutResult")
+    page.update(result_tabs({"verify": "runs-verify", "files": "runs-files", "turns": "runs-turns"}))
 
     def refreshed(*values: Any) -> tuple[Any, ...]:
         return list_rows(settings, *values)

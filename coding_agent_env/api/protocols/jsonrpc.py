@@ -16,9 +16,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from coding_agent_env.api.terminal import TERMINAL_TOOL, is_known_tool, run_terminal, session_tools
-from coding_agent_env.api.tool import ToolCallFailed, run_tool, tool_result_dict
-from coding_agent_env.api.wire import JsonRpcRequest, rpc_error, rpc_result
+from coding_agent_env.api.protocols.wire import JsonRpcRequest, rpc_error, rpc_result, tool_result
+from coding_agent_env.api.tools import Tool, ToolCallFailed, listing, openenv_tool
 from coding_agent_env.session import Session, SessionKind, SessionManager
 from coding_agent_env.session.errors import CapacityError, SessionClosedError, UnknownSessionError
 
@@ -91,38 +90,38 @@ def _session_for(params: dict[str, Any], ctx: RpcContext) -> Session | None:
 
 
 async def _tools_list(params: dict[str, Any], ctx: RpcContext) -> dict[str, Any]:
-    return {"tools": session_tools(_session_for(params, ctx), "inputSchema")}
+    session = _session_for(params, ctx)
+    return {"tools": listing("inputSchema", session is not None and session.live_episode is not None)}
 
 
 async def _tools_call(params: dict[str, Any], ctx: RpcContext) -> dict[str, Any]:
     name = params.get("name")
     if not isinstance(name, str):
         raise _RpcFailure(INVALID_PARAMS, "Missing 'name' in params")
-    if not is_known_tool(name):
+    tool = openenv_tool(name)
+    if tool is None:
         raise _RpcFailure(INTERNAL_ERROR, f"Unknown tool: '{name}'")
     session = _session_for(params, ctx)
     arguments = params.get("arguments", {})
     if session is not None:
-        return await _call_in(session, name, arguments)
-    if name == TERMINAL_TOOL:
-        raise _RpcFailure(INTERNAL_ERROR, "Error calling tool 'terminal': it needs a session_id (a session whose "
+        return await _call_in(session, tool, arguments)
+    if not tool.offered(live_episode=False):  # a fresh temporary session cannot run it (terminal: no episode)
+        raise _RpcFailure(INTERNAL_ERROR, f"Error calling tool '{name}': it needs a session_id (a session whose "
                           "reset started an episode)")
     try:
         temporary = ctx.manager.create(SessionKind.HTTP)
     except CapacityError as exc:
         raise capacity_failure(exc) from None
     try:
-        return await _call_in(temporary, name, arguments)
+        return await _call_in(temporary, tool, arguments)
     finally:
         await ctx.manager.close(temporary.id)
 
 
-async def _call_in(session: Session, name: str, arguments: Any) -> dict[str, Any]:
+async def _call_in(session: Session, tool: Tool[Any], arguments: Any) -> dict[str, Any]:
     arguments = {} if arguments is None else arguments
     try:
-        if name == TERMINAL_TOOL:
-            return (await run_terminal(session, arguments)).result
-        return tool_result_dict(await run_tool(session, name, arguments))
+        return tool_result(await tool.call(session, arguments))
     except ToolCallFailed as exc:
         raise _RpcFailure(INTERNAL_ERROR, exc.message) from None
     except SessionClosedError as exc:  # like an unknown session_id: this session is no longer usable

@@ -18,7 +18,7 @@ import yaml
 from pydantic import SecretStr, ValidationError
 
 from coding_agent_env.agents.registry import available_agents, get_agent
-from coding_agent_env.api.ui_presets import Preset
+from coding_agent_env.api.ui.presets import Preset
 from coding_agent_env.errors import CodingAgentEnvError
 from coding_agent_env.llm import catalog
 from coding_agent_env.models import AGENT_NAMES, RolloutRequest

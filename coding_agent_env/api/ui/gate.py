@@ -32,7 +32,7 @@ __all__ = ["WEB_PATH", "WebGate"]
 log = logging.getLogger(__name__)
 
 WEB_PATH = "/web"
-_UI_MODULE = "coding_agent_env.api.ui"
+_UI_MODULE = "coding_agent_env.api.ui.tab"
 
 
 class WebGate:

@@ -1,6 +1,6 @@
 """The Gradio tab at `/web`: pick a preset, agent, sandbox and endpoint, edit the task, run, watch, inspect.
 
-`build_web(manager)` builds the Blocks and gradio's app for them; `api.web_gate.WebGate` serves it at `/web`
+`build_web(manager)` builds the Blocks and gradio's app for them; `api.ui.gate.WebGate` serves it at `/web`
 once built (in the background, so the server answers at once).
 Rollouts go through `UiRuns`, i.e. through the app's one `SessionManager` (shared capacity, INTEGRITY 17).
 A key typed into the api_key box goes into the request as a `SecretStr` and nowhere else: no output of the
@@ -19,8 +19,9 @@ from fastapi import FastAPI
 from starlette.routing import Mount
 from starlette.types import ASGIApp
 
-from coding_agent_env.api import ui_render as render
-from coding_agent_env.api.ui_form import (
+from coding_agent_env.api.ui import render
+from coding_agent_env.api.ui.episodes import UiEpisodes
+from coding_agent_env.api.ui.form import (
     CUSTOM_ENDPOINT,
     DEFAULT_ENDPOINT,
     EDITORS,
@@ -32,12 +33,12 @@ from coding_agent_env.api.ui_form import (
     endpoint_choices,
     preset_texts,
 )
-from coding_agent_env.api.ui_episodes import UiEpisodes
-from coding_agent_env.api.ui_interactive import interactive_tab
-from coding_agent_env.api.ui_presets import PRESETS
-from coding_agent_env.api.ui_runs import runs_tab
-from coding_agent_env.api.ui_run import Progress, UiRuns
-from coding_agent_env.api.web_gate import WEB_PATH
+from coding_agent_env.api.ui.gate import WEB_PATH
+from coding_agent_env.api.ui.interactive_tab import interactive_tab
+from coding_agent_env.api.ui.presets import PRESETS
+from coding_agent_env.api.ui.result_view import result_tabs
+from coding_agent_env.api.ui.rollouts import Progress, UiRuns
+from coding_agent_env.api.ui.runs_tab import runs_tab
 from coding_agent_env.errors import CodingAgentEnvError, RequestError
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.session import SessionManager
@@ -149,7 +150,7 @@ def build_blocks(
     runs: UiRuns, settings: Settings, backends: Backends, episodes: UiEpisodes | None = None
 ) -> gr.Blocks:
     """Two tabs: "Rollout" (preset -> editors, Run (streaming), Cancel) and, with `episodes`, "Interactive"
-    (`ui_interactive`), then "Runs" (the results store, `ui_runs`)."""
+    (`ui.interactive_tab`), then "Runs" (the results store, `ui.runs_tab`)."""
     with gr.Blocks(title="coding-agent-env", analytics_enabled=False) as blocks:
         gr.Markdown("# coding-agent-env")
         warning = isolation_warning(backends)
@@ -267,18 +268,7 @@ def _result_view() -> dict[str, Any]:
         "notice": gr.HTML(elem_id="notice"),
         "log": gr.Textbox(label="Live phase log", lines=8, max_lines=16, elem_id="log"),
     }
-    with gr.Tabs():
-        with gr.Tab("Commands"):
-            out["setup_table"] = gr.Dataframe(headers=render.COMMAND_COLUMNS, label="Setup", wrap=True)
-            out["verify_table"] = gr.Dataframe(headers=render.COMMAND_COLUMNS, label="Verify", wrap=True)
-        with gr.Tab("Files"):
-            out["files"] = gr.HTML(elem_id="files-view")
-        with gr.Tab("Turns"):
-            out["turns"] = gr.Markdown(elem_id="turns-view")
-        with gr.Tab("Agent log"):
-            out["agent_log"] = gr.Code(language=None, label="agent log (tail)")
-        with gr.Tab("Raw JSON"):
-            out["raw"] = gr.Code(language="json", label="RolloutResult")
+    out.update(result_tabs({"files": "files-view", "turns": "turns-view"}))
     return out
 
 
@@ -304,13 +294,5 @@ def _progress_updates(progress: Progress, out: dict[str, Any]) -> dict[Any, Any]
     result = progress.result
     if result is None:
         return updates
-    updates.update({
-        out["notice"]: render.badge_html(result),
-        out["setup_table"]: render.command_rows(result.setup_results),
-        out["verify_table"]: render.command_rows(result.verify_results),
-        out["files"]: render.files_html(result),
-        out["turns"]: render.turns_markdown(result),
-        out["agent_log"]: result.agent_log_tail,
-        out["raw"]: result.model_dump_json(indent=2),
-    })
+    updates.update({out[name]: value for name, value in render.result_parts(result).items()})
     return updates

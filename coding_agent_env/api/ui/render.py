@@ -20,6 +20,7 @@ __all__ = [
     "event_line",
     "files_html",
     "message_html",
+    "result_parts",
     "turns_markdown",
     "verdict",
 ]
@@ -82,6 +83,20 @@ def badge_html(result: RolloutResult) -> str:
         parts.append(f"<div>error in {what}</div>")
     parts.append("</div>")
     return "".join(parts)
+
+
+def result_parts(result: RolloutResult) -> dict[str, object]:
+    """A result as the tab shows it, by part: the badge (`notice`), the setup and verify rows, the files, the
+    turns, the agent log and the raw JSON (`result_view.result_tabs` lays out all but the badge)."""
+    return {
+        "notice": badge_html(result),
+        "setup": command_rows(result.setup_results),
+        "verify": command_rows(result.verify_results),
+        "files": files_html(result),
+        "turns": turns_markdown(result),
+        "agent_log": result.agent_log_tail,
+        "raw": result.model_dump_json(indent=2),
+    }
 
 
 def message_html(text: str, *, kind: str = "error") -> str:

@@ -1,30 +1,37 @@
 """OpenEnv wire shapes (PROTOCOL.md §2-§4), as strict pydantic models and small serializers.
 
 Only shapes live here; behaviour is in ws.py, jsonrpc.py and http.py. Every inbound envelope forbids extra
-keys, as OpenEnv's do, so `{"type":"state","data":{}}` is a validation error.
+keys, as OpenEnv's do, so `{"type":"state","data":{}}` is a validation error. The `state` model is
+`env_state.EnvState` (the client reads the same one). `dumps` is the one encoder of what goes out: a tool's
+result (`tools.Serialised`) is written as the JSON text it was serialised to once, never encoded again.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
+from pydantic import BaseModel, ConfigDict, Field
+
+from coding_agent_env.api.tools import Serialised, ToolReply
 
 __all__ = [
     "CallToolAction",
     "CallToolObservation",
-    "EnvState",
     "JsonRpcRequest",
     "ListToolsAction",
     "ListToolsObservation",
     "ToolErrorInfo",
     "ToolErrorType",
     "WS_ENVELOPES",
+    "call_tool_payload",
+    "dumps",
     "loads_bounded",
     "observation_payload",
     "rpc_error",
     "rpc_result",
+    "tool_result",
 ]
 
 
@@ -72,18 +79,6 @@ class CallToolObservation(_Observation):
 
 class ListToolsObservation(_Observation):
     tools: list[dict[str, Any]] = Field(default_factory=list)
-
-
-class EnvState(BaseModel):
-    """The `state` reply: OpenEnv's State (episode_id, step_count) plus this environment's fields."""
-
-    model_config = ConfigDict(extra="allow")
-
-    episode_id: str | None = None
-    step_count: NonNegativeInt = 0
-    rollouts_completed: NonNegativeInt = 0
-    last_reward: float | None = None
-    last_status: str | None = None
 
 
 class _ResetMessage(_Strict):
@@ -165,3 +160,50 @@ def rpc_result(request_id: Any, result: Any) -> dict[str, Any]:
 
 def rpc_error(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message, "data": data}}
+
+
+def tool_result(reply: ToolReply) -> dict[str, Any]:
+    """OpenEnv's tool-result dict (step path and JSON-RPC): clients read `data`; `content[0].text` is the
+    reply's text (a result's JSON, or what a terminal call says)."""
+    return {
+        "content": [{"type": "text", "text": reply.text, "annotations": None, "meta": None}],
+        "structured_content": reply.data,
+        "meta": None,
+        "data": reply.data,
+        "is_error": False,
+    }
+
+
+def call_tool_payload(
+    tool_name: str, reply: ToolReply | None = None, error: ToolErrorInfo | None = None
+) -> dict[str, Any]:
+    """A `call_tool` step's payload: the reply as OpenEnv's tool-result dict (with its reward and done), or the
+    error. The result goes in as it is (already serialised), not through the observation model."""
+    if reply is None:
+        return observation_payload(CallToolObservation(tool_name=tool_name, error=error))
+    observation = CallToolObservation(tool_name=tool_name, reward=reply.reward, done=reply.done)
+    payload = observation_payload(observation)
+    payload["observation"]["result"] = tool_result(reply)
+    return payload
+
+
+def dumps(value: Any) -> str:
+    """`json.dumps(value)`, except that each `Serialised` in it is written as its own text, as is.
+
+    Each one first stands as a placeholder string carrying a random nonce (no text in the value can name it),
+    which is then replaced by the text; the same object used twice (`data`, `structured_content`) is one."""
+    texts: dict[int, tuple[str, str]] = {}
+    nonce = ""
+
+    def placeholder(item: Any) -> str:
+        nonlocal nonce
+        if not isinstance(item, Serialised):
+            raise TypeError(f"Object of type {type(item).__name__} is not JSON serializable")
+        nonce = nonce or secrets.token_hex(16)
+        mark, _ = texts.setdefault(id(item), (f"serialised:{nonce}:{len(texts)}", item.text))
+        return mark
+
+    out = json.dumps(value, default=placeholder)
+    for mark, text in texts.values():
+        out = out.replace(json.dumps(mark), text)
+    return out

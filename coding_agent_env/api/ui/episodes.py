@@ -6,8 +6,9 @@ Contract:
   ends (its setup failed, its final answer, its deadline or idle timeout) gives its slot back at the owner's
   next action, or the idle reaper frees it; `cancel(owner)` closes the session at once (the sandbox is torn
   down before it returns). `owner` is the browser session; one episode per owner.
-- `run(owner, command)` and `answer(owner, text)` are `terminal` calls in that episode (`EpisodeError`s as the
-  Gym API raises them: no episode, bad arguments, busy, ended); each adds to the owner's transcript (command,
+- `run(owner, command)` and `answer(owner, text)` are `terminal` calls in that episode, their arguments validated
+  by the tool's own `validate` (`EpisodeError`s as the Gym API raises them: no episode, bad arguments, busy,
+  ended); each adds to the owner's transcript (command,
   exit code, output; bounded to the latest `MAX_TRANSCRIPT_CHARS`).
 - `stop()` (server shutdown) closes every UI episode.
 
@@ -19,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from coding_agent_env.api.terminal import command_text
+from coding_agent_env.api.tools import START_EPISODE, TERMINAL
+from coding_agent_env.api.tools.terminal import command_text
 from coding_agent_env.episode import Episode, EpisodeDoneError, EpisodeReport, TerminalResult
 from coding_agent_env.session import NoEpisodeError, Session, SessionKind, SessionManager
 
@@ -65,7 +67,7 @@ class UiEpisodes:
         view = UiEpisode(session)
         self._episodes[owner] = view
         try:
-            view.episode = await session.start_episode(task)
+            view.episode = await session.start_episode(START_EPISODE.validate(task))
         except BaseException:
             await self.cancel(owner)
             raise
@@ -77,19 +79,20 @@ class UiEpisodes:
         return view
 
     async def run(self, owner: str, command: str) -> TerminalResult:
-        view = self._view(owner)
-        outcome = await view.session.terminal({"command": command})
+        outcome = await self._terminal(owner, {"command": command})
         assert isinstance(outcome, TerminalResult)
-        view.add(f"$ {command}\n{command_text(outcome)}")
-        await self._release_if_done(view)
         return outcome
 
     async def answer(self, owner: str, text: str) -> EpisodeReport:
-        view = self._view(owner)
-        outcome = await view.session.terminal({"final_answer": text})
+        outcome = await self._terminal(owner, {"final_answer": text})
         assert isinstance(outcome, EpisodeReport)
-        reward = "null" if outcome.reward is None else f"{outcome.reward:g}"
-        view.add(f"[final answer submitted; episode {outcome.status.value}, reward {reward}]")
+        return outcome
+
+    async def _terminal(self, owner: str, arguments: dict[str, str]) -> TerminalResult | EpisodeReport:
+        """One `terminal` call in the owner's episode, its arguments validated by the tool; its transcript entry."""
+        view = self._view(owner)
+        outcome = await view.session.terminal(TERMINAL.validate(arguments))
+        view.add(_entry(arguments, outcome))
         await self._release_if_done(view)
         return outcome
 
@@ -120,3 +123,11 @@ class UiEpisodes:
         """An ended episode keeps its transcript and report for the tab, not its slot."""
         if view.episode is not None and view.episode.done:
             await self._manager.close(view.session.id)
+
+
+def _entry(arguments: dict[str, str], outcome: TerminalResult | EpisodeReport) -> str:
+    """The transcript's entry for a call: the command and how it ended, or the final answer's verdict."""
+    if isinstance(outcome, TerminalResult):
+        return f"$ {arguments['command']}\n{command_text(outcome)}"
+    reward = "null" if outcome.reward is None else f"{outcome.reward:g}"
+    return f"[final answer submitted; episode {outcome.status.value}, reward {reward}]"

@@ -2,6 +2,7 @@
 
 One reply per request, strictly in order; `close` gets none. The socket owns a new session, or with
 `?session_id=` attaches to one created over JSON-RPC (detaching leaves it alive unless a close was requested).
+Replies are encoded by `wire.dumps` (a tool's result goes out as the JSON text it was serialised to once).
 Frames are read concurrently with the processing of earlier ones, so a disconnect during a rollout is seen
 at once: it cancels that rollout (the sandbox is torn down) and frees the session.
 
@@ -23,9 +24,9 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from coding_agent_env.api.jsonrpc import PARSE_ERROR, SERVER_ERROR, RpcContext, dispatch
-from coding_agent_env.api.step import reset, step
-from coding_agent_env.api.wire import WS_ENVELOPES, loads_bounded, rpc_error
+from coding_agent_env.api.protocols.jsonrpc import PARSE_ERROR, SERVER_ERROR, RpcContext, dispatch
+from coding_agent_env.api.protocols.step import reset, step
+from coding_agent_env.api.protocols.wire import WS_ENVELOPES, dumps, loads_bounded, rpc_error
 from coding_agent_env.errors import RequestError
 from coding_agent_env.session import Session, SessionKind, SessionManager
 from coding_agent_env.session.errors import CapacityError, SessionClosedError, SessionError
@@ -76,7 +77,7 @@ async def serve_ws(websocket: WebSocket, manager: SessionManager, settings: Sett
 
 async def _refuse(websocket: WebSocket, frame: dict[str, Any]) -> None:
     with contextlib.suppress(WebSocketDisconnect, RuntimeError):
-        await websocket.send_text(json.dumps(frame))
+        await websocket.send_text(dumps(frame))
         await websocket.close(_CLOSE_NORMAL)
 
 
@@ -122,9 +123,9 @@ class _Connection:
             if reply is _CLOSE:
                 return
             if isinstance(reply, _Last):
-                await self.websocket.send_text(json.dumps(reply.frame))
+                await self.websocket.send_text(dumps(reply.frame))
                 return
-            await self.websocket.send_text(json.dumps(reply))
+            await self.websocket.send_text(dumps(reply))
 
     async def _serve_frame(self, text: str) -> Any:
         try:
@@ -153,7 +154,7 @@ class _Connection:
         if kind == "close":
             return _CLOSE
         if kind == "state":
-            return {"type": "state", "data": self.session.snapshot()}
+            return {"type": "state", "data": self.session.snapshot().model_dump()}
         if kind == "reset":
             return {"type": "observation", "data": await reset(self.session, message.data)}
         if kind == "mcp":

@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from coding_agent_env.api.ui_render import event_line
+from coding_agent_env.api.ui.render import event_line
 from coding_agent_env.models import RolloutRequest, RolloutResult
 from coding_agent_env.rollout import events as ev
 from coding_agent_env.session import SessionBusyError, SessionKind, SessionManager
