@@ -97,8 +97,10 @@ def test_an_explicit_lock_dir_is_where_the_locks_are(state_dir: Path, settings: 
     assert (state_dir / f"{holder.uid}.lock").is_file()
     pool = UidPool(uids.start, 4, lock_dir=state_dir)
     taken = pool.take()
-    assert taken != holder.uid
+    assert taken != holder.uid and (state_dir / f"{taken}.lock").is_file()
     pool.give(taken)
+    assert not (state_dir / f"{taken}.lock").exists()  # given back: its lock file goes (none pile up)
+    holder.kill()
 
 
 async def test_a_live_sandbox_uid_is_not_handed_out_by_another_process(
@@ -112,3 +114,45 @@ async def test_a_live_sandbox_uid_is_not_handed_out_by_another_process(
         assert other.uid != box.host_uid  # type: ignore[attr-defined]
     finally:
         await box.close()
+
+
+_CHURN = """
+import os, sys
+from pathlib import Path
+from coding_agent_env.errors import SandboxError
+from coding_agent_env.sandbox.local.uids import UidPool
+base, locks, marks, rounds = int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
+pool, held = UidPool(base, 1, lock_dir=locks), 0
+while held < rounds:
+    try:
+        uid = pool.take()
+    except SandboxError:
+        continue
+    # Held: nobody else may hold it now (O_EXCL fails if another holder's mark is there).
+    fd = os.open(marks / str(uid), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    os.close(fd)
+    os.unlink(marks / str(uid))
+    pool.give(uid)
+    held += 1
+"""
+
+
+def test_processes_taking_and_giving_one_uid_never_hold_it_together(state_dir: Path, settings: Settings) -> None:
+    uid = uid_pool(settings).start
+    locks, marks = state_dir / "locks", state_dir / "marks"
+    locks.mkdir()
+    marks.mkdir()
+    churners = [subprocess.Popen([sys.executable, "-c", _CHURN, str(uid), str(locks), str(marks), "300"],
+                                 stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    errors = []
+    try:
+        for churner in churners:
+            _, err = churner.communicate(timeout=120)
+            errors.append(err if churner.returncode else "")
+    finally:
+        for churner in churners:
+            if churner.poll() is None:
+                churner.kill()
+            churner.communicate()
+    assert not any(errors), [err[-1000:] for err in errors if err]
+    assert list(locks.iterdir()) == [] and list(marks.iterdir()) == []

@@ -4,9 +4,11 @@ A uid is a host resource, not a process's (INTEGRITY 36): two servers, or a serv
 overlapping ranges must never run two live sandboxes as one uid (each would read the other's files, and the
 close() of one, which ends every process of its uid, would kill the other's). So a uid is held by an exclusive
 `flock` on its own lock file, `LOCK_DIR/<uid>.lock`, for as long as its sandbox lives. The kernel drops the
-lock when its holder closes it or dies, however it dies: a crashed server leaves no uid taken. Lock files are
-never removed (removing one while another process opens it would let two processes lock two different files
-of one name).
+lock when its holder closes it or dies, however it dies: a crashed server leaves no uid taken. A holder removes
+its lock file as it gives the uid back (while still holding the lock); a process that opened that file just
+before then finds, once it has the lock, that the file is no longer the one at the path, and tries again: the
+lock that counts is always the one on the file the path names. (A crashed holder's file stays, unlocked, until
+the uid is next taken and given.)
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ class UidPool:
         with self._ledger:
             fd = self._held.pop(uid, None)
         if fd is not None:
+            try:
+                os.unlink(self._dir / f"{uid}.lock")  # still locked: see the module docstring
+            except OSError:
+                pass
             os.close(fd)  # closing the only descriptor of its open file drops the lock
 
     def _make_dir(self) -> None:
@@ -68,17 +74,29 @@ class UidPool:
     def _lock(self, uid: int) -> int | None:
         """The descriptor holding `uid`'s lock, or None when another process (or open file) holds it."""
         path = self._dir / f"{uid}.lock"
-        try:
-            # CLOEXEC: no command the sandbox starts may inherit (and so keep) the lock.
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            raise SandboxError(f"cannot open the sandbox uid lock {path}: {exc.strerror}") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        except OSError as exc:
-            os.close(fd)
-            raise SandboxError(f"cannot lock {path}: {exc.strerror}") from exc
-        return fd
+        while True:
+            try:
+                # CLOEXEC: no command the sandbox starts may inherit (and so keep) the lock.
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            except OSError as exc:
+                raise SandboxError(f"cannot open the sandbox uid lock {path}: {exc.strerror}") from exc
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return None
+            except OSError as exc:
+                os.close(fd)
+                raise SandboxError(f"cannot lock {path}: {exc.strerror}") from exc
+            if _same_file(fd, path):
+                return fd
+            os.close(fd)  # its holder removed it as it gave the uid back: lock the file now at the path
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        at_path = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (at_path.st_dev, at_path.st_ino)
