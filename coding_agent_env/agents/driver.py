@@ -24,7 +24,6 @@ from coding_agent_env.agents.spec import CliAgentSpec, Launch, LaunchContext
 from coding_agent_env.errors import (
     AgentError,
     SandboxError,
-    SandboxFileError,
     SandboxFileNotFoundError,
     SandboxFileNotRegularError,
     UnknownAgentError,
@@ -136,7 +135,7 @@ class CliAgent(Agent):
             # Removed first: whatever the agent left at the path (a FIFO, a directory) is replaced, never opened.
             await ctx.sandbox.remove(ctx.log_path)
             await ctx.sandbox.write_bytes(ctx.log_path, current + transcript)
-        except SandboxFileError as exc:
+        except SandboxError as exc:  # a full disk, a path the agent made unwritable: the agent's outcome stands
             log.warning("agent %s: transcript not appended to the log: %s", self.spec.name, exc)
 
 

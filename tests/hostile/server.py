@@ -124,6 +124,10 @@ class HealthProbe:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        # At least one answer measured, however quickly the attack ended (a probe with none proves nothing).
+        deadline = time.monotonic() + PROBE_TIMEOUT_S + 1
+        while self.answers == 0 and time.monotonic() < deadline and self._thread is not None and self._thread.is_alive():
+            time.sleep(0.01)  # polling the probe thread, with a deadline
         self._stop.set()
         if self._thread is not None:
             self._thread.join(PROBE_TIMEOUT_S + 1)
