@@ -31,6 +31,12 @@ ALLOWED = {
     "runs": LEAVES | {"tasks", "rollout", "sandbox", "client"},  # `run --server` drives a server over the client
 }
 """What each layer may import besides itself."""
+API_ROOMS = {
+    "tools": set(),  # the one table of tools: below every door
+    "protocols": {"tools"},  # the doors (WS, JSON-RPC, MCP, HTTP) take their tools from the table
+    "ui": {"tools", "heap"},  # the Gradio tab: the table's validation and texts; heap for its background build
+}
+"""The rooms of `api` and what each may import of the rest of `api` (its root modules compose them)."""
 
 
 def module_name(path: Path) -> str:
@@ -61,6 +67,11 @@ def edges() -> dict[str, set[str]]:
 
 def layer(module: str) -> str:
     return module.split(".")[1] if "." in module else "<root>"
+
+
+def api_room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "api" else None
 
 
 def test_no_layer_imports_upward() -> None:
@@ -94,3 +105,35 @@ def test_no_import_cycles() -> None:
         if module not in state:
             visit(module)
     assert cycles == []
+
+
+def test_api_rooms_import_only_what_they_may() -> None:
+    crossing = sorted(
+        f"{module} -> {target}"
+        for module, targets in edges().items()
+        if api_room(module) in API_ROOMS
+        for target in targets
+        if layer(target) == "api"
+        and api_room(target) != api_room(module)
+        and api_room(target) not in API_ROOMS[api_room(module) or ""]
+    )
+    assert crossing == []
+
+
+def test_only_the_tab_imports_gradio() -> None:
+    """The server answers before the tab is built: gradio is imported only by `api.ui` (its gate excepted)."""
+    importers = sorted(
+        module
+        for module, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        and any(name.split(".")[0] == "gradio" for name in _imported_names(node))
+    )
+    outside = [module for module in importers if api_room(module) != "ui" or module.endswith(".ui.gate")]
+    assert importers and outside == []
+
+
+def _imported_names(node: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(node, ast.ImportFrom):
+        return [node.module or ""] if node.level == 0 else []
+    return [alias.name for alias in node.names]
