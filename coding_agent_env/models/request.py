@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal, get_args
 from pydantic import Field, SecretStr, ValidationError, model_validator
 
 from coding_agent_env.models.task import Task
-from coding_agent_env.models.wire import Mode, NativeDialect
+from coding_agent_env.models.wire import Mode, NativeDialect, name_field
 from coding_agent_env.settings import WireLimits
 
 __all__ = ["AGENT_NAMES", "AgentName", "RolloutRequest", "request_fields_schema", "validation_summary"]
@@ -35,11 +35,9 @@ class RolloutRequest(Task):
         description=f"Agent to run: {', '.join(AGENT_NAMES[:-2])} (LLM agents), oracle (runs `solution`) or nop; "
         "default: the server's (DEFAULT_AGENT, opencode unless set).",
     )
-    endpoint: str | None = Field(
-        default=None,
-        max_length=WireLimits.MAX_NAME_CHARS,
-        description="Name of an LLM endpoint in the server's catalog (openai, vllm, hf_router, ...); "
-        "alternative to base_url + api_key + model.",
+    endpoint: str | None = name_field(
+        "Name of an LLM endpoint in the server's catalog (openai, vllm, hf_router, ...); "
+        "alternative to base_url + api_key + model."
     )
     base_url: str | None = Field(
         default=None,
@@ -50,7 +48,7 @@ class RolloutRequest(Task):
         default=None,
         description="API key for base_url. Never enters the sandbox, the logs or the result.",
     )
-    model: str | None = Field(default=None, max_length=WireLimits.MAX_NAME_CHARS, description="Model id, e.g. Qwen/Qwen3-4B.")
+    model: str | None = name_field("Model id, e.g. Qwen/Qwen3-4B.")
     mode: Mode = Field(
         default=Mode.BLACK_BOX,
         description="black_box records turns; transparent_proxy also asks the upstream for logprobs and token ids.",

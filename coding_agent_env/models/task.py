@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from coding_agent_env.models.wire import WireModel
+from coding_agent_env.models.wire import WireModel, name_field
 from coding_agent_env.settings import WireLimits
 from coding_agent_env.verify_env import AGENT_WRITABLE_ROOTS, workspace_entry
 
@@ -46,6 +46,11 @@ def check_relative_path(path: str, what: str = "file path") -> str:
     return normal
 
 
+def _commands(description: str) -> Any:
+    """A list of shell commands, empty unless given, bounded (each command is checked by `_commands_bounded`)."""
+    return Field(default_factory=list, max_length=WireLimits.MAX_COMMANDS, description=description)
+
+
 class LimitsRequest(WireModel):
     """Sandbox limits a request asks for; each at most the server's (`SANDBOX_MEMORY_MB`, `SANDBOX_DISK_MB`,
     `SANDBOX_MAX_PROCESSES`, `SANDBOX_CPUS`), which also stand for what is not given."""
@@ -67,17 +72,13 @@ class Task(WireModel):
         max_length=WireLimits.MAX_INSTRUCTION_CHARS,
         description="The task given to the agent, verbatim. It reaches the agent through a file, never argv.",
     )
-    setup: list[str] = Field(
-        default_factory=list,
-        max_length=WireLimits.MAX_COMMANDS,
-        description="Shell commands run in order in the workdir before the agent; the first failure stops "
-        "the rollout with status setup_failed and reward null.",
+    setup: list[str] = _commands(
+        "Shell commands run in order in the workdir before the agent; the first failure stops "
+        "the rollout with status setup_failed and reward null."
     )
-    verify: list[str] = Field(
-        default_factory=list,
-        max_length=WireLimits.MAX_COMMANDS,
-        description="Shell commands run after the agent's process tree is dead. Reward: a number in [0,1] "
-        "written to $REWARD_FILE, else the fraction of verify commands that exit 0.",
+    verify: list[str] = _commands(
+        "Shell commands run after the agent's process tree is dead. Reward: a number in [0,1] "
+        "written to $REWARD_FILE, else the fraction of verify commands that exit 0."
     )
     files: dict[str, str] = Field(
         default_factory=dict,
@@ -106,21 +107,15 @@ class Task(WireModel):
         "(`*`, `?`, `[...]`; `*` also matches `/`). When given, verify runs in a clean room: a fresh sandbox "
         "with `files`, these artifacts (regular files only) and `verify_files`, and nothing else the agent wrote.",
     )
-    solution: list[str] = Field(
-        default_factory=list,
-        max_length=WireLimits.MAX_COMMANDS,
-        description="Reference solution commands, run by the 'oracle' agent in place of an LLM agent.",
+    solution: list[str] = _commands(
+        "Reference solution commands, run by the 'oracle' agent in place of an LLM agent."
     )
-    sandbox: str | None = Field(
-        default=None,
-        max_length=WireLimits.MAX_NAME_CHARS,
-        description="Sandbox backend, one of those the server enabled; default: the server's default backend.",
+    sandbox: str | None = name_field(
+        "Sandbox backend, one of those the server enabled; default: the server's default backend."
     )
-    image: str | None = Field(
-        default=None,
-        max_length=WireLimits.MAX_NAME_CHARS,
-        description="Container image or template for backends that use one; ignored by the local backend. "
-        "`template` (OpenEnv's opencode_env name for it) is accepted as the same field.",
+    image: str | None = name_field(
+        "Container image or template for backends that use one; ignored by the local backend. "
+        "`template` (OpenEnv's opencode_env name for it) is accepted as the same field."
     )
     agent_timeout_s: float = Field(
         default=600.0,
@@ -154,9 +149,7 @@ class Task(WireModel):
         "variable into them (refused). In a clean room, a reward file counts only with `reward_file_required` "
         "(the artifacts verify runs could write one). false: none of this.",
     )
-    task_id: str | None = Field(
-        default=None, max_length=WireLimits.MAX_NAME_CHARS, description="Caller's id for the task, echoed in the result."
-    )
+    task_id: str | None = name_field("Caller's id for the task, echoed in the result.")
 
     @model_validator(mode="before")
     @classmethod

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Mode", "NativeDialect", "WireModel"]
+from coding_agent_env.settings import WireLimits
+
+__all__ = ["Mode", "NativeDialect", "WireModel", "name_field"]
 
 NativeDialect = Literal["anthropic", "responses", "google"]
 """Agent wire dialects other than chat completions, by the names the relay gives them."""
@@ -24,3 +26,8 @@ class WireModel(BaseModel):
     """A model on the wire: an unknown field is an error, never silently dropped."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+def name_field(description: str) -> Any:
+    """An optional name (a backend, an image, an endpoint, an id): null unless given, bounded."""
+    return Field(default=None, max_length=WireLimits.MAX_NAME_CHARS, description=description)

@@ -173,14 +173,6 @@ class _Rollout:
         self.timings: dict[str, float] = {}
         self.cancelled_by_request = False
 
-    @property
-    def redact(self) -> Redactor:
-        return self.workspace.redact
-
-    @property
-    def sandbox(self) -> Sandbox | None:
-        return self.workspace.sandbox
-
     # -- driving ---------------------------------------------------------------------------------------
 
     async def execute(self) -> RolloutResult:
@@ -247,7 +239,7 @@ class _Rollout:
         """An unexpected exception while `phase` handled what the agent left (see the module docstring): typed in
         `error`; verify scores 0 (with a reward of null the agent would have escaped its score), collect omits."""
         kind = type(exc).__name__
-        self.error = ErrorInfo(type=kind, stage=phase, message=self.redact.text(str(exc) or kind))
+        self.error = ErrorInfo(type=kind, stage=phase, message=self.workspace.redact.text(str(exc) or kind))
         if phase == "verify":
             self.reward = 0.0
             self.reward_note = f"verify could not complete on what the agent left ({kind}): scored 0"
@@ -256,7 +248,7 @@ class _Rollout:
 
     def fail(self, status: RolloutStatus, stage: str, kind: str, message: str) -> None:
         self.status, self.reward = status, None
-        self.error = ErrorInfo(type=kind, stage=stage, message=self.redact.text(message))
+        self.error = ErrorInfo(type=kind, stage=stage, message=self.workspace.redact.text(message))
 
     def emit(self, event: ev.RolloutEvent) -> None:
         if self._emit is None:
@@ -301,7 +293,7 @@ class _Rollout:
             from_sandbox=self.agent.llm_from_sandbox,
         )
         self.llm = await self.workspace.resources.enter_async_context(opening)
-        self.workspace.redact = Redactor([*self.llm.secrets, *self.redact.secrets])
+        self.workspace.redact = Redactor([*self.llm.secrets, *self.workspace.redact.secrets])
         return self.llm.sandbox_relay
 
     async def _setup(self) -> None:
@@ -354,7 +346,7 @@ class _Rollout:
         except SandboxError as exc:
             # The agent's own output: a FIFO, a directory or a symlink in its place is noted, never opened.
             why = "not a regular file" if isinstance(exc, SandboxFileNotRegularError) else str(exc)
-            self.agent_log_tail = f"[coding-agent-env] the agent's log was not read: {self.redact.text(why)}\n"
+            self.agent_log_tail = f"[coding-agent-env] the agent's log was not read: {self.workspace.redact.text(why)}\n"
 
     async def _verify(self) -> None:
         def record(index: int, result: CommandResult) -> None:
@@ -373,7 +365,7 @@ class _Rollout:
         self.files, self.files_extra = collected.files, collected.omitted
 
     async def _teardown(self) -> None:
-        if self.sandbox is None and self.llm is None:
+        if self.workspace.sandbox is None and self.llm is None:
             return
         self.emit(ev.PhaseStarted(rollout_id=self.rollout_id, phase="teardown"))
         started = time.monotonic()
@@ -402,7 +394,7 @@ class _Rollout:
             rollout_id=self.rollout_id,
             task_id=task_id,
             agent=self.agent.name,
-            sandbox_id=self.sandbox.id if self.sandbox else "",
+            sandbox_id=self.workspace.sandbox.id if self.workspace.sandbox else "",
             mode=self.request.mode,
             status=self.status,
             reward=self.reward,
@@ -421,7 +413,7 @@ class _Rollout:
         )
         # Always, even with no secret to remove: a file name read back may hold undecodable bytes (as surrogate
         # escapes), and a model's text lone surrogates, which no JSON encoder would take (about 0.1 ms).
-        result = RolloutResult.model_validate(self.redact.deep(raw.model_dump(mode="json")))
+        result = RolloutResult.model_validate(self.workspace.redact.deep(raw.model_dump(mode="json")))
         # The graph and the trace are built from the redacted turns: their numbers hold no secret, and their few
         # strings come from those turns and the redacted task id.
         annotated, graph = annotate(result.proxy_turns, self.rollout_id)

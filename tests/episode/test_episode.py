@@ -226,3 +226,24 @@ async def test_a_hundred_episodes_ended_every_way_leave_nothing(settings: Settin
     assert statuses.count(EpisodeStatus.COMPLETED) == 25 and statuses.count(EpisodeStatus.EXPIRED) == 25
     assert statuses.count(EpisodeStatus.CANCELLED) == 50
     assert not leftovers(settings)
+
+
+@pytest.mark.parametrize("kind", ["local", "local-unisolated"])
+async def test_harbor_fields_reach_episodes(kind: str, backend_for: Callable[[str], Target], start: Starter) -> None:
+    """A task field reaches episodes from the `Task` model: Harbor's hidden tests under /tests and its required
+    reward file work in an episode as in a rollout, and a sandbox that cannot show /tests refuses the task at
+    start (before any command), as a rollout's provision does."""
+    task = {"instruction": "Write the answer.", "verify_files_root": "/tests", "reward_file_required": True,
+            "verify_files": {"test.sh": 'test "$(cat "$FINAL_ANSWER_FILE")" = 42 && echo 1 > "$REWARD_FILE"'},
+            "verify_scripts": "bash /tests/test.sh"}
+    episode = await start(backend_for(kind), task)
+    if kind == "local-unisolated":
+        report = episode.report()
+        assert report.status is EpisodeStatus.INFRA_ERROR and report.error is not None
+        assert "/tests" in report.error.message and report.setup_results == []
+        return
+    assert (await episode.terminal("test -e /tests/test.sh; echo $?")).output == "1\n"  # hidden until verify
+    final = await episode.final_answer("42")
+    assert final.status is EpisodeStatus.COMPLETED and final.reward == 1.0, (final.error, final.verify_results)
+    wrong = await start(backend_for(kind), task)
+    assert (await wrong.final_answer("41")).reward == 0.0  # no reward file: 0, as Harbor's rule says
