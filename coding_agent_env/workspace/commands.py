@@ -21,7 +21,7 @@ __all__ = ["CommandRunner"]
 
 @dataclass(frozen=True)
 class CommandRunner:
-    """Runs one rollout's task commands in its sandbox."""
+    """Runs one workspace's task commands (setup, verify, a clean room's) in a sandbox."""
 
     sandbox: Sandbox
     timeout_s: float
