@@ -30,6 +30,8 @@ _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONB
 _CREATE_TRIES = 8
 """How often `create_file` unlinks what a live sandbox keeps putting back at the path before it gives up."""
 _CHUNK = 1 << 20
+_TAIL_READ_FACTOR = 16
+"""A tail read of a file still growing reads at most this many times its bound (or chunk) before it stops."""
 
 
 def open_regular(host: Path, inside: Path, shown: str) -> int:
@@ -74,10 +76,12 @@ def read_fd(fd: int, max_bytes: int, tail: bool) -> bytes:
             return _read_up_to(fd, max_bytes)
         # Small when looked at: read on, keeping the last `max_bytes` of whatever it grew to.
         window: collections.deque[bytes] = collections.deque()
-        kept = 0
-        while chunk := os.read(fd, _CHUNK):
+        kept = read = 0
+        # Bounded: a writer that outlived the command (or outpaces the read) must not keep this thread forever.
+        while read < _TAIL_READ_FACTOR * max(max_bytes, _CHUNK) and (chunk := os.read(fd, _CHUNK)):
             window.append(chunk)
             kept += len(chunk)
+            read += len(chunk)
             while kept - len(window[0]) >= max_bytes:
                 kept -= len(window.popleft())
         return b"".join(window)[-max_bytes:] if max_bytes else b""
