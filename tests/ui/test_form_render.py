@@ -46,6 +46,13 @@ def test_presets_round_trip_through_the_editors(name: str) -> None:
     assert request.endpoint is None and request.api_key is None and request.agent == "oracle"
 
 
+def test_the_form_is_validated_by_the_run_rollout_tool_itself() -> None:
+    """As on every door: a file text no file can hold (a lone surrogate) is refused before anything runs."""
+    with pytest.raises(FormError, match=r"files\['a\.txt'\].*U\+D800") as caught:
+        build_request(_form(files='a.txt: "SECRET\\ud800"'))
+    assert "SECRET" not in str(caught.value)
+
+
 def test_empty_boxes_fall_back_to_the_request_defaults() -> None:
     request = build_request(_form(files=None, setup=None, task_id=None, model=None, agent_timeout_s=None,
                                   command_timeout_s=None, top_logprobs=None))

@@ -1,8 +1,8 @@
 """The web tab's form: presets to editor text, editor values to a `RolloutRequest`, and the selector choices.
 
 Contracts:
-- `build_request(form)` returns a valid `RolloutRequest` or raises `FormError` whose message names the field
-  and the rule broken, never the value entered (so a pasted key cannot be echoed back through an error).
+- `build_request(form)` returns a `RolloutRequest` validated by the `run_rollout` tool (`api.tools`, as on every
+  door) or raises `FormError` whose message names the field and the rule broken, never the value entered (so a pasted key cannot be echoed back through an error).
 - Command lists, artifact patterns and files are edited as YAML (a list of strings; a mapping of path ->
   text), so multi-line commands such as heredocs survive the round trip. `EDITORS` names the task editors, in
   the order `preset_texts` fills them.
@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
-from pydantic import SecretStr, ValidationError
+from pydantic import SecretStr
 
 from coding_agent_env.agents.registry import available_agents, get_agent
+from coding_agent_env.api.tools import ROLLOUT
 from coding_agent_env.api.ui.presets import Preset
-from coding_agent_env.errors import CodingAgentEnvError
+from coding_agent_env.errors import CodingAgentEnvError, RequestError
 from coding_agent_env.llm import catalog
 from coding_agent_env.models import AGENT_NAMES, RolloutRequest
 from coding_agent_env.settings import Settings
@@ -175,10 +176,9 @@ def build_request(form: Form) -> RolloutRequest:
         **_endpoint_fields(form),
     }
     try:
-        return RolloutRequest.model_validate(fields)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'request'}: {e['msg']}" for e in exc.errors())
-        raise FormError(problems) from None
+        return ROLLOUT.validate(fields)  # the run_rollout tool's own validation, as every door's
+    except RequestError as exc:
+        raise FormError(str(exc)) from None
 
 
 def agent_choices(settings: Settings) -> list[tuple[str, str]]:
