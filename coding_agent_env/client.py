@@ -31,9 +31,9 @@ from websockets.exceptions import ConnectionClosed
 from coding_agent_env.env_state import EnvState
 from coding_agent_env.errors import CodingAgentEnvError
 from coding_agent_env.models import RolloutRequest, RolloutResult
-from coding_agent_env.rollout.budget import Budget
 from coding_agent_env.settings import Settings
 from coding_agent_env.urls import ws_url
+from coding_agent_env.workspace.budget import Budget
 
 __all__ = [
     "ClientError",

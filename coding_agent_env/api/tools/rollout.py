@@ -15,8 +15,8 @@ from pydantic import ValidationError
 from coding_agent_env.api.tools.base import ArgumentsError, Tool
 from coding_agent_env.api.tools.reply import ToolReply
 from coding_agent_env.models import RolloutRequest, RolloutResult, request_fields_schema, validation_summary
-from coding_agent_env.rollout.writable import check_writable
 from coding_agent_env.session import Session
+from coding_agent_env.workspace.writable import check_writable
 
 __all__ = ["TOOL_DESCRIPTION", "TOOL_NAME", "RunRollout"]
 
