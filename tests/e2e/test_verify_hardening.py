@@ -179,7 +179,7 @@ async def test_an_image_path_into_the_workspace_is_dropped_for_verify(settings: 
 
 
 def preset(name: str, **update: object) -> RolloutRequest:
-    from coding_agent_env.api.ui_presets import PRESETS
+    from coding_agent_env.api.ui.presets import PRESETS
 
     fields = {key: value for key, value in vars(PRESETS[name]).items()}
     return RolloutRequest(agent="oracle", task_id=name, **fields).model_copy(update=update)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from coding_agent_env.api.step import step
-from coding_agent_env.api.tool import TOOL_NAME, ToolCallFailed, parse_arguments
+from coding_agent_env.api.protocols.step import step
+from coding_agent_env.api.tools import ROLLOUT, ToolCallFailed
 from coding_agent_env.episode import TaskArgumentsError, TerminalArgumentsError, parse_task, parse_terminal
 from coding_agent_env.episode.terminal import TerminalCall
 from coding_agent_env.session import SessionKind, SessionManager
@@ -37,7 +37,7 @@ def test_a_file_text_no_file_can_hold_is_refused_before_anything_starts(field: s
     message = str(caught.value)
     assert f"{field}['b.txt']" in message and "U+D800 at character 6" in message and "SECRET" not in message
     with pytest.raises(ToolCallFailed) as failed:
-        parse_arguments(TOOL_NAME, arguments)
+        ROLLOUT.parse(arguments)
     assert failed.value.error_type == "invalid_args" and "U+D800" in failed.value.message
 
 
