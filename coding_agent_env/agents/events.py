@@ -13,10 +13,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from coding_agent_env import jsonsafe
 from coding_agent_env.models import AgentEvents, AgentToolUse
 
 __all__ = [
-    "AgentReport", "items", "json_lines", "max_depth_exceeded", "parse_total", "render_transcript", "report_events",
+    "AgentReport", "items", "json_lines", "parse_total", "render_transcript", "report_events",
 ]
 
 MAX_LINE_CHARS = 4 * 1024 * 1024
@@ -71,41 +72,15 @@ def _short(value: Any, limit: int) -> str:
     return value if len(value) <= limit else value[:limit] + "..."
 
 
-def max_depth_exceeded(text: str, limit: int) -> bool:
-    """Whether brackets in `text` (outside strings) nest deeper than `limit`. Linear, no recursion."""
-    depth = 0
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif char in "]}":
-            depth -= 1
-    return False
-
-
 def json_lines(text: str, report: AgentReport) -> Iterator[dict[str, Any]]:
     """The JSON objects among the lines of `text`; everything else that looks like JSON counts as malformed."""
     for line in text.splitlines():
         line = line.strip()
         if not line.startswith("{"):
             continue
-        if len(line) > MAX_LINE_CHARS or max_depth_exceeded(line, MAX_DEPTH):
-            report.malformed += 1
-            continue
         try:
-            value = json.loads(line)
-        except (ValueError, RecursionError):
+            value = jsonsafe.loads(line, max_chars=MAX_LINE_CHARS, max_depth=MAX_DEPTH)
+        except ValueError:
             report.malformed += 1
             continue
         if isinstance(value, dict):

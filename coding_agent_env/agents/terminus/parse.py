@@ -62,7 +62,7 @@ class ParseFailure(namedtuple("ParseFailure", ("reason",))):
 
 def _depth_ok(text: str) -> bool:
     """Whether brackets (outside strings, parentheses included) nest at most MAX_DEPTH deep. The host's
-    `agents.events.max_depth_exceeded` does the same for JSON, but this module also runs as part of the
+    `jsonsafe.nesting_exceeds` does the same for JSON, but this module also runs as part of the
     standalone program on the standard library alone, without the package. Only the characters that matter
     are visited (found by the regex engine, in C): ordinary text costs next to nothing."""
     depth = 0

@@ -12,11 +12,11 @@ can learn.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from coding_agent_env import jsonsafe
 from coding_agent_env.models import CommandResult
 
 __all__ = ["Score", "parse_reward_file", "reward_from_json", "score"]
@@ -57,20 +57,7 @@ def reward_from_json(text: str) -> str:
     """The reward a Harbor `reward.json` states, as reward-file text (`parse_reward_file` then checks it): a bare
     number, `{"reward": x}`, or an object with exactly one numeric value. ValueError with the reason otherwise,
     and only ValueError (see the module docstring)."""
-    if not isinstance(text, str):
-        raise ValueError("not text")
-    if len(text) > MAX_REWARD_JSON_CHARS:
-        raise ValueError(f"longer than {MAX_REWARD_JSON_CHARS} characters")
-    if _nesting_exceeds(text, MAX_REWARD_JSON_DEPTH):
-        raise ValueError(f"nested deeper than {MAX_REWARD_JSON_DEPTH} levels")
-    try:
-        data = json.loads(text)
-    except ValueError:
-        raise ValueError("not JSON") from None
-    except Exception as exc:  # noqa: BLE001 - the contract: a reason, never another exception
-        # Bounded above, so not expected (a RecursionError, say); kept so that a gap in the bounds is a noted
-        # score, never a traceback.
-        raise ValueError(f"not JSON ({type(exc).__name__})") from None
+    data = jsonsafe.loads(text, max_chars=MAX_REWARD_JSON_CHARS, max_depth=MAX_REWARD_JSON_DEPTH)
     return _reward_text(data)
 
 
@@ -90,29 +77,6 @@ def _reward_text(data: object) -> str:
         return repr(float(data))
     except OverflowError:  # an integer too large for a float: certainly not in [0, 1]
         raise ValueError("the reward is out of [0, 1] (an integer too large)") from None
-
-
-def _nesting_exceeds(text: str, limit: int) -> bool:
-    """Whether brackets outside JSON strings nest deeper than `limit`. Linear, no recursion."""
-    depth = 0
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif char in "]}":
-            depth -= 1
-    return False
 
 
 def score(verify_results: Sequence[CommandResult], reward_text: str | None, *, file_required: bool = False) -> Score:
