@@ -9,12 +9,13 @@ variables (`DOCKER_HOST`, ...: see `backend_config`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
@@ -42,6 +43,7 @@ __all__ = [
 ]
 
 _MIB = 1024 * 1024
+_Section = TypeVar("_Section")
 
 
 class WireLimits:
@@ -416,6 +418,11 @@ class Settings(BaseModel):
                 return config
         enabled = ", ".join(self.sandbox_backends)
         raise UnknownBackendError(f"sandbox backend {name!r} is not enabled on this server (enabled: {enabled})")
+
+    def section(self, shape: type[_Section], prefix: str) -> _Section:
+        """The dataclass `shape` with each field `name` set from `<prefix><name>` here: the limits a room takes
+        from these settings, defined once (here) and named alike."""
+        return shape(**{item.name: getattr(self, prefix + item.name) for item in dataclasses.fields(shape)})
 
     def with_backends(self, *configs: BackendConfig) -> Settings:
         """These settings with `configs` as the enabled backends (validated)."""

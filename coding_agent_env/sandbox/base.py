@@ -88,14 +88,7 @@ class SandboxLimits:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SandboxLimits:
-        return cls(
-            memory_mb=settings.sandbox_memory_mb,
-            disk_mb=settings.sandbox_disk_mb,
-            max_processes=settings.sandbox_max_processes,
-            cpus=settings.sandbox_cpus,
-            max_file_mb=settings.sandbox_max_file_mb,
-            cpu_s=settings.sandbox_cpu_s,
-        )
+        return settings.section(cls, "sandbox_")
 
     def rlimits(self, *, nproc: bool) -> dict[str, int]:
         """The per-process limits set on every sandboxed command, by `prlimit` name (`data`, `fsize`, `cpu`, and

@@ -51,13 +51,7 @@ class TerminusConfig:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TerminusConfig:
-        return cls(
-            max_turns=settings.terminus_max_turns,
-            command_timeout_s=settings.terminus_command_timeout_s,
-            max_output_bytes=settings.terminus_max_output_bytes,
-            llm_timeout_s=settings.terminus_llm_timeout_s,
-            loose_parsing=settings.terminus_loose_parsing,
-        )
+        return settings.section(cls, "terminus_")
 
 
 def record(report: AgentReport, kind: object, fields: dict[str, Any]) -> None:

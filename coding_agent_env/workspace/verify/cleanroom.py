@@ -48,12 +48,7 @@ class ArtifactCaps:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ArtifactCaps:
-        return cls(
-            max_files=settings.artifact_max_files,
-            max_file_bytes=settings.artifact_max_file_bytes,
-            max_total_bytes=settings.artifact_max_total_bytes,
-            max_listing=settings.artifact_max_listing,
-        )
+        return settings.section(cls, "artifact_")
 
 
 @dataclass
