@@ -39,11 +39,12 @@ __all__ = [
     "LlmEndpoint",
     "LocalConfig",
     "Settings",
+    "SettingsSection",
     "WireLimits",
 ]
 
 _MIB = 1024 * 1024
-_Section = TypeVar("_Section")
+_Section = TypeVar("_Section", bound="SettingsSection")
 
 
 class WireLimits:
@@ -419,11 +420,6 @@ class Settings(BaseModel):
         enabled = ", ".join(self.sandbox_backends)
         raise UnknownBackendError(f"sandbox backend {name!r} is not enabled on this server (enabled: {enabled})")
 
-    def section(self, shape: type[_Section], prefix: str) -> _Section:
-        """The dataclass `shape` with each field `name` set from `<prefix><name>` here: the limits a room takes
-        from these settings, defined once (here) and named alike."""
-        return shape(**{item.name: getattr(self, prefix + item.name) for item in dataclasses.fields(shape)})
-
     def with_backends(self, *configs: BackendConfig) -> Settings:
         """These settings with `configs` as the enabled backends (validated)."""
         return self.model_validate({**dict(self), "backends": configs})
@@ -442,6 +438,16 @@ class Settings(BaseModel):
             return cls.model_validate(values)
         except ValidationError as exc:
             raise SettingsError(f"invalid settings: {_problems(exc, lambda loc: loc.upper())}") from exc
+
+
+class SettingsSection:
+    """A dataclass of one room's limits, each field `name` defined in `Settings` (once) as `<PREFIX><name>`."""
+
+    PREFIX: ClassVar[str]
+
+    @classmethod
+    def from_settings(cls: type[_Section], settings: Settings) -> _Section:
+        return cls(**{item.name: getattr(settings, cls.PREFIX + item.name) for item in dataclasses.fields(cls)})
 
 
 def _backends_from_env(env: Mapping[str, str]) -> tuple[BackendConfig, ...]:

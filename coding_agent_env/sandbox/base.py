@@ -26,7 +26,7 @@ from typing import Literal
 
 from coding_agent_env.errors import SandboxClosedError, SandboxFileError
 from coding_agent_env.models import SANDBOX_OWN_ENV
-from coding_agent_env.settings import Settings
+from coding_agent_env.settings import Settings, SettingsSection
 
 __all__ = [
     "BackendStatus",
@@ -73,11 +73,13 @@ class RelayEndpoint:
 
 
 @dataclass(frozen=True)
-class SandboxLimits:
+class SandboxLimits(SettingsSection):
     """What one sandbox may use. Sandbox-wide: `memory_mb` (all its processes together), `disk_mb` (what it
     writes), `max_processes`, `cpus` (a share of CPU time; 0: not bounded). Per process (rlimits): `memory_mb`
     as the data segment, `max_file_mb`, `cpu_s`. A backend enforces what it can and says which in
     `Sandbox.limits` and `Sandbox.limit_scopes`."""
+
+    PREFIX = "sandbox_"
 
     memory_mb: int
     disk_mb: int
@@ -85,10 +87,6 @@ class SandboxLimits:
     cpus: float
     max_file_mb: int
     cpu_s: int
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> SandboxLimits:
-        return settings.section(cls, "sandbox_")
 
     def rlimits(self, *, nproc: bool) -> dict[str, int]:
         """The per-process limits set on every sandboxed command, by `prlimit` name (`data`, `fsize`, `cpu`, and

@@ -33,25 +33,23 @@ from coding_agent_env.agents.terminus.sandbox_shell import SandboxShell
 from coding_agent_env.aio import off_loop
 from coding_agent_env.errors import AgentError
 from coding_agent_env.models import AgentEvents
-from coding_agent_env.settings import Settings
+from coding_agent_env.settings import Settings, SettingsSection
 
 __all__ = ["TerminusAgent", "TerminusConfig", "parse_terminus_events", "standalone_argv", "standalone_config"]
 
 
 
 @dataclass(frozen=True)
-class TerminusConfig:
+class TerminusConfig(SettingsSection):
     """The loop's limits, from `Settings.terminus_*` (defined there, once)."""
+
+    PREFIX = "terminus_"
 
     max_turns: int
     command_timeout_s: float
     max_output_bytes: int
     llm_timeout_s: float
     loose_parsing: bool
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> TerminusConfig:
-        return settings.section(cls, "terminus_")
 
 
 def record(report: AgentReport, kind: object, fields: dict[str, Any]) -> None:

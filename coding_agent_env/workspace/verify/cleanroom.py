@@ -24,7 +24,7 @@ from coding_agent_env.aio import shielded
 from coding_agent_env.errors import SandboxFileError
 from coding_agent_env.models import ArtifactReport
 from coding_agent_env.sandbox.base import FileEntry, Sandbox, SandboxBackend, SandboxSpec
-from coding_agent_env.settings import Settings
+from coding_agent_env.settings import SettingsSection
 
 __all__ = ["ArtifactCaps", "Artifacts", "collect_artifacts", "furnish", "open_clean_room", "place_verify_files"]
 
@@ -37,18 +37,16 @@ _KIND_REASONS = {
 
 
 @dataclass(frozen=True)
-class ArtifactCaps:
+class ArtifactCaps(SettingsSection):
     """Bounds on what a clean room takes from the agent's workspace."""
+
+    PREFIX = "artifact_"
 
     max_files: int
     max_file_bytes: int
     max_total_bytes: int
     max_listing: int
     """Entries of the workspace listed to match patterns against; beyond it, unmatched patterns say so."""
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> ArtifactCaps:
-        return settings.section(cls, "artifact_")
 
 
 @dataclass
