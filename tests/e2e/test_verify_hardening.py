@@ -181,8 +181,7 @@ async def test_an_image_path_into_the_workspace_is_dropped_for_verify(settings: 
 def preset(name: str, **update: object) -> RolloutRequest:
     from coding_agent_env.api.ui.presets import PRESETS
 
-    fields = {key: value for key, value in vars(PRESETS[name]).items()}
-    return RolloutRequest(agent="oracle", task_id=name, **fields).model_copy(update=update)
+    return RolloutRequest(agent="oracle", task_id=name, **PRESETS[name].task_fields()).model_copy(update=update)
 
 
 @pytest.mark.parametrize(("name", "reward"), [("binary_search", 1.0), ("fizzbuzz", 1.0), ("failing", 0.0)])

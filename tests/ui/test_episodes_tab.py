@@ -3,23 +3,19 @@ slot back when the episode ends, and Cancel tears it down."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from coding_agent_env.api.ui.episodes import UiEpisodes
 from coding_agent_env.api.ui.interactive_tab import report_html
 from coding_agent_env.api.ui.presets import PRESETS
 from coding_agent_env.episode import EpisodeDoneError, TerminalArgumentsError
+from coding_agent_env.episode.task import TASK_FIELDS
 from coding_agent_env.session import CapacityError, NoEpisodeError, SessionKind, SessionManager
 from coding_agent_env.settings import Settings
 from tests.helpers import leftovers
 
-TASK_FIELDS = ("instruction", "files", "setup", "verify", "verify_files", "artifacts")
-
-
 def preset_task(name: str) -> dict[str, object]:
-    return {k: v for k, v in dataclasses.asdict(PRESETS[name]).items() if k in TASK_FIELDS}
+    return PRESETS[name].task_fields(TASK_FIELDS)  # as the Interactive tab starts it
 
 
 async def test_an_episode_from_the_tab(settings: Settings, assert_no_leftovers: None) -> None:

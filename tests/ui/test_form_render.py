@@ -17,9 +17,17 @@ from coding_agent_env.api.ui.form import (
     endpoint_choices,
     preset_texts,
 )
-from coding_agent_env.api.ui.presets import PRESETS
+from coding_agent_env.api.ui.presets import PRESETS, Preset
 from coding_agent_env.api.ui.rollouts import UiRuns
-from coding_agent_env.models import AGENT_NAMES, ArtifactReport, CommandResult, ErrorInfo, RolloutResult, RolloutStatus
+from coding_agent_env.models import (
+    AGENT_NAMES,
+    ArtifactReport,
+    CommandResult,
+    ErrorInfo,
+    RolloutResult,
+    RolloutStatus,
+    Task,
+)
 from coding_agent_env.rollout import events as ev
 from coding_agent_env.session import CapacityError, SessionKind, SessionManager
 from coding_agent_env.sandbox import Backends
@@ -44,6 +52,17 @@ def test_presets_round_trip_through_the_editors(name: str) -> None:
     assert (request.verify_files, request.artifacts) == (preset.verify_files, preset.artifacts)
     assert request.artifacts, "every preset verifies in a clean room"
     assert request.endpoint is None and request.api_key is None and request.agent == "oracle"
+
+
+def test_a_preset_is_a_task_and_its_other_task_fields_reach_the_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The editors hold the fields they show; a task field without an editor (here `env`) comes from the
+    selected preset itself, and the preset's name and description are no task fields."""
+    assert all(isinstance(preset, Task) and "name" not in preset.task_fields() for preset in PRESETS.values())
+    monkeypatch.setitem(PRESETS, "with_env", Preset(name="with_env", instruction="x", env={"GREETING": "hi"}))
+    form = Form(**preset_texts(PRESETS["with_env"]), agent="oracle", sandbox=None, endpoint=DEFAULT_ENDPOINT)
+    assert build_request(form).env == {}
+    assert build_request(dataclasses.replace(form, preset="with_env")).env == {"GREETING": "hi"}
+    assert build_request(dataclasses.replace(form, preset="with_env", instruction="edited")).instruction == "edited"
 
 
 def test_the_form_is_validated_by_the_run_rollout_tool_itself() -> None:

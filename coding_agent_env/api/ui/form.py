@@ -5,7 +5,9 @@ Contracts:
   door) or raises `FormError` whose message names the field and the rule broken, never the value entered (so a pasted key cannot be echoed back through an error).
 - Command lists, artifact patterns and files are edited as YAML (a list of strings; a mapping of path ->
   text), so multi-line commands such as heredocs survive the round trip. `EDITORS` names the task editors, in
-  the order `preset_texts` fills them.
+  the order `preset_texts` fills them from a preset's `Task` fields.
+- The selected preset's other task fields (those with neither an editor nor a run option, e.g. `env` or
+  `limits` when a preset sets them) reach the request as the preset has them.
 - `agent_choices()` lists every agent name the wire accepts, marking the ones this server can run.
 """
 
@@ -19,10 +21,10 @@ from pydantic import SecretStr
 
 from coding_agent_env.agents.registry import available_agents, get_agent
 from coding_agent_env.api.tools import ROLLOUT
-from coding_agent_env.api.ui.presets import Preset
+from coding_agent_env.api.ui.presets import PRESETS
 from coding_agent_env.errors import CodingAgentEnvError, RequestError
 from coding_agent_env.llm import catalog
-from coding_agent_env.models import AGENT_NAMES, RolloutRequest
+from coding_agent_env.models import AGENT_NAMES, RolloutRequest, Task
 from coding_agent_env.settings import Settings
 
 __all__ = [
@@ -72,6 +74,7 @@ class Form:
     task_id: str | None = None
     verify_files: str | None = None
     artifacts: str | None = None
+    preset: str | None = None
 
 
 def _text(value: str | None) -> str:
@@ -97,8 +100,8 @@ def dump_yaml(value: list[str] | dict[str, str]) -> str:
     return yaml.dump(value, Dumper=_LiteralDumper, sort_keys=False, allow_unicode=True, width=1000)
 
 
-def preset_texts(preset: Preset) -> dict[str, str]:
-    """Editor name -> its text for a preset, in the order of `EDITORS`."""
+def preset_texts(preset: Task) -> dict[str, str]:
+    """Editor name -> its text for a preset's task, in the order of `EDITORS`."""
     return {
         name: preset.instruction if name == "instruction" else dump_yaml(getattr(preset, name)) for name in EDITORS
     }
@@ -160,9 +163,18 @@ def _tunables(form: Form) -> dict[str, Any]:
     return {name: value for name, value in values.items() if value is not None}
 
 
+def _preset_fields(name: str | None) -> dict[str, Any]:
+    """The selected preset's task fields that no editor or run option of the form holds."""
+    preset = PRESETS.get(name or "")
+    if preset is None:
+        return {}
+    return preset.task_fields(set(Task.model_fields) - set(Form.__dataclass_fields__))
+
+
 def build_request(form: Form) -> RolloutRequest:
     """The request the form describes, or FormError (value-free message)."""
     fields: dict[str, Any] = {
+        **_preset_fields(form.preset),
         "instruction": form.instruction or "",
         "files": _files(form.files),
         "setup": _strings(form.setup, "setup"),

@@ -7,18 +7,16 @@ full, no episode, an ended one, a bad command) are shown as a banner; the episod
 
 from __future__ import annotations
 
-import dataclasses
 import gradio as gr
 
 from coding_agent_env.api.ui import render
 from coding_agent_env.api.ui.episodes import UiEpisode, UiEpisodes
 from coding_agent_env.api.ui.presets import PRESETS
 from coding_agent_env.episode import EpisodeReport
+from coding_agent_env.episode.task import TASK_FIELDS
 from coding_agent_env.errors import RequestError
 
 __all__ = ["interactive_tab", "report_html"]
-
-_TASK_FIELDS = ("instruction", "files", "setup", "verify", "verify_files", "artifacts")
 
 
 def report_html(report: EpisodeReport | None) -> str:
@@ -64,7 +62,7 @@ def interactive_tab(episodes: UiEpisodes, sandboxes: list[tuple[str, str]]) -> N
     preset.change(lambda name: PRESETS[name].instruction, inputs=preset, outputs=instruction)
 
     async def start(name: str, backend: str, request: gr.Request) -> tuple[str, str]:
-        task = {key: value for key, value in dataclasses.asdict(PRESETS[name]).items() if key in _TASK_FIELDS}
+        task = PRESETS[name].task_fields(TASK_FIELDS)  # every field an episode takes that the preset sets
         try:
             view = await episodes.start(_owner(request), {**task, "sandbox": backend})
         except RequestError as exc:

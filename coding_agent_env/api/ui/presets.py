@@ -1,4 +1,5 @@
-"""Tasks the web tab offers as presets: a name -> the task fields of a `RolloutRequest`.
+"""Tasks the web tab offers as presets: each a `models.Task` (so every task field a preset may set is declared
+there once, with its validation), plus the name the tab lists it under and a line saying what it shows.
 
 Each preset carries its reference `solution`, so the `oracle` agent scores it without an LLM:
 `binary_search` and `fizzbuzz` pass (reward 1.0); `failing` has a wrong solution and fails (reward 0.0).
@@ -7,27 +8,38 @@ a hidden checker (`verify_files`, run as `python3 -I`) that runs the artifact in
 only its answers: an artifact that exits at import, patches unittest or writes the reward file scores 0
 (README: "Verifiers RL cannot game"). `binary_search`'s checker is the bundled example's
 (examples/binary_search.yaml), verbatim; `failing` runs no code of the agent's.
-Presets are plain data; the tab shows them in its editors and builds the request from what the editors hold.
+The tab shows a preset's task in its editors and builds the request from what the editors hold (`form`); the
+Interactive tab starts an episode from the preset's task fields an episode takes (`task_fields`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import ConfigDict, Field
+
+from coding_agent_env.models import Task
 
 __all__ = ["PRESETS", "Preset"]
 
+_PRESET_ONLY = frozenset({"name", "description"})
 
-@dataclass(frozen=True)
-class Preset:
-    """The task part of a rollout request."""
 
-    instruction: str
-    files: dict[str, str] = field(default_factory=dict)
-    setup: list[str] = field(default_factory=list)
-    verify: list[str] = field(default_factory=list)
-    verify_files: dict[str, str] = field(default_factory=dict)
-    artifacts: list[str] = field(default_factory=list)
-    solution: list[str] = field(default_factory=list)
+class Preset(Task):
+    """A task the tab offers: the `Task` itself, with its listing name and what it shows (neither is a task
+    field: `task_fields` leaves them out)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(min_length=1, description="The name the tab lists the preset under.")
+    description: str = Field(default="", description="What the preset shows, in one line.")
+
+    def task_fields(self, names: Iterable[str] | None = None) -> dict[str, Any]:
+        """The task fields this preset sets (of `names`, default every `Task` field), as `Task` arguments."""
+        wanted = set(Task.model_fields) if names is None else set(names) & set(Task.model_fields)
+        chosen = wanted & self.model_fields_set
+        return {name: getattr(self, name) for name in Task.model_fields if name in chosen}
 
 
 _SEARCH_TEST = """\
@@ -170,8 +182,10 @@ def main():
 main()
 """
 
-PRESETS: dict[str, Preset] = {
-    "binary_search": Preset(
+PRESETS: dict[str, Preset] = {preset.name: preset for preset in (
+    Preset(
+        name="binary_search",
+        description="Passes with its reference solution (reward 1.0); checked by the bundled example's checker.",
         instruction="Implement `binary_search(items, target)` in `search.py`: return the index of `target` in "
         "the sorted list `items`, or -1 if it is absent. Run `python3 -m unittest test_search` to check.",
         files={
@@ -184,7 +198,9 @@ PRESETS: dict[str, Preset] = {
         artifacts=["search.py"],
         solution=[_SEARCH_SOLUTION],
     ),
-    "fizzbuzz": Preset(
+    Preset(
+        name="fizzbuzz",
+        description="Passes with its reference solution (reward 1.0); two checker commands give partial credit.",
         instruction="Write `fizzbuzz.py` that prints the numbers 1 to 100, one per line, but `Fizz` for "
         "multiples of 3, `Buzz` for multiples of 5 and `FizzBuzz` for multiples of both.",
         verify=["python3 -I check_fizzbuzz.py 15", "python3 -I check_fizzbuzz.py 100"],
@@ -192,12 +208,14 @@ PRESETS: dict[str, Preset] = {
         artifacts=["fizzbuzz.py"],
         solution=[_FIZZBUZZ_SOLUTION],
     ),
-    "failing": Preset(
+    Preset(
+        name="failing",
+        description="Its reference solution is wrong on purpose: fails (reward 0.0).",
         instruction="Create `answer.txt` containing the number 42. (The reference solution here is wrong on "
         "purpose, so the oracle agent shows what a failed rollout looks like.)",
         verify=["test -f answer.txt", "grep -qx 42 answer.txt"],
         artifacts=["answer.txt"],
         solution=["true  # does nothing: both verify commands fail"],
     ),
-}
-"""Preset name -> task; the first is the tab's initial selection."""
+)}
+"""Preset name -> preset; the first is the tab's initial selection."""
