@@ -10,11 +10,10 @@ prompt from stdin and prints its events; `--dangerously-skip-permissions` runs e
 
 from __future__ import annotations
 
-from coding_agent_env.agents.driver import CliAgent
 from coding_agent_env.agents.spec import CliAgentSpec, Launch, LaunchContext, NpmInstall, NpmPackage
 from coding_agent_env.agents.stream_json import parse_stream_json
 
-__all__ = ["CLAUDE_CODE", "ClaudeCodeAgent"]
+__all__ = ["CLAUDE_CODE"]
 
 VERSION = "2.1.331"
 PACKAGE = "@anthropic-ai/claude-code"
@@ -41,14 +40,7 @@ def render(ctx: LaunchContext) -> Launch:
 
 CLAUDE_CODE = CliAgentSpec(
     name="claude-code",
-    version=VERSION,
     installs=(NpmInstall((NpmPackage(PACKAGE, VERSION),)),),
-    version_package=PACKAGE,
     render=render,
     parse_events=parse_stream_json,
 )
-
-
-class ClaudeCodeAgent(CliAgent):
-    name = "claude-code"
-    spec = CLAUDE_CODE

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import json
 
-from coding_agent_env.agents.driver import CliAgent
 from coding_agent_env.agents.events import AgentReport, json_lines
 from coding_agent_env.agents.spec import AgentFile, CliAgentSpec, Launch, LaunchContext, NpmInstall, NpmPackage
 
-__all__ = ["CODEX", "CodexAgent", "parse_codex_events"]
+__all__ = ["CODEX", "parse_codex_events"]
 
 VERSION = "0.169.0"
 PACKAGE = "@openai/codex"
@@ -97,14 +96,7 @@ def parse_codex_events(text: str) -> AgentReport:
 
 CODEX = CliAgentSpec(
     name="codex",
-    version=VERSION,
     installs=(NpmInstall((NpmPackage(PACKAGE, VERSION),)),),
-    version_package=PACKAGE,
     render=render,
     parse_events=parse_codex_events,
 )
-
-
-class CodexAgent(CliAgent):
-    name = "codex"
-    spec = CODEX

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import shlex
-from typing import ClassVar
 
 from coding_agent_env.agents.base import Agent, AgentContext, run_in_sandbox
 from coding_agent_env.agents.events import AgentReport, parse_total, render_transcript, report_events
@@ -57,13 +56,20 @@ def launcher_script(launch: Launch, ctx: LaunchContext, instruction: str, events
 
 
 class CliAgent(Agent):
-    """Runs `spec`. Subclasses only name a spec; `last_report` holds the parsed events of the last run."""
+    """Runs `spec` (the registry builds one per declared spec), named as it is; `last_report` holds the parsed
+    events of the last run."""
 
-    spec: ClassVar[CliAgentSpec]
+    spec: CliAgentSpec
     needs_llm = True
 
-    def __init__(self) -> None:
+    def __init__(self, spec: CliAgentSpec | None = None) -> None:
+        if spec is not None:
+            self.spec = spec
         self.last_report: AgentReport | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
     def events(self) -> AgentEvents | None:
         return None if self.last_report is None else report_events(self.last_report)

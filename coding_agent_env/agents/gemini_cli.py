@@ -10,15 +10,13 @@ prints the events.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from coding_agent_env.agents.driver import CliAgent
 from coding_agent_env.agents.events import AgentReport, json_lines
-from coding_agent_env.agents.qwen_code import NODE
-from coding_agent_env.agents.spec import AgentFile, CliAgentSpec, Launch, LaunchContext, NpmInstall, NpmPackage
+from coding_agent_env.agents.node import home_settings, node_argv, with_node
+from coding_agent_env.agents.spec import CliAgentSpec, Launch, LaunchContext
 
-__all__ = ["GEMINI_CLI", "GeminiCliAgent", "parse_gemini_events"]
+__all__ = ["GEMINI_CLI", "parse_gemini_events"]
 
 VERSION = "0.61.0"
 PACKAGE = "@google/gemini-cli"
@@ -38,13 +36,11 @@ def render(ctx: LaunchContext) -> Launch:
         "GEMINI_CLI_TRUST_WORKSPACE": "true",
         "NO_UPDATE_NOTIFIER": "1",
     }
-    modules = f"{ctx.prefix}/node_modules"
-    argv = (
-        f"{modules}/{NODE.name}/bin/node", f"{modules}/{PACKAGE}/bundle/gemini.js",
-        "--output-format", "stream-json", "--approval-mode", "yolo", "--model", ctx.model,
+    argv = node_argv(
+        ctx, f"{PACKAGE}/bundle/gemini.js", "--output-format", "stream-json", "--approval-mode", "yolo",
+        "--model", ctx.model,
     )
-    settings = AgentFile(f"{ctx.home}/.gemini/settings.json", json.dumps(SETTINGS, indent=2), mode=0o644)
-    return Launch(argv=argv, env=env, files=(settings,))
+    return Launch(argv=argv, env=env, files=(home_settings(ctx, ".gemini/settings.json", SETTINGS),))
 
 
 def parse_gemini_events(text: str) -> AgentReport:
@@ -71,14 +67,7 @@ def parse_gemini_events(text: str) -> AgentReport:
 
 GEMINI_CLI = CliAgentSpec(
     name="gemini-cli",
-    version=VERSION,
-    installs=(NpmInstall((NpmPackage(PACKAGE, VERSION), NODE)),),
-    version_package=PACKAGE,
+    installs=(with_node(PACKAGE, VERSION),),
     render=render,
     parse_events=parse_gemini_events,
 )
-
-
-class GeminiCliAgent(CliAgent):
-    name = "gemini-cli"
-    spec = GEMINI_CLI

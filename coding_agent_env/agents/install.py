@@ -143,13 +143,8 @@ def install(spec: CliAgentSpec, agents_dir: Path, *, npm: str = "npm") -> Instal
 def _npm_install(npm: str, prefix: Path, packages: list[str]) -> None:
     prefix.mkdir(parents=True, exist_ok=True)
     argv = [npm, "install", "--no-audit", "--no-fund", "--no-update-notifier", "--prefix", str(prefix), *packages]
-    try:
-        done = subprocess.run(argv, capture_output=True, timeout=NPM_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise AgentInstallError(f"npm install {' '.join(packages)} failed: {exc}") from exc
-    if done.returncode != 0:
-        tail = done.stderr.decode(errors="replace").strip().splitlines()[-5:]
-        raise AgentInstallError(f"npm install {' '.join(packages)} exited {done.returncode}: {' | '.join(tail)}")
+    what = f"npm install {' '.join(packages)}"
+    _run(argv, failed=what, exited=what)
 
 
 def _pip_install(step: PipInstall, venv: Path) -> None:
@@ -159,10 +154,16 @@ def _pip_install(step: PipInstall, venv: Path) -> None:
         [step.python, "-m", "venv", str(venv)],
         [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", *packages],
     ):
-        try:
-            done = subprocess.run(argv, capture_output=True, timeout=NPM_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise AgentInstallError(f"pip install {' '.join(packages)} failed: {exc}") from exc
-        if done.returncode != 0:
-            tail = done.stderr.decode(errors="replace").strip().splitlines()[-5:]
-            raise AgentInstallError(f"{' '.join(argv[:4])} exited {done.returncode}: {' | '.join(tail)}")
+        _run(argv, failed=f"pip install {' '.join(packages)}", exited=" ".join(argv[:4]))
+
+
+def _run(argv: list[str], *, failed: str, exited: str) -> None:
+    """Run one install step (bounded by `NPM_TIMEOUT_S`); `AgentInstallError` saying "`failed` failed" when it
+    cannot run, "`exited` exited N" with its stderr's tail when it fails."""
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=NPM_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise AgentInstallError(f"{failed} failed: {exc}") from exc
+    if done.returncode != 0:
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-5:]
+        raise AgentInstallError(f"{exited} exited {done.returncode}: {' | '.join(tail)}")

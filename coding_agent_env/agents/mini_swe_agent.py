@@ -15,11 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from coding_agent_env.agents.driver import CliAgent
 from coding_agent_env.agents.events import AgentReport, items, json_lines
 from coding_agent_env.agents.spec import AgentFile, CliAgentSpec, Launch, LaunchContext, PipInstall, PipPackage
 
-__all__ = ["MINI_SWE_AGENT", "MiniSweAgent", "parse_mini_events"]
+__all__ = ["MINI_SWE_AGENT", "parse_mini_events"]
 
 VERSION = "2.4.6"
 PACKAGE = "mini-swe-agent"
@@ -117,14 +116,7 @@ def _tokens(message: dict[str, Any]) -> int:
 
 MINI_SWE_AGENT = CliAgentSpec(
     name="mini-swe-agent",
-    version=VERSION,
     installs=(PipInstall((PipPackage(PACKAGE, VERSION),)),),
-    version_package=PACKAGE,
     render=render,
     parse_events=parse_mini_events,
 )
-
-
-class MiniSweAgent(CliAgent):
-    name = "mini-swe-agent"
-    spec = MINI_SWE_AGENT

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import json
 
-from coding_agent_env.agents.driver import CliAgent
 from coding_agent_env.agents.events import AgentReport, json_lines
 from coding_agent_env.agents.spec import CliAgentSpec, HomeLink, Launch, LaunchContext, NpmInstall, NpmPackage
 
-__all__ = ["OPENCODE", "OpenCodeAgent", "parse_opencode_events"]
+__all__ = ["OPENCODE", "parse_opencode_events"]
 
 VERSION = "1.18.33"
 PROVIDER = "relay"
@@ -84,18 +83,11 @@ def parse_opencode_events(text: str) -> AgentReport:
 
 OPENCODE = CliAgentSpec(
     name="opencode",
-    version=VERSION,
     installs=(
         NpmInstall((NpmPackage("opencode-ai", VERSION),)),
         NpmInstall((NpmPackage("@opencode-ai/plugin", VERSION),), subdir="plugin"),
     ),
-    version_package="opencode-ai",
     render=render,
     parse_events=parse_opencode_events,
     artifacts=(".local/share/opencode/log",),
 )
-
-
-class OpenCodeAgent(CliAgent):
-    name = "opencode"
-    spec = OPENCODE

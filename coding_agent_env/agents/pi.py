@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 
-from coding_agent_env.agents.driver import CliAgent
 from coding_agent_env.agents.events import AgentReport, json_lines
 from coding_agent_env.agents.spec import AgentFile, CliAgentSpec, Launch, LaunchContext, NpmInstall, NpmPackage
 
-__all__ = ["PI", "PiAgent", "parse_pi_events"]
+__all__ = ["PI", "parse_pi_events"]
 
 VERSION = "0.73.1"
 PROVIDER = "relay"
@@ -77,14 +76,7 @@ def parse_pi_events(text: str) -> AgentReport:
 
 PI = CliAgentSpec(
     name="pi",
-    version=VERSION,
     installs=(NpmInstall((NpmPackage("@mariozechner/pi-coding-agent", VERSION),)),),
-    version_package="@mariozechner/pi-coding-agent",
     render=render,
     parse_events=parse_pi_events,
 )
-
-
-class PiAgent(CliAgent):
-    name = "pi"
-    spec = PI

