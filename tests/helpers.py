@@ -1,11 +1,22 @@
-"""Test helpers that look at the host the way an operator would (/proc and the state dir), and wait for it."""
+"""Test helpers that look at the host the way an operator would (/proc and the state dir), and wait for it.
+
+Waiting: `wait_until` (sync) and `poll` (async) are the suite's one way to wait for something: they call a
+condition until it holds and fail the test at a deadline with a message naming what was awaited, never a fixed
+sleep. `serving` is the condition "this URL answers" for a server that is starting.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
-from collections.abc import Callable
+import subprocess
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
 
 from coding_agent_env.sandbox import Sandbox
 from coding_agent_env.settings import LocalConfig, Settings
@@ -98,13 +109,66 @@ def leftovers(settings: Settings) -> dict[str, list[str]]:
     return {kind: items for kind, items in found.items() if items}
 
 
-async def poll(condition: Callable[[], bool], deadline_s: float = 10.0) -> None:
-    """Wait until `condition()` holds, failing the test at the deadline (never a fixed sleep)."""
+T = TypeVar("T")
+Described = str | Callable[[], str] | None
+"""What a wait is for, in its failure message: a text, a function giving one at the deadline (to show what was
+seen last), or None for the condition's own source line."""
+
+
+def _named(condition: Callable[..., Any], what: Described) -> str:
+    if callable(what):
+        return what()
+    if what is not None:
+        return what
+    try:
+        return inspect.getsource(condition).strip()[:300]
+    except (OSError, TypeError):
+        return repr(condition)
+
+
+def wait_until(condition: Callable[[], T], what: Described = None, timeout_s: float = 15.0,
+               interval_s: float = 0.02) -> T:
+    """Call `condition` until it returns a true value, and return that value; at the deadline fail the test
+    (AssertionError naming `what`). An error the condition raises ends the wait at once: that is how a caller
+    fails fast, e.g. on a server process that exited. Blocks its thread: in a coroutine, use `poll`."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {_named(condition, what)}")
+        time.sleep(interval_s)
+    return value
+
+
+async def poll(condition: Callable[[], T | Awaitable[T]], what: Described = None, timeout_s: float = 10.0,
+               interval_s: float = 0.01) -> T:
+    """`wait_until` for a coroutine: the loop runs between calls, and `condition` may be a coroutine function."""
     loop = asyncio.get_running_loop()
-    end = loop.time() + deadline_s
-    while not condition():
-        assert loop.time() < end, "condition not met before the deadline"
-        await asyncio.sleep(0.01)
+    deadline = loop.time() + timeout_s
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value  # type: ignore[return-value]
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {_named(condition, what)}")
+        await asyncio.sleep(interval_s)
+
+
+def serving(url: str, proc: subprocess.Popen[Any] | None = None, log: Callable[[], str] = lambda: "",
+            status: int = 200, timeout_s: float = 2.0) -> Callable[[], bool]:
+    """The condition "GET `url` answers `status`" for `wait_until`: no connection yet (or no answer within
+    `timeout_s`) is "not yet"; a `proc` that has exited fails the wait at once, with the tail of `log()`."""
+
+    def ready() -> bool:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the server for {url} exited with {proc.returncode}: {log()[-3000:]}")
+        try:
+            return httpx.get(url, timeout=timeout_s).status_code == status
+        except httpx.TransportError:
+            return False
+
+    return ready
 
 
 async def relay_port_refused(box: Sandbox) -> bool:

@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import httpx
 import pytest
 from pydantic import SecretStr
 
@@ -26,7 +25,7 @@ from coding_agent_env.sandbox.remote.e2b import E2bBackend
 from coding_agent_env.settings import BackendConfig, DockerConfig, E2bConfig, HfConfig, LocalConfig, Settings
 from tests.backends.rootfs import HOST_BINDS, IMAGE, rootfs_tar
 from tests.fakes.e2b_fake import FakeAsyncSandbox
-from tests.helpers import sandbox_processes
+from tests.helpers import sandbox_processes, serving, wait_until
 
 _SERVER_START_S = 30.0
 
@@ -91,18 +90,8 @@ def hf_server() -> Iterator[tuple[str, str]]:
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
-    import time
-
-    end = time.monotonic() + _SERVER_START_S
-    while time.monotonic() < end:
-        assert proc.poll() is None, "hf-sandbox server exited"
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)  # polling a server that is starting, with a deadline
-    raise AssertionError("hf-sandbox server did not become healthy")
+    wait_until(serving(f"{url}/health", proc, timeout_s=1), "the hf-sandbox server to become healthy",
+               timeout_s=_SERVER_START_S, interval_s=0.05)
 
 
 BackendFactory = Callable[..., SandboxBackend]

@@ -10,14 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.compat import venvs
+from tests.helpers import serving, wait_until
 
 START_DEADLINE_S = 30.0
 
@@ -65,16 +64,7 @@ def launch_server(cwd: Path, env: dict[str, str] | None = None, port: int | None
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_DEADLINE_S
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("server did not start")
-            time.sleep(0.05)
+        wait_until(serving(f"{url}/health", proc), "the server to start", timeout_s=START_DEADLINE_S, interval_s=0.05)
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

@@ -22,13 +22,14 @@ import asyncio
 import json
 import socket
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import uvicorn
+
+from tests.helpers import wait_until
 
 __all__ = ["FakeLLM", "FakeLLMServer", "Reply", "SeenRequest"]
 
@@ -401,13 +402,17 @@ class FakeLLMServer:
 
     def __enter__(self) -> FakeLLMServer:
         self._thread.start()
-        deadline = time.monotonic() + _START_DEADLINE_S
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.close()
-                raise RuntimeError("fake LLM server did not start")
-            time.sleep(0.005)  # polling a thread's flag; bounded by the deadline above
+        try:
+            wait_until(self._started, "the fake LLM server to start", timeout_s=_START_DEADLINE_S, interval_s=0.005)
+        except BaseException:
+            self.close()
+            raise
         return self
+
+    def _started(self) -> bool:
+        if not self._server.started and not self._thread.is_alive():
+            raise AssertionError("the fake LLM server's thread ended before it started")
+        return self._server.started
 
     def close(self) -> None:
         self._server.should_exit = True

@@ -7,10 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import openai
+
+from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 20.0
@@ -23,10 +24,12 @@ def test_gate_process_answers_with_its_policy_and_keeps_tokens_out_of_stdout(tmp
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + DEADLINE_S
-        while not (tokens.exists() and len(tokens.read_text().splitlines()) == 2):
-            assert proc.poll() is None and time.monotonic() < deadline, "gate did not start"
-            time.sleep(0.02)  # polling another process's file, bounded by the deadline
+
+        def started() -> bool:
+            assert proc.poll() is None, "the gate exited"
+            return tokens.exists() and len(tokens.read_text().splitlines()) == 2
+
+        wait_until(started, "the gate to write both rollouts' tokens", timeout_s=DEADLINE_S)
         assert tokens.stat().st_mode & 0o777 == 0o600
         entries = [json.loads(line) for line in tokens.read_text().splitlines()]
         with openai.OpenAI(base_url=entries[0]["base_url"], api_key=entries[0]["api_key"], max_retries=0, timeout=10) as llm:

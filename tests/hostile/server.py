@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from coding_agent_env.settings import LocalConfig, Settings
+from tests.helpers import serving, wait_until
 
 START_DEADLINE_S = 60.0
 PROBE_EVERY_S = 0.1
@@ -70,16 +71,8 @@ class HostileServer:
         return Settings(state_dir=self.state_dir, backends=(local,))
 
     def _wait_up(self) -> None:
-        deadline = time.monotonic() + START_DEADLINE_S
-        while True:
-            try:
-                if httpx.get(f"{self.http}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"server did not start: {self.log_text()[-3000:]}")
-            time.sleep(0.05)  # polling a starting server, with a deadline
+        wait_until(serving(f"{self.http}/health", self.proc, self.log_text), lambda: f"the server to start: "
+                   f"{self.log_text()[-3000:]}", timeout_s=START_DEADLINE_S, interval_s=0.05)
 
     def loop_stats(self) -> dict[str, object]:
         """The server's event-loop watchdog figures (`GET /health/loop`)."""
@@ -125,9 +118,11 @@ class HealthProbe:
 
     def __exit__(self, *exc: object) -> None:
         # At least one answer measured, however quickly the attack ended (a probe with none proves nothing).
-        deadline = time.monotonic() + PROBE_TIMEOUT_S + 1
-        while self.answers == 0 and time.monotonic() < deadline and self._thread is not None and self._thread.is_alive():
-            time.sleep(0.01)  # polling the probe thread, with a deadline
+        try:
+            wait_until(lambda: self.answers > 0 or self._thread is None or not self._thread.is_alive(),
+                       "the probe's first answer", timeout_s=PROBE_TIMEOUT_S + 1, interval_s=0.01)
+        except AssertionError:
+            pass  # none in time: `answers` stays 0, which the attack's test checks
         self._stop.set()
         if self._thread is not None:
             self._thread.join(PROBE_TIMEOUT_S + 1)

@@ -24,7 +24,7 @@ import pytest
 
 from coding_agent_env.client import CodingAgentEnv
 from coding_agent_env.models import RolloutResult
-from tests.helpers import leftovers, sandbox_cgroups
+from tests.helpers import leftovers, poll, sandbox_cgroups
 from tests.hostile.server import HealthProbe, HostileServer
 
 HEALTH_WORST_S = 1.0
@@ -175,18 +175,14 @@ async def _rollout(server: HostileServer, request: dict[str, Any]) -> tuple[Roll
         return result, time.monotonic() - start
 
 
-async def _wait_clean(server: HostileServer) -> dict[str, list[str]]:
-    settings = server.settings()
-    deadline = time.monotonic() + CLEANUP_DEADLINE_S
-    while True:
-        left = leftovers(settings)
-        left.pop("cgroups", None)  # the test's own, not the server's: checked by the server's pid below
-        groups = sandbox_cgroups(server.proc.pid)
-        if groups:
-            left["cgroups"] = groups
-        if not left or time.monotonic() > deadline:
-            return left
-        await asyncio.sleep(0.1)  # polling the host for what teardown removes, with a deadline
+def _left(server: HostileServer) -> dict[str, list[str]]:
+    """What the server's sandboxes left on the host (processes, mounts, dirs, its cgroups)."""
+    left = leftovers(server.settings())
+    left.pop("cgroups", None)  # the test's own, not the server's: checked by the server's pid below
+    groups = sandbox_cgroups(server.proc.pid)
+    if groups:
+        left["cgroups"] = groups
+    return left
 
 
 @pytest.mark.parametrize("attack", ATTACKS, ids=lambda attack: attack.name)
@@ -215,5 +211,5 @@ async def test_attack(attack: Attack, hostile_server: tuple[str, HostileServer])
     attack.check(hostile)
     # Its own deadline: the agent's, each verify command's, and the fixed stages' (generous for a loaded machine).
     assert took < request["agent_timeout_s"] + 2 * request["command_timeout_s"] + 60
-    left = await _wait_clean(server)
-    assert not left, f"{attack.name} left behind: {left}"
+    await poll(lambda: not _left(server), lambda: f"teardown after {attack.name}, which left behind: {_left(server)}",
+               timeout_s=CLEANUP_DEADLINE_S, interval_s=0.1)

@@ -14,6 +14,7 @@ import time
 import httpx
 import pytest
 
+from tests.helpers import wait_until
 from tests.image.build import BuildFailed, Unavailable, app_image, docker
 
 pytestmark = pytest.mark.image
@@ -34,29 +35,32 @@ def _free_port() -> int:
 
 
 def _wait_healthy(url: str, name: str) -> None:
-    deadline = time.monotonic() + HEALTH_DEADLINE_S
-    while True:
+    def logs() -> str:
+        tail = docker("logs", "--tail", "40", name, timeout=30)
+        return (tail.stdout + tail.stderr).decode()
+
+    def healthy() -> bool:
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
+                return True
         except httpx.TransportError:
             pass
         state = docker("inspect", "-f", "{{.State.Running}}", name, timeout=30).stdout.decode().strip()
-        if state != "true" or time.monotonic() > deadline:
-            logs = docker("logs", "--tail", "40", name, timeout=30)
-            raise AssertionError(f"container not healthy (running={state}): {(logs.stdout + logs.stderr).decode()}")
-        time.sleep(0.5)
+        if state != "true":
+            raise AssertionError(f"container not healthy (running={state}): {logs()}")
+        return False
+
+    wait_until(healthy, lambda: f"the container to be healthy: {logs()}", timeout_s=HEALTH_DEADLINE_S, interval_s=0.5)
 
 
 def _wait_web(url: str) -> None:
     """The tab is built in the background after /health answers: "starting" (503) until then, never 404."""
-    deadline = time.monotonic() + HEALTH_DEADLINE_S
-    while True:
+    def built() -> bool:
         status = httpx.get(url + "/web/", timeout=30).status_code
-        if status == 200:
-            return
-        assert status == 503 and time.monotonic() < deadline, status
-        time.sleep(0.2)
+        assert status in (200, 503), status
+        return status == 200
+
+    wait_until(built, "the tab to be built", timeout_s=HEALTH_DEADLINE_S, interval_s=0.2)
 
 
 def test_dockerfile_builds_serves_a_rollout_and_stops_cleanly() -> None:

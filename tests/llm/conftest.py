@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from coding_agent_env.llm.lease import Lease
 from coding_agent_env.models import Mode, Turn
 from coding_agent_env.settings import Settings
 from tests.fakes.llm import FakeLLM, FakeLLMServer
+from tests.helpers import poll
 
 SERVER_KEY = "sk-server-held-SECRET-0123456789"
 
@@ -55,10 +55,7 @@ async def turn_after_hang_up(lease: Lease, url: str, body: dict[str, Any], heade
                     break
             assert enough in seen
             response.close()
-    deadline = asyncio.get_running_loop().time() + 20
-    while not lease.turns():
-        assert asyncio.get_running_loop().time() < deadline, "no turn recorded"
-        await asyncio.sleep(0.02)
+    await poll(lease.turns, "a turn recorded", timeout_s=20, interval_s=0.02)
     [turn] = lease.turns()
     return turn
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from coding_agent_env.llm import forwarder
+from tests.helpers import wait_until
 
 FORWARDER = forwarder.__file__
 
@@ -114,20 +115,19 @@ def _round_trip(target: int | socket.socket, payload: bytes) -> bytes:
 def _descriptors_run_out(pgid: int, limit: int, deadline_s: float = 20.0) -> bool:
     """Poll (with a deadline) until the detached forwarder of process group `pgid` holds nearly `limit`
     descriptors, or has died trying."""
-    import time
 
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
+    def ran_out() -> bool:
         members = [entry for entry in os.listdir("/proc") if entry.isdigit() and int(entry) != pgid
                    and _stat(entry)[1:2] == [str(pgid)]]
         if not members or _stat(members[0])[:1] in (["Z"], []):
             return True
         try:
-            if len(os.listdir(f"/proc/{members[0]}/fd")) >= limit - 2:
-                return True
+            return len(os.listdir(f"/proc/{members[0]}/fd")) >= limit - 2
         except FileNotFoundError:
             return True
-    return False
+
+    return wait_until(ran_out, f"the forwarder to hold {limit - 2} descriptors or die", timeout_s=deadline_s,
+                      interval_s=0)
 
 
 def _stat(pid: str) -> list[str]:
@@ -142,16 +142,14 @@ def _stat(pid: str) -> list[str]:
 
 def _serves_again(port: int, deadline_s: float = 20.0) -> bool:
     """Poll (with a deadline) until a fresh connection is forwarded end to end."""
-    import time
 
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
+    def serves() -> bool:
         try:
-            if _round_trip(port, b"ping") == b"PING":
-                return True
+            return _round_trip(port, b"ping") == b"PING"
         except OSError:
-            pass
-    return False
+            return False
+
+    return wait_until(serves, "a fresh connection forwarded end to end", timeout_s=deadline_s, interval_s=0)
 
 
 def _close_all(conns: list[socket.socket]) -> None:

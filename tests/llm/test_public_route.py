@@ -13,6 +13,7 @@ from coding_agent_env.llm import SharedRelay
 from coding_agent_env.models import Mode
 from coding_agent_env.settings import Settings
 from tests.fakes.llm import FakeLLMServer, Reply
+from tests.helpers import poll
 from tests.llm.conftest import SERVER_KEY, upstream_for
 
 CHAT = "/llm/v1/chat/completions"
@@ -92,10 +93,7 @@ async def test_concurrency_per_token_is_capped(settings: Settings, fake: FakeLLM
                                      timeout=30) as http:
             headers = {"authorization": f"Bearer {lease.token}"}
             hung = [asyncio.ensure_future(http.post(CHAT, json=BODY, headers=headers)) for _ in range(2)]
-            deadline = asyncio.get_running_loop().time() + 10
-            while lease.in_flight < 2:
-                assert asyncio.get_running_loop().time() < deadline, "the two calls never reached the relay"
-                await asyncio.sleep(0.01)
+            await poll(lambda: lease.in_flight >= 2, "the two calls to reach the relay")
             third = await http.post(CHAT, json=BODY, headers=headers)
             assert third.status_code == 429 and third.json()["error"]["type"] == "concurrency_limit"
             await lease.close()  # ends the hung calls

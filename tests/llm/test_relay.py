@@ -14,6 +14,7 @@ from coding_agent_env.errors import RelayError
 from coding_agent_env.llm import Relay
 from coding_agent_env.models import Mode, Turn
 from tests.fakes.llm import FakeLLMServer, Reply
+from tests.helpers import poll
 from tests.llm.conftest import SERVER_KEY, turn_after_hang_up, upstream_for
 
 MESSAGES = [{"role": "user", "content": "list the files"}]
@@ -299,9 +300,7 @@ async def test_close_cancels_calls_in_flight_and_records_them(relay: Relay, fake
     lease = await relay.open_lease("r", upstream_for(fake))
     async with client(lease.base_url, lease.token) as llm:
         call = asyncio.ensure_future(llm.chat.completions.create(model="m", messages=MESSAGES))  # type: ignore[arg-type]
-        async with asyncio.timeout(5):
-            while lease.calls_started == 0:
-                await asyncio.sleep(0.01)
+        await poll(lambda: lease.calls_started > 0, "the call to reach the relay", timeout_s=5)
         await lease.close()
         with pytest.raises(openai.APIError):
             await call

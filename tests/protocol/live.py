@@ -1,16 +1,15 @@
-"""Test helpers: a live server in a background thread (real uvicorn, real sockets on 127.0.0.1), polling."""
+"""Test helpers: a live server in a background thread (real uvicorn, real sockets on 127.0.0.1)."""
 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 import uvicorn
 
 from coding_agent_env.api import build_app
 from coding_agent_env.settings import Settings
+from tests.helpers import wait_until
 
 START_DEADLINE_S = 15.0
 
@@ -28,12 +27,13 @@ class LiveServer:
 
     def start(self) -> LiveServer:
         self.thread.start()
-        deadline = time.monotonic() + START_DEADLINE_S
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("server did not start")
-            time.sleep(0.01)
+        wait_until(self._started, "the live server to start", timeout_s=START_DEADLINE_S, interval_s=0.01)
         return self
+
+    def _started(self) -> bool:
+        if not self.server.started and not self.thread.is_alive():
+            raise AssertionError("the live server's thread ended before the server started")
+        return self.server.started
 
     def stop(self) -> None:
         self.server.should_exit = True
@@ -54,15 +54,6 @@ class LiveServer:
     @property
     def sessions(self) -> Any:
         return self.app.state.sessions
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 15.0, what: str = "condition") -> None:
-    """Poll `predicate` until true or fail at the deadline (tests never sleep to wait)."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 ORACLE_TASK: dict[str, Any] = {

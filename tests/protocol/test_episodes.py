@@ -14,8 +14,8 @@ from websockets.sync.client import ClientConnection, connect
 
 from coding_agent_env.harness import EpisodeSessionFactory, HarnessError
 from coding_agent_env.settings import Settings, WireLimits
-from tests.helpers import leftovers, sandbox_processes
-from tests.protocol.live import LiveServer, wait_until
+from tests.helpers import leftovers, sandbox_processes, wait_until
+from tests.protocol.live import LiveServer
 from tests.protocol.test_ws import ask
 
 TASK: dict[str, Any] = {

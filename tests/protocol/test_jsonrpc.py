@@ -8,7 +8,8 @@ import httpx
 import pytest
 
 from coding_agent_env.models import RolloutRequest
-from tests.protocol.live import LiveServer, wait_until
+from tests.helpers import wait_until
+from tests.protocol.live import LiveServer
 
 
 def rpc(http: httpx.Client, method: str, params: Any = None, request_id: Any = 1) -> dict[str, Any]:

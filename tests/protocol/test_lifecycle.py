@@ -16,7 +16,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from tests.protocol.live import LiveServer, wait_until
+from tests.helpers import wait_until
+from tests.protocol.live import LiveServer
 
 
 def processes_with(marker: str) -> list[int]:

@@ -9,7 +9,8 @@ import httpx
 from mcp import Client
 
 from coding_agent_env.models import RolloutRequest, RolloutResult
-from tests.protocol.live import LiveServer, wait_until
+from tests.helpers import wait_until
+from tests.protocol.live import LiveServer
 
 
 async def test_official_client_lists_the_tools_and_runs_a_rollout(server: LiveServer, oracle_task: dict) -> None:

@@ -10,7 +10,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from tests.protocol.live import LiveServer, wait_until
+from tests.helpers import wait_until
+from tests.protocol.live import LiveServer
 
 
 def ask(ws: ClientConnection, message: Any) -> dict[str, Any]:

@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import pytest
 
 from coding_agent_env.cli import main
 from coding_agent_env.settings import Settings
+from tests.helpers import serving, wait_until
 from tests.tasks.harbor_fixtures import REWARD, make_task
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
@@ -88,10 +88,12 @@ def test_interrupted_run_resumes_without_redoing_or_losing(tmp_path: Path, env: 
             "--no-progress"]
     proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while not (out.exists() and len(out.read_text().splitlines()) >= 2):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.02)  # polling for the journal, with a deadline
+
+        def journalled() -> bool:
+            assert proc.poll() is None, proc.communicate()
+            return out.exists() and len(out.read_text().splitlines()) >= 2
+
+        wait_until(journalled, "two results in the journal", timeout_s=60)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -153,16 +155,8 @@ def test_through_a_running_server(tmp_path: Path, env: dict[str, str]) -> None:
                               env={**os.environ, **env, "ENABLE_WEB_INTERFACE": "false"},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, "server exited"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.05)  # polling for the server, with a deadline
+        wait_until(serving(f"http://127.0.0.1:{port}/health", server, timeout_s=1), "the server to come up",
+                   timeout_s=60, interval_s=0.05)
         out = tmp_path / "out.jsonl"
         assert main(["run", str(EXAMPLES), "--agent", "oracle", "-n", "2", "--server", f"http://127.0.0.1:{port}",
                      "--out", str(out), "--no-progress"]) == 0

@@ -14,9 +14,10 @@ import pytest
 from coding_agent_env.cli import main
 from coding_agent_env.settings import Settings
 from coding_agent_env.tasks.context import pack
+from tests.helpers import wait_until
 from tests.backends.conftest import docker_engine, no_leftover_containers  # noqa: F401 (fixtures)
 from tests.backends.rootfs import HOST_BINDS, IMAGE
-from tests.protocol.live import LiveServer, wait_until
+from tests.protocol.live import LiveServer
 from tests.runs.test_batch import EXAMPLES, lines
 from tests.tasks.harbor_fixtures import REWARD, make_task
 

@@ -17,7 +17,8 @@ from websockets.asyncio.client import connect
 from coding_agent_env.aio_watchdog import LoopWatchdog
 from coding_agent_env.api import build_app
 from coding_agent_env.settings import Settings
-from tests.protocol.live import LiveServer, wait_until
+from tests.helpers import poll, wait_until
+from tests.protocol.live import LiveServer
 
 TICK_S = 0.01
 STALL_S = 0.05
@@ -27,7 +28,8 @@ HOLD_DEADLINE_S = 10.0
 
 def hold_the_loop_until_reported(watchdog: LoopWatchdog) -> None:
     """A blocking call on the loop thread (time.sleep, never awaited): it holds the loop until the watchdog's
-    thread has reported the stall, or fails at the deadline."""
+    thread has reported the stall, or fails at the deadline. Not `wait_until`: the tests below find this
+    function among the innermost frames of the stall's stack."""
     deadline = time.monotonic() + HOLD_DEADLINE_S
     while watchdog.stats.last_stall is None:
         if time.monotonic() > deadline:
@@ -100,11 +102,9 @@ def test_it_needs_positive_figures() -> None:
 
 async def _ticked(watchdog: LoopWatchdog, ticks: int) -> None:
     """Await (letting the loop run) until the watchdog has ticked `ticks` times, or fail at a deadline."""
-    deadline = time.monotonic() + HOLD_DEADLINE_S
-    while watchdog.stats.ticks < ticks:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the watchdog ticked {watchdog.stats.ticks} times, not {ticks}")
-        await asyncio.sleep(TICK_S)
+    await poll(lambda: watchdog.stats.ticks >= ticks,
+               lambda: f"{ticks} ticks of the watchdog (it ticked {watchdog.stats.ticks})",
+               timeout_s=HOLD_DEADLINE_S, interval_s=TICK_S)
 
 
 # -- in a live server ---------------------------------------------------------------------------------------
@@ -197,9 +197,13 @@ async def test_a_shutdown_cancelled_over_and_over_still_stops_the_watchdog(setti
     await asyncio.wait_for(started.wait(), HOLD_DEADLINE_S)
     watchdog = app.state.loop_watchdog
     assert watchdog.running
-    deadline = time.monotonic() + HOLD_DEADLINE_S
-    while not task.done():  # a cancellation at every await of the shutdown
-        assert time.monotonic() < deadline, "the cancelled lifespan did not end"
+
+    def ended() -> bool:
+        """Whether the lifespan ended; if not, cancel it again (a cancellation at every await of the shutdown)."""
+        if task.done():
+            return True
         task.cancel()
-        await asyncio.sleep(0)
+        return False
+
+    await poll(ended, "the cancelled lifespan to end", timeout_s=HOLD_DEADLINE_S, interval_s=0)
     assert not watchdog.running

@@ -8,12 +8,13 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "coding_agent_env.cli"]
@@ -34,14 +35,16 @@ class Served:
         )
 
     def get(self, path: str) -> httpx.Response:
-        deadline = time.monotonic() + START_DEADLINE_S
-        while True:
+
+        def answer() -> httpx.Response | None:
             try:
                 return httpx.get(f"http://127.0.0.1:{self.port}{path}", timeout=5)
             except httpx.TransportError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"server did not answer: {self.proc.stderr.read() if self.proc.stderr else ''}")
-                time.sleep(0.05)
+                if self.proc.poll() is not None:
+                    raise AssertionError(f"server exited: {self.proc.stderr.read() if self.proc.stderr else ''}") from None
+                return None
+
+        return wait_until(answer, f"the server to answer {path}", timeout_s=START_DEADLINE_S, interval_s=0.05)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

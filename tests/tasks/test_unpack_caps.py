@@ -22,7 +22,7 @@ from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.settings import Settings
 from coding_agent_env.tasks.context import ContextError, ContextTooLargeError, UnpackCaps, pack, unpack
 from coding_agent_env.tasks.inflate import STEP
-from tests.protocol.live import wait_until
+from tests.helpers import wait_until
 
 MIB = 1 << 20
 _ZEROS = gzip.compress(b"\0" * MIB, compresslevel=9, mtime=0)

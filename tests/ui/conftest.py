@@ -15,13 +15,14 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
+
+from tests.helpers import serving, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = [
@@ -53,19 +54,10 @@ class UiServer:
                                          stdin=subprocess.DEVNULL, start_new_session=True)
 
     def wait_healthy(self) -> UiServer:
-        deadline = time.monotonic() + START_DEADLINE_S
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}")
-            try:
-                # The tab is built in the background after /health answers: wait for the tab itself.
-                if httpx.get(self.url + "/web/", timeout=2).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("server and its tab did not come up in time")
-            time.sleep(0.1)
+        # The tab is built in the background after /health answers: wait for the tab itself.
+        wait_until(serving(self.url + "/web/", self.proc, self.log_path.read_text), "the server and its tab",
+                   timeout_s=START_DEADLINE_S, interval_s=0.1)
+        return self
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -9,13 +9,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
 from coding_agent_env.api import build_app
 from coding_agent_env.settings import Settings
+from tests.helpers import poll, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 120.0
@@ -29,15 +29,16 @@ async def test_web_starts_in_the_background_and_root_redirects(settings: Setting
         health = await client.get("/health")  # answered while the tab may still be building
         assert health.json() == {"status": "healthy"}
         seen = set()
-        deadline = time.monotonic() + DEADLINE_S
-        while True:
+
+        async def built() -> httpx.Response | None:
             page = await client.get("/web/")
             seen.add(page.status_code)
             if page.status_code == 200:
-                break
+                return page
             assert page.status_code == 503 and page.headers["retry-after"] == "1" and "starting" in page.text
-            assert time.monotonic() < deadline, "the tab never came up"
-            await asyncio.sleep(0.05)
+            return None
+
+        page = await poll(built, "the tab to come up", timeout_s=DEADLINE_S, interval_s=0.05)
         assert "text/html" in page.headers["content-type"] and seen <= {200, 503}
         root, web = await client.get("/"), await client.get("/web")
         assert root.status_code == web.status_code == 307
@@ -75,17 +76,19 @@ def test_a_tab_that_cannot_be_built_leaves_the_server_up(tmp_path: Path) -> None
                             stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + DEADLINE_S
-        while True:
+
+        def answered() -> httpx.Response | None:
             try:
                 page = httpx.get(url + "/web/", timeout=2)
-                if "could not start" in page.text:
-                    break
-                assert page.status_code == 503, page.status_code
             except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "no clear answer at /web"
-            time.sleep(0.05)
+                page = None
+            if page is not None and "could not start" in page.text:
+                return page
+            assert page is None or page.status_code == 503, page.status_code
+            assert proc.poll() is None, "the server exited"
+            return None
+
+        page = wait_until(answered, "a clear answer at /web", timeout_s=DEADLINE_S, interval_s=0.05)
         assert page.status_code == 503 and "this gradio is broken" in page.text
         assert httpx.get(url + "/health", timeout=2).json() == {"status": "healthy"}
     finally:

@@ -11,14 +11,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 from playwright.sync_api import expect
 
 from coding_agent_env.runs.store import ResultsStore
+from tests.helpers import serving, wait_until
 from tests.ui.conftest import UiServer
 
 pytestmark = pytest.mark.ui
@@ -69,16 +68,8 @@ def test_the_server_keeps_its_rollouts_by_setting(tmp_path: Path) -> None:
     server = UiServer(state, tmp_path / "server.log", RESULTS_FROM_SERVER="true", RESULTS_DB=str(db),
                       ENABLE_WEB_INTERFACE="false", **_uid_range())
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.proc.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
-            try:
-                if httpx.get(server.url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.05)  # polling for the server, with a deadline
+        wait_until(serving(server.url + "/health", server.proc, (tmp_path / "server.log").read_text, timeout_s=1),
+                   "the server to come up", timeout_s=60, interval_s=0.05)
         with CodingAgentEnv(server.url).sync() as env:
             env.reset()
             result = env.run_rollout(instruction="x", agent="oracle", solution=["echo hi > a"], verify=["test -f a"],

@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
 
 from coding_agent_env.api.ui.presets import PRESETS
+from tests.helpers import wait_until
 from tests.ui.conftest import UiServer
 
 pytestmark = pytest.mark.ui
@@ -102,20 +102,12 @@ def test_cancel_tears_the_rollout_down(page, ui_server: UiServer) -> None:  # no
     page.keyboard.type(f"- sleep {SLEEP_MARK}")
     page.locator("#run").click()
     expect(page.locator("#log textarea")).to_have_value(re.compile(r"agent \.\.\."))
-    _wait_for(lambda: bool(_processes_with(SLEEP_MARK)), "the agent's sleep to start")
+    wait_until(lambda: bool(_processes_with(SLEEP_MARK)), "the agent's sleep to start", timeout_s=30)
     page.locator("#cancel").click()
     badge = page.locator("#notice .cae-result")
     badge.wait_for()
     assert "status cancelled" in badge.inner_text()
     assert _processes_with(SLEEP_MARK) == []
-
-
-def _wait_for(predicate, what: str, timeout_s: float = 30.0) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_opencode_preset_through_a_custom_endpoint(page, ui_server: UiServer) -> None:  # noqa: ANN001
@@ -178,8 +170,9 @@ def test_interactive_episode(page, ui_server: UiServer) -> None:  # noqa: ANN001
     expect(page.locator("#ep-status")).to_contain_text("Episode running")
     command.fill(f"sleep {SLEEP_MARK}")
     page.locator("#ep-run").click()
-    _wait_for(lambda: bool(_processes_with(SLEEP_MARK)), "the command's sleep to start")
+    wait_until(lambda: bool(_processes_with(SLEEP_MARK)), "the command's sleep to start", timeout_s=30)
     page.locator("#ep-cancel").click()
     expect(page.locator("#ep-status")).to_contain_text("cancelled")
-    _wait_for(lambda: not _processes_with(SLEEP_MARK), "the sleep to be killed")
-    _wait_for(lambda: not [p for p in ui_server.state_dir.iterdir() if p.name != "relay"], "the sandbox removed")
+    wait_until(lambda: not _processes_with(SLEEP_MARK), "the sleep to be killed", timeout_s=30)
+    wait_until(lambda: not [p for p in ui_server.state_dir.iterdir() if p.name != "relay"], "the sandbox removed",
+               timeout_s=30)
