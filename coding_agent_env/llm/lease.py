@@ -12,6 +12,7 @@ import enum
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,25 +36,16 @@ class LeaseState(enum.Enum):
     CLOSED = "closed"
 
 
+@dataclass(slots=True, eq=False)
 class PromptDelta:
     """The part of a call's prompt not already recorded by the previous call (see `Turn`)."""
 
-    __slots__ = ("index", "messages", "reused", "tools", "tools_reused")
-
-    def __init__(
-        self,
-        index: int,
-        reused: int,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        tools_reused: bool = False,
-    ) -> None:
-        self.index = index
-        self.reused = reused
-        self.messages = messages
-        self.tools = tools
-        """The call's tools when they differ from the previous call's (None: none, or `tools_reused`)."""
-        self.tools_reused = tools_reused
+    index: int
+    reused: int
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    """The call's tools when they differ from the previous call's (None: none, or `tools_reused`)."""
+    tools_reused: bool = False
 
 
 class Lease:

@@ -13,6 +13,8 @@ Each api module maps these to its wire form (WS error frame, JSON-RPC error) in 
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from coding_agent_env.errors import RequestError
 
 __all__ = [
@@ -40,35 +42,41 @@ class CapacityError(SessionError):
         self.maximum = maximum
 
 
-class UnknownSessionError(SessionError):
+class _AboutSession(SessionError):
+    """An error about one session, `session_id`; `TEXT` is its message, `{session_id}` (and the details a
+    subclass passes) filled in."""
+
+    TEXT: ClassVar[str]
+
+    def __init__(self, session_id: str, **details: str) -> None:
+        super().__init__(self.TEXT.format(session_id=session_id, **details))
+        self.session_id = session_id
+
+
+class UnknownSessionError(_AboutSession):
     """No live session has this id (never created, closed, or reaped when idle)."""
 
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"Unknown session_id: {session_id}")
-        self.session_id = session_id
+    TEXT = "Unknown session_id: {session_id}"
 
 
-class SessionAttachedError(SessionError):
+class SessionAttachedError(_AboutSession):
     """The session already has a WebSocket attached."""
 
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"Session {session_id} already has an attached WebSocket")
-        self.session_id = session_id
+    TEXT = "Session {session_id} already has an attached WebSocket"
 
 
-class SessionBusyError(SessionError):
+class SessionBusyError(_AboutSession):
     """The session is already running a rollout; one at a time per session."""
 
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"Session {session_id} is already running a rollout")
-        self.session_id = session_id
+    TEXT = "Session {session_id} is already running a rollout"
 
 
-class SessionClosedError(SessionError):
+class SessionClosedError(_AboutSession):
     """The session was closed, or a close was asked for while its WebSocket is attached (it ends at detach):
     either way it runs no more rollouts."""
 
+    TEXT = "Session {session_id} {state}; it runs no more rollouts"
+
     def __init__(self, session_id: str, *, closing: bool) -> None:
         state = "is closing (a close was requested while its WebSocket is attached)" if closing else "is closed"
-        super().__init__(f"Session {session_id} {state}; it runs no more rollouts")
-        self.session_id = session_id
+        super().__init__(session_id, state=state)

@@ -105,6 +105,14 @@ class Box:
     def hosts(self) -> dict[str, Path]:
         return host_dirs(self.root)
 
+    def fresh_dir(self, prefix: str) -> Path:
+        """A new, empty host directory under the root (mode 0700, owned by the sandbox's uid when it has one)."""
+        path = self.root / f"{prefix}-{secrets.token_hex(6)}"
+        path.mkdir(mode=0o700)
+        if self.uid is not None:
+            os.chown(path, self.uid, self.uid)
+        return path
+
 
 @dataclass(frozen=True)
 class Command:
@@ -206,11 +214,7 @@ class Unisolated(Launch):
         return relay.tcp_url
 
     def fresh_home(self, box: Box) -> Path | None:
-        path = box.root / f"fresh-{secrets.token_hex(6)}"
-        path.mkdir(mode=0o700)
-        if box.uid is not None:
-            os.chown(path, box.uid, box.uid)
-        return path
+        return box.fresh_dir("fresh")
 
     def command(
         self, box: Box, argv: Sequence[str], cwd: str, *, fresh: bool, netns: int | None, forwarder: bool = False,
@@ -232,11 +236,7 @@ class Bwrap(Launch):
         self.system_args = tuple(system_args)
 
     def fresh_shm(self, box: Box) -> Path | None:
-        path = box.root / f"{SHM_SUBDIR}-{secrets.token_hex(6)}"
-        path.mkdir(mode=0o700)
-        if box.uid is not None:
-            os.chown(path, box.uid, box.uid)
-        return path
+        return box.fresh_dir(SHM_SUBDIR)
 
     def command(
         self, box: Box, argv: Sequence[str], cwd: str, *, fresh: bool, netns: int | None, forwarder: bool = False,

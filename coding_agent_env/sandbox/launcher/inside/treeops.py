@@ -49,7 +49,8 @@ def remove_tree(path: str | os.PathLike[str]) -> None:
             except FileNotFoundError:
                 return
             if not stat.S_ISDIR(top.st_mode):
-                _unlink(parent_fd, name, fix=False)  # the caller's directory: its mode is not ours to change
+                # The caller's directory: its mode is not ours to change.
+                _remove(parent_fd, name, directory=False, fix=False)
                 return
             if _remove_dir(parent_fd, name, top.st_dev):
                 return
@@ -78,7 +79,8 @@ def _remove_dir(top_parent: int, top_name: str, device: int) -> bool:
                 except FileNotFoundError:
                     continue
                 except NotADirectoryError:
-                    _unlink(cur, child)  # swapped for a symlink or file meanwhile: not followed, removed
+                    # Swapped for a symlink or file meanwhile: not followed, removed.
+                    _remove(cur, child, directory=False)
                     continue
                 identity = _identity(nxt)
                 if identity[0] != device:
@@ -92,14 +94,14 @@ def _remove_dir(top_parent: int, top_name: str, device: int) -> bool:
             if not path:
                 os.close(cur)
                 cur = -1
-                _rmdir(top_parent, name, fix=False)
+                _remove(top_parent, name, directory=True, fix=False)
                 return True
             parent = os.open("..", _DIR_FLAGS, dir_fd=cur)
             os.close(cur)
             cur = parent
             if _identity(cur) != path[-1][1]:
                 return False  # moved: this is not the directory we came down from
-            _rmdir(cur, name)
+            _remove(cur, name, directory=True)
     finally:
         if cur >= 0:
             os.close(cur)
@@ -150,30 +152,19 @@ def _open_dir(dir_fd: int, name: str) -> int:
         raise
 
 
-def _unlink(dir_fd: int, name: str, *, fix: bool = True) -> None:
-    """Unlink `name`; with `fix`, an unwritable `dir_fd` (in the tree) is given back its owner's rights first."""
+def _remove(dir_fd: int, name: str, *, directory: bool, fix: bool = True) -> None:
+    """Unlink `name` of `dir_fd` (rmdir with `directory`), gone already or not; with `fix`, an unwritable
+    `dir_fd` (in the tree) is given back its owner's rights first."""
+    remove = os.rmdir if directory else os.unlink
     try:
-        os.unlink(name, dir_fd=dir_fd)
+        remove(name, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
     except PermissionError:
         if not fix:
             raise
         os.fchmod(dir_fd, 0o700)
-        os.unlink(name, dir_fd=dir_fd)
-
-
-def _rmdir(dir_fd: int, name: str, *, fix: bool = True) -> None:
-    """rmdir `name`; `fix` as for `_unlink`."""
-    try:
-        os.rmdir(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass
-    except PermissionError:
-        if not fix:
-            raise
-        os.fchmod(dir_fd, 0o700)
-        os.rmdir(name, dir_fd=dir_fd)
+        remove(name, dir_fd=dir_fd)
 
 
 def _identity(fd: int) -> tuple[int, int]:
