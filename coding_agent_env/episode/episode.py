@@ -7,7 +7,7 @@
 Contract:
 - `Episode.start` raises `RequestError` only for a task this server will not run (unknown backend, limits over
   the caps), before anything is made. Whatever goes wrong after that is the episode's status and `error`.
-- Each command is one sandbox exec of Terminus's runner (`agents.terminus.sandbox_shell`), as the sandbox's
+- Each command is one sandbox exec of the sandbox's shell (`sandbox.shell.sandboxed`), as the sandbox's
   user, under the task's `command_timeout_s` (its whole tree killed at it), its output bounded in the sandbox
   (`episode_max_output_bytes`). Processes a command leaves in the background end with it, so between calls no
   process of the episode is alive: the final answer's verify runs after every process the episode started is
@@ -36,7 +36,6 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from coding_agent_env.agents.terminus.sandbox_shell import SandboxShell
 from coding_agent_env.aio import shielded
 from coding_agent_env.episode.errors import EpisodeBusyError, EpisodeDoneError
 from coding_agent_env.episode.report import CommandRecord, EpisodeReport, EpisodeStatus, TerminalResult
@@ -44,6 +43,7 @@ from coding_agent_env.errors import SandboxError
 from coding_agent_env.models import ErrorInfo, Task
 from coding_agent_env.sandbox.base import Sandbox, SandboxSpec
 from coding_agent_env.sandbox.registry import Backends
+from coding_agent_env.sandbox.shell.sandboxed import SandboxShell
 from coding_agent_env.settings import Settings
 from coding_agent_env.workspace.budget import Budget
 from coding_agent_env.workspace.limits import resolve_limits

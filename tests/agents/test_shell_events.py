@@ -14,7 +14,7 @@ from coding_agent_env.agents.events import AgentReport
 from coding_agent_env.agents.opencode import parse_opencode_events
 from coding_agent_env.agents.pi import parse_pi_events
 from coding_agent_env.agents.terminus.agent import parse_terminus_events
-from coding_agent_env.agents.terminus.shell import PersistentShell
+from coding_agent_env.sandbox.shell.host import PersistentShell
 from tests.helpers import poll
 
 PARSERS = (parse_opencode_events, parse_pi_events, parse_terminus_events)

@@ -25,12 +25,12 @@ from coding_agent_env.agents.terminus.core import (
     conversation,
     message_of,
 )
-from coding_agent_env.agents.terminus.sandbox_shell import SandboxShell
-from coding_agent_env.agents.terminus.shell import MAX_INLINE_BYTES, CommandOutcome
 from coding_agent_env.models import RolloutRequest, RolloutStatus
 from coding_agent_env.rollout import run_rollout
 from coding_agent_env.rollout.events import PhaseStarted
 from coding_agent_env.sandbox import Backends, Sandbox, SandboxSpec
+from coding_agent_env.sandbox.shell.runner import MAX_INLINE_BYTES, CommandOutcome
+from coding_agent_env.sandbox.shell.sandboxed import SandboxShell
 from coding_agent_env.settings import Settings
 from tests.agents.sessions import CORRECT, TASK, session, write_file_command
 from tests.fakes.llm import FakeLLM, FakeLLMServer, Reply

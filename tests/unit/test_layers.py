@@ -25,7 +25,7 @@ ALLOWED = {
     "llm": LEAVES | {"sandbox"},
     "agents": LEAVES | {"sandbox", "llm"},
     "rollout": LEAVES | {"sandbox", "llm", "agents", "workspace"},
-    "episode": LEAVES | {"sandbox", "agents", "workspace"},
+    "episode": LEAVES | {"sandbox", "workspace"},  # its shell is the sandbox's (sandbox.shell), not an agent's
     "session": LEAVES | {"rollout", "episode", "llm", "sandbox"},  # it hands the app's relay and sandbox backends down
     "tasks": LEAVES | {"sandbox", "rollout"},
     "runs": LEAVES | {"tasks", "rollout", "sandbox", "client"},  # `run --server` drives a server over the client

@@ -3,7 +3,7 @@
 Each rollout drives `terminus.core.conversation` on the server's event loop:
 - every LLM call goes through the relay (its loopback listener, with the rollout's token), so the turns are
   recorded, capped and intercepted like any agent's;
-- every command is one sandbox exec of the persistent-shell runner (`terminus.sandbox_shell`), under
+- every command is one sandbox exec of the persistent-shell runner (`sandbox.shell.sandboxed`), under
   `terminus_command_timeout_s`, as the sandbox's own user.
 
 So nothing of the agent runs or waits inside the sandbox: no interpreter starts per rollout, the agent adds
@@ -29,10 +29,10 @@ from coding_agent_env.agents.events import AgentReport, json_lines, render_trans
 from coding_agent_env.agents.terminus.core import Chat, Run, conversation
 from coding_agent_env.agents.terminus.loop import BOOT
 from coding_agent_env.agents.terminus.relay_chat import RelayChat
-from coding_agent_env.agents.terminus.sandbox_shell import SandboxShell
 from coding_agent_env.aio import off_loop
 from coding_agent_env.errors import AgentError
 from coding_agent_env.models import AgentEvents
+from coding_agent_env.sandbox.shell.sandboxed import SandboxShell
 from coding_agent_env.settings import Settings, SettingsSection
 
 __all__ = ["TerminusAgent", "TerminusConfig", "parse_terminus_events", "standalone_argv", "standalone_config"]
@@ -132,7 +132,8 @@ def standalone_argv(config_path: str, *, python: str = "python3") -> list[str]:
     """The command that runs Terminus as a standalone program (`terminus.loop`) from this installed package,
     with the config at `config_path` (see `standalone_config`), the instruction on stdin and the endpoint's
     key in `TERMINUS_API_KEY`."""
-    return [python, "-I", "-S", "-B", "-c", BOOT, str(Path(__file__).parent.parent), config_path]
+    agents = Path(__file__).parent.parent
+    return [python, "-I", "-S", "-B", "-c", BOOT, str(agents), str(agents.parent / "sandbox"), config_path]
 
 
 def standalone_config(settings: Settings, *, base_url: str, model: str, state_dir: str) -> str:

@@ -3,7 +3,7 @@
 `conversation()` is a generator that yields what it needs and is sent the answer:
 
     Chat(body)     -> send the assistant message (a dict) of the chat completion for `body`, or `ChatFailed`
-    Run(command)   -> send the command's `CommandOutcome` (see `terminus.shell`)
+    Run(command)   -> send the command's `CommandOutcome` (see `sandbox.shell.runner`)
 
 and returns the exit code: 0 after a `final_answer`, `EXIT_LLM_FAILED` when the LLM call fails,
 `EXIT_OUT_OF_TURNS` when `max_turns` run out. Each turn is one non-streamed chat completion offering one

@@ -1,11 +1,12 @@
 """Terminus as a standalone program: `terminus.core`'s conversation driven with the standard library only.
 
-    python3 -I -S -B -c BOOT AGENTS_DIR CONFIG_JSON < instruction
+    python3 -I -S -B -c BOOT AGENTS_DIR SANDBOX_DIR CONFIG_JSON < instruction
 
 (`terminus.agent.standalone_argv` builds that command.) It reads the instruction from stdin, its limits,
 the model and the endpoint's URL from the config file, and the API key from `TERMINUS_API_KEY` (removed from
 the environment its commands get). Commands run on this host, in the current directory, with
-`shell.PersistentShell`. One JSON event per line goes to stdout (see `terminus.core`).
+the sandbox's shell run on the host (`sandbox.shell.host.PersistentShell`). One JSON event per line goes to
+stdout (see `terminus.core`).
 
 This is how Terminus runs outside the server, e.g. as the reference the agent benchmark compares rollouts
 with. In the server, `terminus.agent` drives the same conversation without starting any interpreter.
@@ -22,7 +23,6 @@ import sys
 import time
 
 from .core import Chat, ChatFailed, conversation, message_of
-from .shell import PersistentShell
 
 __all__ = ["BOOT", "http_response_body", "main", "post_json"]
 
@@ -30,9 +30,9 @@ TOKEN_ENV = "TERMINUS_API_KEY"
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 """Largest HTTP response (head and body) read from the endpoint."""
 _RECV_CHUNK = 256 * 1024
-BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from terminus.loop import main; sys.exit(main(sys.argv[2:]))"
-"""A constant program: its arguments (the directory holding the `terminus` package, the config path) carry
-no secret and no instruction."""
+BOOT = "import sys; sys.path[:0] = sys.argv[1:3]; from terminus.loop import main; sys.exit(main(sys.argv[3:]))"
+"""A constant program: its arguments (the directories holding the `terminus` package and the sandbox's `shell`
+package, the config path) carry no secret and no instruction."""
 
 
 def post_json(url: str, body: bytes, headers: dict, timeout_s: float) -> bytes:
@@ -140,6 +140,9 @@ def emit(kind: str, **fields: object) -> None:
 
 
 def main(argv: list[str]) -> int:
+    # The standalone program's own import: there the sandbox's shell package is the top-level `shell` (`BOOT`).
+    from shell.host import PersistentShell
+
     with open(argv[0], encoding="utf-8") as handle:
         config = json.load(handle)
     os.makedirs(config["state_dir"], exist_ok=True)

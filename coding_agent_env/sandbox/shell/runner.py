@@ -1,4 +1,4 @@
-"""Terminus's persistent shell: the runner both drivers use, and `PersistentShell` for the standalone program.
+"""The sandbox's persistent shell: the runner every driver uses (`sandboxed`, `host`).
 
 Each command runs in two fresh `bash`es. The inner one (`SHELL`)
 - sources the state file: the exported variables and the working directory left by the previous command;
@@ -17,23 +17,17 @@ scripts are constants, and the paths and the command are positional arguments. A
 is printed by `SHOW` run on its own afterwards. Where the output file cannot be written (a command may have
 put something in its place), output goes straight out.
 
-Processes a command leaves in the background end with it. In the server, `terminus.sandbox_shell` runs the
-runner as a sandbox exec. Standard library only.
+Processes a command leaves in the background end with it. `sandboxed` runs the runner as a sandbox exec,
+`host` as a host subprocess. Standard library only (see the package's docstring).
 """
 
 from __future__ import annotations
 
-import os
-import selectors
-import signal
-import subprocess
-import time
 from collections import namedtuple
-from collections.abc import Mapping
 
 __all__ = [
-    "MAX_INLINE_BYTES", "RUNNER", "SHELL", "SHOW", "SHOW_TIMEOUT_S", "CommandOutcome", "PersistentShell", "Runner",
-    "fits_inline", "outcome",
+    "MAX_INLINE_BYTES", "RUNNER", "SHELL", "SHOW", "SHOW_TIMEOUT_S", "CommandOutcome", "Runner", "fits_inline",
+    "outcome",
 ]
 
 SHOW = r"""
@@ -75,14 +69,11 @@ MAX_INLINE_BYTES = 128 * 1024 - 1
 """Longest command (UTF-8) passed inline: the kernel's cap on one argument, less its terminating NUL."""
 NOTE_BYTES = 128
 """Room for the note beside the kept bytes."""
-_READ_CHUNK = 65536
 SHOW_TIMEOUT_S = 10.0
 """Deadline for printing a timed-out command's output."""
-_GRACE_S = 1.0
-"""After the command exits, how long its output pipe may stay open (held by a background job)."""
 
 
-# Named tuples, not dataclasses: importing `dataclasses` would cost the standalone program's start-up.
+# Named tuples, not dataclasses: importing `dataclasses` would cost Terminus's standalone program's start-up.
 class CommandOutcome(namedtuple("CommandOutcome", ("exit_code", "output", "timed_out"))):
     """`exit_code: int | None` (None when timed out), `output: str` (merged, bounded), `timed_out: bool`."""
 
@@ -124,75 +115,3 @@ def fits_inline(command: str) -> bool:
 
 def outcome(exit_code: int | None, shown: bytes, timed_out: bool) -> CommandOutcome:
     return CommandOutcome(None if timed_out else exit_code, shown.decode("utf-8", "replace"), timed_out)
-
-
-class PersistentShell:
-    """The standalone program's shell: the runner as a host subprocess in its own session, killed by process
-    group when it ends or times out. `state_dir` is private to the agent; `workdir` is where it starts."""
-
-    def __init__(self, state_dir: str, workdir: str, env: Mapping[str, str], *, max_output_bytes: int) -> None:
-        self.runner = Runner.under(state_dir, max_output_bytes)
-        self.workdir = workdir
-        self.env = dict(env)
-
-    def run(self, command: str, *, timeout_s: float) -> CommandOutcome:
-        inline = fits_inline(command)
-        if not inline:
-            with open(self.runner.command, "w", encoding="utf-8", errors="surrogateescape") as handle:
-                handle.write(command + "\n")
-        shown, timed_out, code = self._run(self.runner.argv(command, from_file=not inline), timeout_s)
-        if timed_out:  # killed before it could show the output file: show it now
-            shown += self._run(self.runner.show_argv(), SHOW_TIMEOUT_S)[0]
-        return outcome(code, shown, timed_out)
-
-    def _run(self, argv: list[str], timeout_s: float) -> tuple[bytes, bool, int | None]:
-        """(output, at most `runner.cap` bytes; whether it outlived `timeout_s`; exit code)."""
-        proc = subprocess.Popen(
-            argv, cwd=self.workdir, env=self.env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        try:
-            shown, timed_out = self._read(proc, time.monotonic() + timeout_s)
-        finally:
-            _kill_group(proc.pid)
-            proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
-        return shown, timed_out, proc.returncode
-
-    def _read(self, proc: subprocess.Popen[bytes], deadline: float) -> tuple[bytes, bool]:
-        """Read output until EOF (or the deadline), keeping a bounded head: (it, whether the command outlived
-        the deadline)."""
-        assert proc.stdout is not None
-        limit = self.runner.cap
-        head = bytearray()
-        fd = proc.stdout.fileno()
-        with selectors.DefaultSelector() as selector:
-            selector.register(fd, selectors.EVENT_READ)
-            while True:
-                if proc.poll() is not None:
-                    deadline = min(deadline, time.monotonic() + _GRACE_S)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return bytes(head), proc.poll() is None
-                if not selector.select(min(remaining, 0.25)):
-                    continue
-                chunk = os.read(fd, _READ_CHUNK)
-                if not chunk:
-                    return bytes(head), not _exits_by(proc, deadline)
-                head += chunk[: max(limit - len(head), 0)]
-
-
-def _exits_by(proc: subprocess.Popen[bytes], deadline: float) -> bool:
-    try:
-        proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
-    except subprocess.TimeoutExpired:
-        return False
-    return True
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

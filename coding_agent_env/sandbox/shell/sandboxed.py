@@ -1,8 +1,8 @@
-"""Terminus's persistent shell in the server: the runner (`terminus.shell.RUNNER`) as one sandbox exec per
-command.
+"""The sandbox's persistent shell as one sandbox exec per command: the runner (`runner.RUNNER`) run by
+`Sandbox.exec`. Interactive episodes and Terminus in the server use it.
 
-The shell's files (`terminus.shell.Runner`: state, output, long command) live in the agent dir, written by
-the runner as the sandbox's user, so what a command leaves (`cd`, `export`) is what the next one starts from.
+The shell's files (`runner.Runner`: state, output, long command) live in a directory of the caller's,
+written by the runner as the sandbox's user, so what a command leaves (`cd`, `export`) is what the next one starts from.
 Each exec is the sandbox's usual one: its environment, its user, its limits, its whole tree killed at
 `timeout_s`. What a command does to those files is the agent's own outcome, never a failure of ours: a long
 command that cannot be written to its file is reported to the model as such.
@@ -10,9 +10,9 @@ command that cannot be written to its file is reported to the model as such.
 
 from __future__ import annotations
 
-from coding_agent_env.agents.terminus.shell import SHOW_TIMEOUT_S, CommandOutcome, Runner, fits_inline, outcome
 from coding_agent_env.errors import SandboxFileError
 from coding_agent_env.sandbox.base import Sandbox
+from coding_agent_env.sandbox.shell.runner import SHOW_TIMEOUT_S, CommandOutcome, Runner, fits_inline, outcome
 
 __all__ = ["SandboxShell"]
 
@@ -21,7 +21,8 @@ EXIT_NOT_RUN = 126
 
 
 class SandboxShell:
-    """See the module docstring. `agent_dir` is a sandbox directory the sandbox's user can write."""
+    """See the module docstring. `agent_dir` is a sandbox directory the sandbox's user can write (the caller's:
+    an agent's, or an episode's)."""
 
     def __init__(self, sandbox: Sandbox, agent_dir: str, *, max_output_bytes: int) -> None:
         self.sandbox = sandbox
