@@ -1,7 +1,7 @@
 """The rollout pipeline: RolloutRequest in, RolloutResult out.
 
 `run_rollout` is imported on first access, so that light users of this package (the client needs only
-`workspace.budget`, also at its old path `rollout.budget`) do not load the sandbox, agent and relay machinery.
+`workspace.budget`) do not load the sandbox, agent and relay machinery.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from coding_agent_env.client import CodingAgentEnv, ToolCallError
 from coding_agent_env.errors import RequestError
 from coding_agent_env.models import ErrorInfo, RolloutRequest, RolloutResult, RolloutStatus
 from coding_agent_env.rollout import run_rollout
-from coding_agent_env.rollout.redact import Redactor
+from coding_agent_env.workspace.redact import Redactor
 from coding_agent_env.runs.images import ImageBuilds
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.settings import Settings

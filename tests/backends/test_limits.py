@@ -19,7 +19,7 @@ import pytest
 from coding_agent_env.cli import load_task
 from coding_agent_env.models import LimitsRequest, RolloutRequest, RolloutResult, RolloutStatus
 from coding_agent_env.rollout import run_rollout
-from coding_agent_env.rollout.limits import LimitsError
+from coding_agent_env.workspace.limits import LimitsError
 from tests.backends.conftest import Target
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "binary_search.yaml"

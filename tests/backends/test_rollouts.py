@@ -12,7 +12,7 @@ from coding_agent_env.cli import load_task
 from coding_agent_env.errors import BackendRefusedError, MissingExtraError, UnknownBackendError
 from coding_agent_env.models import RolloutRequest, RolloutStatus
 from coding_agent_env.rollout import run_rollout
-from coding_agent_env.rollout.budget import Budget
+from coding_agent_env.workspace.budget import Budget
 from coding_agent_env.sandbox import Backends
 from coding_agent_env.sandbox.base import REMOTE_LIFETIME_MARGIN_S
 from coding_agent_env.sandbox.registry import import_backend

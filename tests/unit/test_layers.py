@@ -28,7 +28,7 @@ ALLOWED = {
     "episode": LEAVES | {"sandbox", "workspace"},  # its shell is the sandbox's (sandbox.shell), not an agent's
     "session": LEAVES | {"rollout", "episode", "llm", "sandbox"},  # it hands the app's relay and sandbox backends down
     "tasks": LEAVES | {"sandbox", "rollout"},
-    "runs": LEAVES | {"tasks", "rollout", "sandbox", "client"},  # `run --server` drives a server over the client
+    "runs": LEAVES | {"tasks", "rollout", "workspace", "sandbox", "client"},  # `run --server` drives a server over the client; workspace: the redactor
 }
 """What each layer may import besides itself."""
 API_ROOMS = {
