@@ -35,9 +35,8 @@ def docker_cases(settings: Settings, backends: list[Backends]) -> dict[str, Call
     """The Docker backend and its raw `docker run --rm` reference, or nothing when no daemon answers (the
     `Backends` it makes are appended to `backends`, for the caller to close)."""
     import docker
-    import docker.errors
 
-    from tests.backends.rootfs import HOST_BINDS, IMAGE, rootfs_tar
+    from tests.backends.rootfs import HOST_BINDS, IMAGE, ensure_image
 
     host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     try:
@@ -47,10 +46,7 @@ def docker_cases(settings: Settings, backends: list[Backends]) -> dict[str, Call
         print(f"docker: skipped (no daemon at {host}: {type(exc).__name__})")
         return {}
     try:
-        client.images.get(IMAGE)
-    except docker.errors.ImageNotFound:
-        repo, _, tag = IMAGE.partition(":")
-        client.api.import_image_from_data(rootfs_tar(), repository=repo, tag=tag)
+        ensure_image(client)
     finally:
         client.close()
     backends.append(Backends(settings.with_backends(DockerConfig(host=host, image=IMAGE, host_binds=HOST_BINDS))))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import socket
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
@@ -179,3 +180,10 @@ async def relay_port_refused(box: Sandbox) -> bool:
     probe = (f"import errno, socket, sys; code = socket.socket().connect_ex(('127.0.0.1', {port}));"
              " sys.exit(0 if code == errno.ECONNREFUSED else 1)")
     return (await box.exec(["python3", "-c", probe], timeout=30, max_output_bytes=64 * 1024)).exit_code == 0
+
+
+def free_port() -> int:
+    """A loopback port free now (for a server a test starts in a subprocess)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

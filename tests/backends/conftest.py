@@ -23,7 +23,7 @@ from coding_agent_env.sandbox import Backends, Sandbox, SandboxBackend
 from coding_agent_env.sandbox.docker import LABEL_OWNER
 from coding_agent_env.sandbox.remote.e2b import E2bBackend
 from coding_agent_env.settings import BackendConfig, DockerConfig, E2bConfig, HfConfig, LocalConfig, Settings
-from tests.backends.rootfs import HOST_BINDS, IMAGE, rootfs_tar
+from tests.backends.rootfs import HOST_BINDS, IMAGE, ensure_image
 from tests.fakes.e2b_fake import FakeAsyncSandbox
 from tests.helpers import sandbox_processes, serving, wait_until
 
@@ -58,11 +58,7 @@ def docker_engine() -> Iterator[Any]:
         if os.environ.get("CI") == "true":
             pytest.fail(f"no Docker daemon at {_docker_host()} under CI: {exc}")
         pytest.skip(f"no Docker daemon at {_docker_host()} ({type(exc).__name__}); .ci/run starts one")
-    try:
-        client.images.get(IMAGE)
-    except docker.errors.ImageNotFound:
-        repo, _, tag = IMAGE.partition(":")
-        client.api.import_image_from_data(rootfs_tar(), repository=repo, tag=tag)
+    ensure_image(client)
     yield client
     client.close()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import sys
 import tarfile
+from typing import Any
 
 IMAGE = "coding-agent-env-test:1"
 HOST_BINDS = ("/usr",)
@@ -40,6 +41,17 @@ def rootfs_tar() -> bytes:
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
+
+
+def ensure_image(client: Any) -> None:
+    """Import the test image into the daemon `client` (a docker SDK client) unless it already holds it."""
+    import docker.errors
+
+    try:
+        client.images.get(IMAGE)
+    except docker.errors.ImageNotFound:
+        repo, _, tag = IMAGE.partition(":")
+        client.api.import_image_from_data(rootfs_tar(), repository=repo, tag=tag)
 
 
 if __name__ == "__main__":

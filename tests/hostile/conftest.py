@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.rootfs import HOST_BINDS, IMAGE, rootfs_tar
+from tests.backends.rootfs import HOST_BINDS, IMAGE, ensure_image
 from tests.hostile.server import HostileServer
 
 BACKENDS = ["local", "docker"]
@@ -23,7 +23,6 @@ BACKENDS = ["local", "docker"]
 def _docker_env() -> dict[str, str]:
     """The server's Docker settings, the test image imported; skips (fails under CI) without a daemon."""
     import docker
-    import docker.errors
 
     host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     if host.startswith("unix://") and not os.path.exists(host.removeprefix("unix://")):
@@ -32,11 +31,7 @@ def _docker_env() -> dict[str, str]:
         pytest.skip(f"no Docker daemon at {host}; .ci/run starts one")
     client = docker.DockerClient(base_url=host)
     try:
-        try:
-            client.images.get(IMAGE)
-        except docker.errors.ImageNotFound:
-            repo, _, tag = IMAGE.partition(":")
-            client.api.import_image_from_data(rootfs_tar(), repository=repo, tag=tag)
+        ensure_image(client)
     finally:
         client.close()
     return {"DOCKER_HOST": host, "DOCKER_IMAGE": IMAGE, "DOCKER_HOST_BINDS": ",".join(HOST_BINDS)}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,17 +20,12 @@ from pathlib import Path
 import httpx
 
 from coding_agent_env.settings import LocalConfig, Settings
-from tests.helpers import serving, wait_until
+from tests.helpers import free_port, serving, wait_until
 
 START_DEADLINE_S = 60.0
 PROBE_EVERY_S = 0.1
 PROBE_TIMEOUT_S = 5.0
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class HostileServer:

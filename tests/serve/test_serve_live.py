@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -14,17 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import wait_until
+from tests.helpers import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "coding_agent_env.cli"]
 START_DEADLINE_S = 30.0
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Served:
