@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_VENV = ROOT / ".ci" / "venvs" / "openenv-0.10.0"
@@ -134,17 +134,22 @@ RESET = json.dumps({"type": "reset", "data": {}})
 STEP = json.dumps({"type": "step", "data": {"type": "list_tools"}})
 
 
+async def reset_step(ws: ClientConnection) -> float:
+    """Seconds of one reset+step round trip over an open socket."""
+    started = time.perf_counter()
+    await ws.send(RESET)
+    await ws.recv()
+    await ws.send(STEP)
+    await ws.recv()
+    return time.perf_counter() - started
+
+
 async def ws_pairs(url: str, iterations: int) -> list[float]:
     """Latency of `iterations` reset+step round trips over one connection."""
     times = []
     async with connect(url.replace("http", "ws", 1) + "/ws", max_size=None) as ws:
         for _ in range(iterations):
-            started = time.perf_counter()
-            await ws.send(RESET)
-            await ws.recv()
-            await ws.send(STEP)
-            await ws.recv()
-            times.append(time.perf_counter() - started)
+            times.append(await reset_step(ws))
     return times
 
 
@@ -154,12 +159,7 @@ async def ws_pairs_while_starting(url: str, limit: int) -> list[float]:
     async with httpx.AsyncClient(base_url=url) as client, connect(url.replace("http", "ws", 1) + "/ws") as ws:
         while len(times) < limit and still_starting(await client.get("/web/")):
             for _ in range(10):
-                started = time.perf_counter()
-                await ws.send(RESET)
-                await ws.recv()
-                await ws.send(STEP)
-                await ws.recv()
-                times.append(time.perf_counter() - started)
+                times.append(await reset_step(ws))
     return times
 
 
