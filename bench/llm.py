@@ -187,7 +187,7 @@ def main() -> None:
         fake_url = f"http://127.0.0.1:{(tmp / 'fake').read_text()}/v1"
         procs.append(_spawn([sys.executable, "bench/llm.py", "--relay-child", fake_url, str(tmp / "relay")], tmp / "relay"))
         relay = json.loads((tmp / "relay").read_text())
-        gate_argv = [sys.executable, "-m", "coding_agent_env.gate.cli", "--rollouts", "1", "--tokens-file",
+        gate_argv = [sys.executable, "-m", "coding_agent_env.gate.process", "--rollouts", "1", "--tokens-file",
                      str(tmp / "gate"), "--policy", "bench.llm:fake_policy"]
         procs.append(_spawn(gate_argv, tmp / "gate", {"BENCH_FAKE_URL": fake_url}))
         gate = json.loads((tmp / "gate").read_text().splitlines()[0])

@@ -17,7 +17,7 @@ import logging
 import shlex
 
 from coding_agent_env.agents.base import Agent, AgentContext, run_in_sandbox
-from coding_agent_env.agents.events import AgentReport, parse_total, render_transcript, report_events
+from coding_agent_env.agents.event_stream import AgentReport, parse_total, render_transcript, report_events
 from coding_agent_env.agents.install import AgentNotInstalledError, check_installed
 from coding_agent_env.agents.spec import CliAgentSpec, Launch, LaunchContext
 from coding_agent_env.errors import (

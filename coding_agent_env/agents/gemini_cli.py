@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coding_agent_env.agents.events import AgentReport, json_lines
+from coding_agent_env.agents.event_stream import AgentReport, json_lines
 from coding_agent_env.agents.node import home_settings, node_argv, with_node
 from coding_agent_env.agents.spec import CliAgentSpec, Launch, LaunchContext
 

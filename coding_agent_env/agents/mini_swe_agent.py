@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coding_agent_env.agents.events import AgentReport, items, json_lines
+from coding_agent_env.agents.event_stream import AgentReport, items, json_lines
 from coding_agent_env.agents.spec import AgentFile, CliAgentSpec, Launch, LaunchContext, PipInstall, PipPackage
 
 __all__ = ["MINI_SWE_AGENT", "parse_mini_events"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from coding_agent_env.agents.events import AgentReport, json_lines
+from coding_agent_env.agents.event_stream import AgentReport, json_lines
 from coding_agent_env.agents.spec import CliAgentSpec, HomeLink, Launch, LaunchContext, NpmInstall, NpmPackage
 
 __all__ = ["OPENCODE", "parse_opencode_events"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from coding_agent_env.agents.events import AgentReport, json_lines
+from coding_agent_env.agents.event_stream import AgentReport, json_lines
 from coding_agent_env.agents.spec import AgentFile, CliAgentSpec, Launch, LaunchContext, NpmInstall, NpmPackage
 
 __all__ = ["PI", "parse_pi_events"]

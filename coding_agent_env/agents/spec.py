@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from coding_agent_env.agents.events import AgentReport
+from coding_agent_env.agents.event_stream import AgentReport
 
 __all__ = [
     "AgentFile",

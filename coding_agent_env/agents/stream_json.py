@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coding_agent_env.agents.events import AgentReport, items, json_lines
+from coding_agent_env.agents.event_stream import AgentReport, items, json_lines
 
 __all__ = ["parse_stream_json"]
 

@@ -28,7 +28,7 @@ from fastapi.responses import RedirectResponse
 from coding_agent_env.aio_watchdog import LoopWatchdog
 from coding_agent_env.api import heap
 from coding_agent_env.api.images import IMAGES_PATH, ImageBuildRoute
-from coding_agent_env.api.protocols.endpoint import McpDispatcher
+from coding_agent_env.api.protocols.mcp_door import McpDispatcher
 from coding_agent_env.api.protocols.http import ENV_DESCRIPTION, build_router
 from coding_agent_env.api.protocols.mcp import McpEndpoint
 from coding_agent_env.api.protocols.ws import serve_ws, serve_ws_mcp

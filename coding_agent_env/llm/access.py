@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from coding_agent_env.aio import shielded
 from coding_agent_env.errors import RelayError
-from coding_agent_env.llm.endpoint import sandbox_endpoint
+from coding_agent_env.llm.relay_endpoint import sandbox_endpoint
 from coding_agent_env.llm.lease import Lease
 from coding_agent_env.llm.relay import Relay
 from coding_agent_env.llm.shared import SharedRelay

@@ -26,7 +26,7 @@ from coding_agent_env.llm.call import RelayedCall
 from coding_agent_env.llm.dialects import Dialect, DialectError, Route, StreamTranslator
 from coding_agent_env.llm.exchange import Answer, UpstreamBadResponseError, UpstreamRefusal, exchange
 from coding_agent_env.llm.lease import Lease
-from coding_agent_env.llm.wire import error_in, parse_json_object
+from coding_agent_env.llm.inbound import error_in, parse_json_object
 from coding_agent_env.settings import Settings
 
 __all__ = ["relay_call"]

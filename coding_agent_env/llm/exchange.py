@@ -27,7 +27,7 @@ from aiohttp import web
 
 from coding_agent_env.llm.call import RelayedCall
 from coding_agent_env.llm.sse import SseParser
-from coding_agent_env.llm.wire import parse_json_object
+from coding_agent_env.llm.inbound import parse_json_object
 from coding_agent_env.streams import read_at_most
 
 __all__ = [

@@ -41,7 +41,7 @@ from coding_agent_env.llm.answers import relay_call
 from coding_agent_env.llm.dialects import Route, route_of
 from coding_agent_env.llm.lease import Lease
 from coding_agent_env.llm.upstream import Upstream
-from coding_agent_env.llm.wire import bearer_token, error_in, error_response, parse_json_object
+from coding_agent_env.llm.inbound import bearer_token, error_in, error_response, parse_json_object
 from coding_agent_env.pids import pid_alive
 from coding_agent_env.settings import Settings
 

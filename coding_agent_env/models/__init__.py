@@ -5,7 +5,7 @@ and endpoint that attempt it; `RolloutResult` is what every rollout returns. The
 the package: they import nothing from it but the wire limits in `settings` and the search-path rules in
 `verify_env`.
 
-    wire      the base model (unknown fields refused), `Mode`, `NativeDialect`
+    common    the base model (unknown fields refused), `Mode`, `NativeDialect` (named in `settings.dialects`)
     task      `Task`, `LimitsRequest`: the task's fields and their validation, once
     request   `RolloutRequest` (a `Task` with the agent and endpoint fields), the agent names, the schema
     turns     what the relay records of each LLM call, and the training data built from it
@@ -45,7 +45,7 @@ from coding_agent_env.models.turns import (
     TurnPurpose,
     Usage,
 )
-from coding_agent_env.models.wire import Mode, NativeDialect, WireModel
+from coding_agent_env.models.common import Mode, NativeDialect, WireModel
 
 __all__ = [
     "AGENT_NAMES",

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal, get_args
 from pydantic import Field, SecretStr, ValidationError, model_validator
 
 from coding_agent_env.models.task import Task
-from coding_agent_env.models.wire import Mode, NativeDialect, name_field
+from coding_agent_env.models.common import Mode, NativeDialect, name_field
 from coding_agent_env.settings import WireLimits
 
 __all__ = ["AGENT_NAMES", "AgentName", "RolloutRequest", "request_fields_schema", "validation_summary"]

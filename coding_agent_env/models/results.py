@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from coding_agent_env.models.turns import TrainingData, Turn
-from coding_agent_env.models.wire import Mode, WireModel
+from coding_agent_env.models.common import Mode, WireModel
 
 __all__ = [
     "AgentEvents",

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from coding_agent_env.models.wire import WireModel, name_field
+from coding_agent_env.models.common import WireModel, name_field
 from coding_agent_env.settings import WireLimits
 from coding_agent_env.verify_env import AGENT_WRITABLE_ROOTS, workspace_entry
 

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from coding_agent_env.models.wire import NativeDialect, WireModel
+from coding_agent_env.models.common import NativeDialect, WireModel
 
 __all__ = ["ToolCall", "TrainingData", "TrainingSequence", "Turn", "TurnMessage", "TurnPurpose", "Usage"]
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coding_agent_env.agents.events import AgentReport
+from coding_agent_env.agents.event_stream import AgentReport
 from coding_agent_env.agents.opencode import parse_opencode_events
 from coding_agent_env.agents.pi import parse_pi_events
 from coding_agent_env.agents.terminus.agent import parse_terminus_events

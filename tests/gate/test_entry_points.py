@@ -20,7 +20,7 @@ DEADLINE_S = 20.0
 def test_gate_process_answers_with_its_policy_and_keeps_tokens_out_of_stdout(tmp_path: Path) -> None:
     tokens = tmp_path / "rollouts.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "coding_agent_env.gate.cli", "--rollouts", "2", "--tokens-file", str(tokens)],
+        [sys.executable, "-m", "coding_agent_env.gate.process", "--rollouts", "2", "--tokens-file", str(tokens)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
     )
     try:

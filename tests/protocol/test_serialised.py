@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 from websockets.sync.client import connect
 
-from coding_agent_env.api.protocols.wire import dumps
+from coding_agent_env.api.protocols.shapes import dumps
 from coding_agent_env.api.tools import Serialised
 from tests.protocol.live import LiveServer
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from coding_agent_env.cli import main
+from coding_agent_env.cli.main import main
 from coding_agent_env.settings import Settings
 from coding_agent_env.tasks import LoadedTask, TaskError, TaskOptions, iter_tasks
 from coding_agent_env.tasks.confined import TaskDir, TaskFileError

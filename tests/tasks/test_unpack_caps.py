@@ -17,7 +17,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from coding_agent_env.api.images import IMAGES_PATH, ImageBuildRoute
-from coding_agent_env.backend_config import DockerConfig
+from coding_agent_env.settings.backends import DockerConfig
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.settings import Settings
 from coding_agent_env.tasks.context import ContextError, ContextTooLargeError, UnpackCaps, pack, unpack

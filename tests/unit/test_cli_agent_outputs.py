@@ -14,7 +14,7 @@ import pytest
 
 from coding_agent_env.agents.base import AgentContext
 from coding_agent_env.agents.driver import CliAgent
-from coding_agent_env.agents.events import AgentReport, json_lines
+from coding_agent_env.agents.event_stream import AgentReport, json_lines
 from coding_agent_env.agents.spec import CliAgentSpec, Launch, LaunchContext
 from coding_agent_env.llm.access import LlmAccess
 from coding_agent_env.models import RolloutRequest, RolloutStatus

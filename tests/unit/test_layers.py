@@ -13,8 +13,8 @@ import coding_agent_env
 PACKAGE = Path(coding_agent_env.__file__).parent
 ENTRY_POINTS = {"cli", "serve", "client"}
 """Root modules at the top: they may import anything, nothing below imports them."""
-LEAVES = {path.stem for path in PACKAGE.glob("*.py")} - ENTRY_POINTS - {"__init__"} | {"models"}
-"""Root modules every layer may use (errors, settings, helpers), and the wire models' package."""
+LEAVES = {path.stem for path in PACKAGE.glob("*.py")} - ENTRY_POINTS - {"__init__"} | {"models", "settings"}
+"""Root modules every layer may use (errors, helpers), the settings' package and the wire models'."""
 ALLOWED = {
     "models": {"settings", "verify_env"},  # the lowest layer: the wire limits and verify's search-path rules
     "gate": {"errors", "models", "settings"},

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coding_agent_env.agents.codex import parse_codex_events
-from coding_agent_env.agents.events import AgentReport
+from coding_agent_env.agents.event_stream import AgentReport
 from coding_agent_env.agents.gemini_cli import parse_gemini_events
 from coding_agent_env.agents.mini_swe_agent import parse_mini_events
 from coding_agent_env.agents.opencode import parse_opencode_events

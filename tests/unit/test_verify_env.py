@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from coding_agent_env.api.ui.presets import PRESETS
-from coding_agent_env.cli import load_task
+from coding_agent_env.cli.main import load_task
 from coding_agent_env.models import RolloutRequest
 from coding_agent_env.verify_env import CLEARED_FOR_VERIFY, hardened_overlay, workspace_entry
 

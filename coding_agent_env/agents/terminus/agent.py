@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from coding_agent_env.agents.base import Agent, AgentContext
-from coding_agent_env.agents.events import AgentReport, json_lines, render_transcript, report_events
+from coding_agent_env.agents.event_stream import AgentReport, json_lines, render_transcript, report_events
 from coding_agent_env.agents.terminus.core import Chat, Run, conversation
 from coding_agent_env.agents.terminus.loop import BOOT
 from coding_agent_env.agents.terminus.relay_chat import RelayChat

@@ -6,7 +6,7 @@ from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
 
-from coding_agent_env.api.protocols.wire import dumps
+from coding_agent_env.api.protocols.shapes import dumps
 
 __all__ = ["header", "replay", "send_json"]
 
@@ -35,7 +35,7 @@ def replay(receive: Receive, body: bytes | None) -> Receive:
 
 
 async def send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
-    """One JSON response (encoded by `wire.dumps`: a tool's result as the text it was serialised to once)."""
+    """One JSON response (encoded by `shapes.dumps`: a tool's result as the text it was serialised to once)."""
     body = dumps(payload).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from coding_agent_env import __version__
 from coding_agent_env.aio_watchdog import LoopWatchdog
 from coding_agent_env.api.protocols.step import step
-from coding_agent_env.api.protocols.wire import CallToolAction, CallToolObservation, dumps
+from coding_agent_env.api.protocols.shapes import CallToolAction, CallToolObservation, dumps
 from coding_agent_env.env_state import EnvState
 from coding_agent_env.session import CapacityError, SessionClosedError, SessionKind, SessionManager
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from coding_agent_env.api.protocols.wire import JsonRpcRequest, rpc_error, rpc_result, tool_result
+from coding_agent_env.api.protocols.shapes import JsonRpcRequest, rpc_error, rpc_result, tool_result
 from coding_agent_env.api.tools import Tool, ToolCallFailed, listing, openenv_tool
 from coding_agent_env.session import Session, SessionKind, SessionManager
 from coding_agent_env.session.errors import CapacityError, SessionClosedError, UnknownSessionError

@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coding_agent_env import __version__
 from coding_agent_env.api.protocols.asgi import header, replay, send_json
-from coding_agent_env.api.protocols.wire import rpc_error
+from coding_agent_env.api.protocols.shapes import rpc_error
 from coding_agent_env.api.tools import TOOLS, Serialised, Tool, ToolCallFailed
 from coding_agent_env.session import Session, SessionKind, SessionManager
 from coding_agent_env.session.errors import CapacityError, SessionClosedError, UnknownSessionError

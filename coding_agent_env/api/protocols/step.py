@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from coding_agent_env.api.protocols.wire import (
+from coding_agent_env.api.protocols.shapes import (
     CallToolAction,
     ListToolsAction,
     ListToolsObservation,

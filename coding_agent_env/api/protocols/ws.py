@@ -2,7 +2,7 @@
 
 One reply per request, strictly in order; `close` gets none. The socket owns a new session, or with
 `?session_id=` attaches to one created over JSON-RPC (detaching leaves it alive unless a close was requested).
-Replies are encoded by `wire.dumps` (a tool's result goes out as the JSON text it was serialised to once).
+Replies are encoded by `shapes.dumps` (a tool's result goes out as the JSON text it was serialised to once).
 Frames are read concurrently with the processing of earlier ones, so a disconnect during a rollout is seen
 at once: it cancels that rollout (the sandbox is torn down) and frees the session.
 
@@ -26,7 +26,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from coding_agent_env.api.protocols.jsonrpc import PARSE_ERROR, SERVER_ERROR, RpcContext, dispatch
 from coding_agent_env.api.protocols.step import reset, step
-from coding_agent_env.api.protocols.wire import WS_ENVELOPES, dumps, loads_bounded, rpc_error
+from coding_agent_env.api.protocols.shapes import WS_ENVELOPES, dumps, loads_bounded, rpc_error
 from coding_agent_env.errors import RequestError
 from coding_agent_env.session import Session, SessionKind, SessionManager
 from coding_agent_env.session.errors import CapacityError, SessionClosedError, SessionError

@@ -1,7 +1,7 @@
 """A tool's answer, serialised once.
 
 A result leaves the server as JSON text inside a frame (WS, JSON-RPC, HTTP `/step`) or as MCP structured content.
-`Serialised` holds a result's JSON text, made once by pydantic; `protocols.wire.dumps` writes that text into the
+`Serialised` holds a result's JSON text, made once by pydantic; `protocols.shapes.dumps` writes that text into the
 frame as is (never encoding the result again), and reading it as a mapping parses the text once, on first read
 (MCP's structured content, in-process callers). `ToolReply` is what every tool returns to every door.
 """

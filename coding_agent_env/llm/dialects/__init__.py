@@ -6,8 +6,8 @@ its own answers, pass-through to an upstream that serves it, end-of-stream detec
 `dialects.chat` is the chat-completions side they share.
 
 Adding a dialect: one module here with its `Dialect`, and one line in `DIALECTS` below. (Its name is also one of
-the wire's `models.NativeDialect`, which the wire models spell out for their schema: tests/llm/dialects/
-test_registry.py fails until it is there.)
+`settings.dialects.NativeDialect`, which the settings and the wire models spell out for their schema:
+tests/llm/dialects/test_registry.py fails until it is there.)
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ class Dialect(ABC):
     """One wire dialect; see the module docstring. Instances are stateless and shared by every call."""
 
     name: ClassVar[str]
-    """The dialect's name: `Turn.passthrough` and `native_dialects` (`models.NativeDialect`) use it."""
+    """The dialect's name: `Turn.passthrough` and `native_dialects` (`settings.dialects.NativeDialect`) use it."""
     paths: ClassVar[frozenset[str]] = frozenset()
     """The relay paths that are this dialect's (a dialect with paths that carry data overrides `match`)."""
     key_header: ClassVar[str | None] = None

@@ -30,7 +30,7 @@ import docker
 import docker.errors
 import docker.types
 
-from coding_agent_env.backend_config import DockerConfig
+from coding_agent_env.settings.backends import DockerConfig
 from coding_agent_env.errors import SandboxError, SandboxUnavailableError
 from coding_agent_env.sandbox.base import (
     BackendStatus,

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from coding_agent_env.backend_config import LauncherTimeouts
+from coding_agent_env.settings.backends import LauncherTimeouts
 from coding_agent_env.errors import SandboxError, SandboxFileError, SandboxFileNotFoundError, SandboxFileNotRegularError
 from coding_agent_env.sandbox.base import ExecResult, Process, SandboxSpec, over_read_cap, read_cap
 from coding_agent_env.sandbox.base import scopes as base_scopes

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Self
 
-from coding_agent_env.backend_config import LauncherTimeouts
+from coding_agent_env.settings.backends import LauncherTimeouts
 from coding_agent_env.errors import SandboxError, SandboxFileError, SandboxFileNotFoundError
 from coding_agent_env.sandbox.base import ExecResult, FileEntry, Process, Sandbox, SandboxPaths, scopes
 from coding_agent_env.sandbox.launcher import client

@@ -46,7 +46,7 @@ import threading
 from pathlib import Path
 from types import MappingProxyType
 
-from coding_agent_env.backend_config import LocalConfig
+from coding_agent_env.settings.backends import LocalConfig
 from coding_agent_env.errors import SandboxError, SandboxUnavailableError
 from coding_agent_env.sandbox.base import (
     BackendStatus,

@@ -17,7 +17,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from coding_agent_env.backend_config import LocalConfig
+from coding_agent_env.settings.backends import LocalConfig
 from coding_agent_env.sandbox.base import rlimits
 from coding_agent_env.sandbox.local import enter, netns
 from coding_agent_env.sandbox.local.launch import Bwrap, BwrapEnter, BwrapNsenter, Launch, Unisolated, namespace_args

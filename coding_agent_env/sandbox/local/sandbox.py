@@ -35,7 +35,7 @@ from coding_agent_env.sandbox.local.disk import reserve, tree_usage
 from coding_agent_env.sandbox.local.hostfs import HostMounts, remove_if_empty
 from coding_agent_env.sandbox.local.launch import ROOT_SUBDIRS, SUBDIRS, Box, Launch, host_dirs
 from coding_agent_env.sandbox.local.provision import DirWork, Made, remove_root
-from coding_agent_env.sandbox.local.relay import RelayServing
+from coding_agent_env.sandbox.local.netns_relay import RelayServing
 
 __all__ = ["LocalSandbox"]
 

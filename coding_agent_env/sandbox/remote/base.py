@@ -11,7 +11,7 @@ import abc
 import asyncio
 import base64
 
-from coding_agent_env.backend_config import E2bConfig, HfConfig, LauncherTimeouts
+from coding_agent_env.settings.backends import E2bConfig, HfConfig, LauncherTimeouts
 from coding_agent_env.errors import (
     SandboxError,
     SandboxFileError,

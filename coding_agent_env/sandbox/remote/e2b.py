@@ -24,7 +24,7 @@ from typing import Any
 
 import e2b
 
-from coding_agent_env.backend_config import E2bConfig
+from coding_agent_env.settings.backends import E2bConfig
 from coding_agent_env.errors import SandboxError, SandboxFileNotFoundError, SandboxUnavailableError
 from coding_agent_env.sandbox.base import BackendStatus, Sandbox, SandboxBackend, SandboxLimits, SandboxSpec, rlimits
 from coding_agent_env.sandbox.launcher.client import OutputCap

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import httpx
 from hf_sandbox import Sandbox as HfClient
 
-from coding_agent_env.backend_config import HfConfig
+from coding_agent_env.settings.backends import HfConfig
 from coding_agent_env.errors import SandboxError, SandboxFileNotFoundError, SandboxUnavailableError
 from coding_agent_env.sandbox.base import BackendStatus, Sandbox, SandboxBackend, SandboxLimits, SandboxSpec, rlimits
 from coding_agent_env.sandbox.launcher.client import OutputCap

@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 from coding_agent_env.api.protocols.asgi import header, send_json
 from coding_agent_env.api.protocols.jsonrpc import PARSE_ERROR, RpcContext, dispatch
 from coding_agent_env.api.protocols.mcp import SESSION_HEADER, McpEndpoint
-from coding_agent_env.api.protocols.wire import loads_bounded, rpc_error
+from coding_agent_env.api.protocols.shapes import loads_bounded, rpc_error
 from coding_agent_env.session import SessionManager
 from coding_agent_env.settings import Settings
 

@@ -19,7 +19,8 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
-from coding_agent_env.backend_config import (
+from coding_agent_env.settings.dialects import NativeDialect
+from coding_agent_env.settings.backends import (
     BACKEND_KINDS,
     BackendConfig,
     DockerConfig,
@@ -102,7 +103,7 @@ class LlmEndpoint(BaseModel):
     )
     """Merged into the request body when a rollout asks for `disable_thinking`."""
 
-    native_dialects: tuple[Literal["anthropic", "responses", "google"], ...] = ()
+    native_dialects: tuple[NativeDialect, ...] = ()
     """Agent dialects `base_url` serves itself (anthropic: `{base_url}/messages`, responses: `{base_url}/responses`,
     google: `{base_url}/models/M:generateContent`): calls in them are passed through, not translated."""
 

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from coding_agent_env.settings import WireLimits
+from coding_agent_env.settings.dialects import NativeDialect
 
 __all__ = ["Mode", "NativeDialect", "WireModel", "name_field"]
-
-NativeDialect = Literal["anthropic", "responses", "google"]
-"""Agent wire dialects other than chat completions, by the names the relay gives them."""
 
 
 class Mode(str, Enum):

@@ -27,7 +27,7 @@ import yaml
 from pydantic import ValidationError
 
 from coding_agent_env import serve
-from coding_agent_env.agents import cli as agents_cli
+from coding_agent_env.cli import agents as agents_cli
 from coding_agent_env.agents.registry import available_agents
 from coding_agent_env.errors import CodingAgentEnvError, InvalidTaskError
 from coding_agent_env.models import RolloutRequest, RolloutResult
@@ -143,7 +143,7 @@ async def _check_backends(settings: Settings) -> dict[str, dict[str, Any]]:
 
 def _cmd_gate(gate_args: list[str]) -> int:
     # Imported here: the gate's HTTP stack is only needed by this command.
-    from coding_agent_env.gate.cli import main as gate_main
+    from coding_agent_env.gate.process import main as gate_main
 
     return gate_main(gate_args)
 
