@@ -48,6 +48,7 @@ __all__ = [
     "RequestError",
     "RolloutClosedError",
     "SandboxClosedError",
+    "SandboxUnsupportedError",
     "SandboxError",
     "SandboxFileError",
     "SandboxFileNotFoundError",
@@ -106,6 +107,16 @@ class MissingExtraError(SandboxUnavailableError):
         super().__init__(f"sandbox backend {backend!r} needs: pip install 'coding-agent-env[{extra}]'")
         self.backend = backend
         self.extra = extra
+
+
+class SandboxUnsupportedError(SandboxError):
+    """The backend cannot give the sandbox a task asks for (its workdir, its users, a directory it claims): the
+    task is refused before anything runs, naming the setting (`setting`), never run otherwise."""
+
+    def __init__(self, backend: str, setting: str, detail: str) -> None:
+        super().__init__(f"sandbox backend {backend!r} cannot honour the task's {setting}: {detail}")
+        self.backend = backend
+        self.setting = setting
 
 
 class SandboxClosedError(SandboxError):

@@ -22,7 +22,8 @@ from coding_agent_env.models.common import WireModel, name_field
 from coding_agent_env.settings import WireLimits
 from coding_agent_env.verify_env import AGENT_WRITABLE_ROOTS, workspace_entry
 
-__all__ = ["SANDBOX_OWN_ENV", "LimitsRequest", "Task", "check_relative_path"]
+__all__ = ["RESERVED_ROOTS", "SANDBOX_OWN_ENV", "LimitsRequest", "Task", "TaskStep", "check_absolute_path",
+           "check_relative_path", "check_user"]
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SANDBOX_OWN_ENV = frozenset({"HOME", "TMPDIR", "USER", "LOGNAME", "REWARD_FILE"})
@@ -44,6 +45,43 @@ def check_relative_path(path: str, what: str = "file path") -> str:
     if normal in (".", ""):
         raise ValueError(f"{what} {path!r} names the workdir itself")
     return normal
+
+
+RESERVED_ROOTS = frozenset({
+    "/", "/proc", "/sys", "/dev", "/run", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+    "/boot", "/var", "/home", "/tmp", "/logs", "/tests", "/solution", "/opt", "/root", "/nix", "/snap",
+})
+"""Top-level directories a task may not claim as its workdir or lay files into: the system's own (the sandbox
+shows the host's or the image's, read-only), and the sandbox's own layout (`SandboxPaths`, `/tests`,
+`/solution`). A workdir or file may lie one level below some of them (`/opt/app`? no: `/opt` is where agents
+are; `/srv/app`, `/app`, `/data/x` are fine)."""
+
+_USER = re.compile(r"(?:[a-z_][a-z0-9_-]{0,31}|[0-9]{1,9})")
+
+
+def check_absolute_path(path: str, what: str = "path") -> str:
+    """Normalise an absolute path a task claims (its workdir, a file it lays outside the workdir); refuse
+    relative paths, `..`, NUL, and the system's and sandbox's own directories (`RESERVED_ROOTS`)."""
+    if not path or "\x00" in path:
+        raise ValueError(f"{what} must be a non-empty string without NUL bytes")
+    if len(path.encode()) > WireLimits.MAX_PATH_BYTES:
+        raise ValueError(f"{what} longer than {WireLimits.MAX_PATH_BYTES} bytes")
+    if not path.startswith("/"):
+        raise ValueError(f"{what} {path!r} is not absolute")
+    if ".." in path.split("/"):
+        raise ValueError(f"{what} {path!r} contains '..'")
+    normal = posixpath.normpath(path)
+    top = "/" + normal.lstrip("/").split("/", 1)[0]
+    if normal in RESERVED_ROOTS or top in RESERVED_ROOTS:
+        raise ValueError(f"{what} {path!r} is inside {top}, which is the system's or the sandbox's own")
+    return normal
+
+
+def check_user(user: str, what: str = "user") -> str:
+    """A user a command runs as inside the sandbox: a name (`root`, `nobody`, `app`) or a numeric uid."""
+    if not _USER.fullmatch(user):
+        raise ValueError(f"{what} {user[:40]!r} is not a user name or uid")
+    return user
 
 
 def _commands(description: str) -> Any:
@@ -149,6 +187,60 @@ class Task(WireModel):
         "variable into them (refused). In a clean room, a reward file counts only with `reward_file_required` "
         "(the artifacts verify runs could write one). false: none of this.",
     )
+    workdir: str | None = Field(
+        default=None,
+        description="Where the task runs: an absolute path (`/app`) where the workspace is shown, `files` are "
+        "laid, and setup, the agent, verify and an episode's shell start. null: the sandbox's own (`/workspace`). "
+        "A backend that cannot show the workspace there refuses the task, naming `workdir`; it never runs it "
+        "elsewhere. Not inside the system's or the sandbox's own directories.",
+    )
+    outside_files: dict[str, str] = Field(
+        default_factory=dict,
+        description="Text files laid at absolute paths outside the workdir before setup (what a Harbor task's "
+        "Dockerfile `COPY`s to `/queries`, say): absolute path -> content. Their top-level directories are made "
+        "writable for the task; a backend that cannot refuses the task naming `outside_files`.",
+    )
+    solution_files: dict[str, str] = Field(
+        default_factory=dict,
+        description="The reference solution's files (Harbor's `solution/`), laid at `/solution` for the 'oracle' "
+        "agent only, which runs `solution` there; never shown to any other agent.",
+    )
+    solution_env: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=WireLimits.MAX_ENV_VARS,
+        description="Variables added for the 'oracle' agent's `solution` commands (Harbor's `[solution] env`).",
+    )
+    agent_user: str | None = Field(
+        default=None,
+        description="Who the agent (and an episode's shell) runs as inside the sandbox: a user name or uid. null: "
+        "the sandbox's own unprivileged user. `root` is root of the sandbox's own user namespace (no host "
+        "privilege). A backend that cannot run as another user refuses the task, naming `agent_user`.",
+    )
+    verify_user: str | None = Field(
+        default=None,
+        description="Who setup and verify run as (a user name or uid; Harbor's `[verifier] user`, root by "
+        "default for Harbor tasks): root of the sandbox's own user namespace, with enough mapped ids that it "
+        "may switch to another user (`nobody`). null: the sandbox's own unprivileged user.",
+    )
+    reward_metric: str | None = Field(
+        default=None,
+        max_length=WireLimits.MAX_NAME_CHARS,
+        description="Which named metric of a multi-metric `reward.json` is the scalar `reward` (every metric is "
+        "kept in the result's `rewards`). null: `reward` if present, else the single metric, else the mean of "
+        "them (README \"Rewards\").",
+    )
+    steps: list[TaskStep] = Field(
+        default_factory=list,
+        max_length=WireLimits.MAX_COMMANDS,
+        description="A multi-step task (Harbor's `[[steps]]`): each step runs in order in the same sandbox with its "
+        "own instruction, files, setup, hidden tests, verify and solution; a step whose reward is below its "
+        "`min_reward` ends the task. The task's own instruction is the first step's. Empty: one step, the task.",
+    )
+    step_reward: Literal["mean", "final"] = Field(
+        default="mean",
+        description="A multi-step task's reward: the mean of its steps' rewards (a step not reached counts 0), or "
+        "the last step's (Harbor's `multi_step_reward_strategy`).",
+    )
     task_id: str | None = name_field("Caller's id for the task, echoed in the result.")
 
     @model_validator(mode="before")
@@ -166,7 +258,27 @@ class Task(WireModel):
             data["image"] = template
         return data
 
-    @field_validator("files", "verify_files")
+    @field_validator("workdir")
+    @classmethod
+    def _workdir_claimable(cls, workdir: str | None) -> str | None:
+        return None if workdir is None else check_absolute_path(workdir, "workdir")
+
+    @field_validator("agent_user", "verify_user")
+    @classmethod
+    def _users(cls, user: str | None) -> str | None:
+        return None if user is None else check_user(user)
+
+    @field_validator("outside_files")
+    @classmethod
+    def _outside_files_claimable(cls, files: dict[str, str]) -> dict[str, str]:
+        if len(files) > WireLimits.MAX_FILES:
+            raise ValueError(f"at most {WireLimits.MAX_FILES} files")
+        out = {check_absolute_path(path, "file path"): text for path, text in files.items()}
+        if len(out) != len(files):
+            raise ValueError("a file path is given twice")
+        return out
+
+    @field_validator("files", "verify_files", "solution_files")
     @classmethod
     def _files_confined(cls, files: dict[str, str]) -> dict[str, str]:
         if len(files) > WireLimits.MAX_FILES:
@@ -200,7 +312,7 @@ class Task(WireModel):
                 raise ValueError("commands must not contain NUL bytes")
         return commands
 
-    @field_validator("env")
+    @field_validator("env", "solution_env")
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
         total = 0
@@ -225,11 +337,27 @@ class Task(WireModel):
 
     @model_validator(mode="after")
     def _files_total_bounded(self) -> Task:
-        total = sum(len(text.encode("utf-8", "surrogatepass")) for text in self.files.values())
-        total += sum(len(text.encode("utf-8", "surrogatepass")) for text in self.verify_files.values())
+        trees = [self.files, self.verify_files, self.outside_files, self.solution_files]
+        for step in self.steps:
+            trees += [step.files, step.verify_files, step.solution_files]
+        total = sum(len(text.encode("utf-8", "surrogatepass")) for tree in trees for text in tree.values())
         if total > WireLimits.MAX_FILES_BYTES:
-            raise ValueError(f"files and verify_files total more than {WireLimits.MAX_FILES_BYTES} bytes")
+            raise ValueError(f"the task's files (all kinds, all steps) total more than {WireLimits.MAX_FILES_BYTES} bytes")
         return self
+
+    @model_validator(mode="after")
+    def _workdir_clear_of_outside_files(self) -> Task:
+        if self.workdir is not None:
+            for path in self.outside_files:
+                if path == self.workdir or path.startswith(self.workdir + "/"):
+                    raise ValueError(f"outside_files {path!r} is inside the workdir: give it in `files`")
+        return self
+
+    def writable_roots(self) -> tuple[str, ...]:
+        """The task's own directories the agent can write, besides the sandbox's (`AGENT_WRITABLE_ROOTS`): its
+        workdir and the top-level directories of its `outside_files`."""
+        tops = {"/" + path.lstrip("/").split("/", 1)[0] for path in self.outside_files}
+        return tuple(sorted({*([self.workdir] if self.workdir else []), *tops}))
 
     @model_validator(mode="after")
     def _env_outside_the_workspace(self) -> Task:
@@ -237,11 +365,37 @@ class Task(WireModel):
         verify to the agent (a planted `python3` on PATH, a library in LD_PRELOAD)."""
         if not self.verify_hardening:
             return self
+        roots = (*AGENT_WRITABLE_ROOTS, *self.writable_roots())
         for name, value in self.env.items():
-            problem = workspace_entry(name, value)
+            problem = workspace_entry(name, value, roots)
             if problem is not None:
                 raise ValueError(
                     f"env {problem}: verify would load what the agent left there. Point it outside "
                     f"{', '.join(AGENT_WRITABLE_ROOTS)}, or set verify_hardening: false"
                 )
         return self
+
+
+class TaskStep(WireModel):
+    """One step of a multi-step task (Harbor's `[[steps]]`): run in the task's sandbox after the steps before it.
+    Its `files` are laid into the workdir before its `setup`; its hidden tests, `verify` and reward rule are the
+    task's (`verify_files_root`, `reward_file_required`, hardening) with its own files and commands."""
+
+    name: str = Field(min_length=1, max_length=WireLimits.MAX_NAME_CHARS, description="The step's name.")
+    instruction: str = Field(min_length=1, max_length=WireLimits.MAX_INSTRUCTION_CHARS)
+    files: dict[str, str] = Field(default_factory=dict, description="Laid into the workdir before the step.")
+    setup: list[str] = _commands("Run before the step's agent, as setup is.")
+    verify_files: dict[str, str] = Field(default_factory=dict, description="The step's hidden tests.")
+    verify: list[str] = _commands("The step's verify commands.")
+    solution: list[str] = _commands("The step's reference solution, for the 'oracle' agent.")
+    solution_files: dict[str, str] = Field(default_factory=dict, description="Laid at `/solution` for the oracle.")
+    min_reward: float | None = Field(
+        default=None, ge=0, le=1, description="A reward below this ends the task after this step (a gate)."
+    )
+    agent_timeout_s: float | None = Field(default=None, gt=0, le=WireLimits.MAX_AGENT_TIMEOUT_S)
+
+    _files_confined = field_validator("files", "verify_files", "solution_files")(Task._files_confined.__func__)
+    _commands_bounded = field_validator("setup", "verify", "solution")(Task._commands_bounded.__func__)
+
+
+Task.model_rebuild()

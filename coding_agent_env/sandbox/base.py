@@ -126,6 +126,19 @@ class SandboxSpec:
     """What the sandbox may use; None: the server's settings."""
     env: Mapping[str, str] = field(default_factory=dict)
     """The task's variables for every command (`RolloutRequest.env`), over the image's own (`Sandbox.task_env`)."""
+    workdir: str | None = None
+    """Where the workspace is shown and commands start (`Task.workdir`, absolute); None: the backend's own
+    (`/workspace`). A backend that cannot show it there refuses (`SandboxUnsupportedError` naming `workdir`),
+    never running the task elsewhere; `Sandbox.paths.workdir` is then this path."""
+    writable_roots: tuple[str, ...] = ()
+    """Further directories, by absolute path, made empty and writable for the task besides the standard layout
+    (`/solution` for the oracle, the top directories of `Task.outside_files`); a backend that cannot refuses."""
+    tests: bool = False
+    """Whether `/tests` is shown (Harbor's hidden tests: `paths.tests`); a sandbox without it has none there."""
+    users: bool = False
+    """Whether commands may run as other users (`exec(user=...)`): root of the sandbox's own user namespace, with
+    namespace-only capabilities and enough mapped ids to switch to another user (`nobody`); never the host's
+    root. A backend that cannot refuses (`SandboxUnsupportedError` naming the users)."""
     deadline_s: float | None = None
     """The rollout's whole deadline. A backend whose sandboxes end by themselves (a remote VM or Job) gives
     them at least this lifetime plus `REMOTE_LIFETIME_MARGIN_S`, so one never ends under a running rollout
@@ -325,10 +338,13 @@ class Sandbox(abc.ABC):
         cwd: str | None = None,
         fresh: bool = False,
         max_output_bytes: int,
+        user: str | None = None,
     ) -> ExecResult:
         """Run argv to completion (no shell is added). At `timeout` seconds the whole tree is killed and
         `timed_out` is set. `env` is added to `base_env()`; `cwd` defaults to the workdir. With `fresh`, the
-        command gets an empty private HOME and /tmp that no earlier command could have written."""
+        command gets an empty private HOME and /tmp that no earlier command could have written. `user` (a name
+        or uid, resolved inside the sandbox): who it runs as, in a sandbox made with `SandboxSpec.users`
+        (otherwise `SandboxUnsupportedError`); None: the sandbox's own unprivileged user."""
 
     @abc.abstractmethod
     async def spawn(
@@ -338,6 +354,7 @@ class Sandbox(abc.ABC):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         log_path: str | None = None,
+        user: str | None = None,
     ) -> Process:
         """Start argv in the background, its stdout and stderr appended to `log_path` (a sandbox path) or
         discarded. The caller owns the returned process and must `kill()` it; `close()` kills it too."""

@@ -123,21 +123,22 @@ class DockerSandbox(LauncherSandbox):
     # -- the disk's high-water mark, while commands run (engine on this host) ---------------------------
 
     async def exec(self, argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
-                   cwd: str | None = None, fresh: bool = False, max_output_bytes: int) -> ExecResult:
+                   cwd: str | None = None, fresh: bool = False, max_output_bytes: int,
+                   user: str | None = None) -> ExecResult:
         mark = await self._disk_mark()
         if mark is not None:
             HIGH_WATER.started(mark)
         try:
             return await super().exec(argv, timeout=timeout, env=env, cwd=cwd, fresh=fresh,
-                                      max_output_bytes=max_output_bytes)
+                                      max_output_bytes=max_output_bytes, user=user)
         finally:
             if mark is not None:
                 HIGH_WATER.ended(mark)
 
     async def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
-                    log_path: str | None = None) -> Process:
+                    log_path: str | None = None, user: str | None = None) -> Process:
         mark = await self._disk_mark()
-        process = await super().spawn(argv, env=env, cwd=cwd, log_path=log_path)
+        process = await super().spawn(argv, env=env, cwd=cwd, log_path=log_path, user=user)
         if mark is not None and isinstance(process, LauncherProcess):
             HIGH_WATER.started(mark)
             process.on_finish(lambda: HIGH_WATER.ended(mark))

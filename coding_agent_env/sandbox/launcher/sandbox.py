@@ -116,7 +116,8 @@ class LauncherSandbox(Sandbox):
         return command, run_env
 
     async def exec(self, argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
-                   cwd: str | None = None, fresh: bool = False, max_output_bytes: int) -> ExecResult:
+                   cwd: str | None = None, fresh: bool = False, max_output_bytes: int,
+                   user: str | None = None) -> ExecResult:
         self._check_open()
         token = client.new_token()
         command, run_env = await self._launch_argv(argv, env, cwd, timeout, token=token, fresh=fresh)
@@ -139,7 +140,7 @@ class LauncherSandbox(Sandbox):
                           out.dropped, err.dropped)
 
     async def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
-                    log_path: str | None = None) -> Process:
+                    log_path: str | None = None, user: str | None = None) -> Process:
         self._check_open()
         log = client.confine(self.paths, log_path)[1] if log_path else "/dev/null"
         token = client.new_token()

@@ -142,6 +142,7 @@ class LocalSandbox(Sandbox):
         cwd: str | None = None,
         fresh: bool = False,
         max_output_bytes: int,
+        user: str | None = None,
     ) -> ExecResult:
         self._check_open()
         fresh_dir = self._launch.fresh_home(self._box) if fresh else None
@@ -177,6 +178,7 @@ class LocalSandbox(Sandbox):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         log_path: str | None = None,
+        user: str | None = None,
     ) -> Process:
         self._check_open()
         served = await self._serving.serve_for_spawn() if self._serving is not None else None
