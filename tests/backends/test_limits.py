@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from coding_agent_env.cli import load_task
+from coding_agent_env.cli.main import load_task
 from coding_agent_env.models import LimitsRequest, RolloutRequest, RolloutResult, RolloutStatus
 from coding_agent_env.rollout import run_rollout
 from coding_agent_env.workspace.limits import LimitsError

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from coding_agent_env.cli import load_task
+from coding_agent_env.cli.main import load_task
 from coding_agent_env.models import RolloutRequest, RolloutStatus
 from coding_agent_env.rollout import events as ev
 from coding_agent_env.rollout import run_rollout

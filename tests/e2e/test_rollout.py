@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from coding_agent_env.agents import registry
-from coding_agent_env.cli import load_task
+from coding_agent_env.cli.main import load_task
 from coding_agent_env.episode import Episode, parse_task
 from coding_agent_env.errors import BackendRefusedError, UnknownAgentError, UnknownBackendError
 from coding_agent_env.models import RolloutRequest, RolloutStatus

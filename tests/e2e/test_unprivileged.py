@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = r"""
 import asyncio, json, os, sys
 from pathlib import Path
-from coding_agent_env.cli import load_task
+from coding_agent_env.cli.main import load_task
 from coding_agent_env.models import LimitsRequest, RolloutRequest
 from coding_agent_env.rollout import run_rollout
 from coding_agent_env.agents.install import status

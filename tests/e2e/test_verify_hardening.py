@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from coding_agent_env.cli import load_task
+from coding_agent_env.cli.main import load_task
 from coding_agent_env.models import CommandResult, RolloutRequest, RolloutStatus
 from coding_agent_env.rollout import run_rollout
 from coding_agent_env.workspace.commands import CommandRunner

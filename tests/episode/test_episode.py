@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from coding_agent_env.cli import load_task
+from coding_agent_env.cli.main import load_task
 from coding_agent_env.episode import Episode, EpisodeDoneError, EpisodeStatus, parse_task
 from coding_agent_env.models import RolloutRequest
 from coding_agent_env.sandbox import Backends

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from coding_agent_env.cli import main
+from coding_agent_env.cli.main import main
 from coding_agent_env.settings import Settings
 from tests.helpers import serving, wait_until
 from tests.tasks.harbor_fixtures import REWARD, make_task

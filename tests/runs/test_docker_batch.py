@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from coding_agent_env.cli import main
+from coding_agent_env.cli.main import main
 from coding_agent_env.settings import Settings
 from coding_agent_env.tasks.context import pack
 from tests.helpers import wait_until

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from coding_agent_env.cli import main
+from coding_agent_env.cli.main import main
 from coding_agent_env.models import RolloutRequest, RolloutResult, RolloutStatus
 from coding_agent_env.runs.batch import BatchPlan, Job, run_batch
 from coding_agent_env.runs.executor import Executor

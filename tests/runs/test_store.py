@@ -62,7 +62,7 @@ def test_two_writers_share_the_file(tmp_path: Path) -> None:
 
 
 def test_runs_command_lists_shows_and_exports(tmp_path: Path, capsys) -> None:  # noqa: ANN001
-    from coding_agent_env.cli import main
+    from coding_agent_env.cli.main import main
 
     db = tmp_path / "r.sqlite"
     with ResultsStore(db) as store:
