@@ -70,8 +70,11 @@ class Agent(abc.ABC):
 async def run_in_sandbox(
     ctx: AgentContext, argv: Sequence[str], *, env: Mapping[str, str] | None = None
 ) -> int:
-    """Spawn argv in the workdir with output to the agent log, wait, and always kill the whole tree."""
-    process = await ctx.sandbox.spawn(argv, env=env, cwd=ctx.sandbox.paths.workdir, log_path=ctx.log_path)
+    """Spawn argv in the workdir as the task's `agent_user`, with output to the agent log, wait, and always kill
+    the whole tree."""
+    process = await ctx.sandbox.spawn(
+        argv, env=env, cwd=ctx.sandbox.paths.workdir, log_path=ctx.log_path, user=ctx.request.agent_user
+    )
     try:
         return await process.wait()
     finally:

@@ -1,5 +1,9 @@
 """Agents that need no LLM: `oracle` runs the request's `solution`, `nop` does nothing.
 
+The oracle alone sees the reference solution's files: the workspace lays `solution_files` at `/solution` for it
+(`Workspace.provision(solution=True)`, the rollout asks only for the oracle), and its commands get
+`solution_env`, in the workdir, as the task's `agent_user` (Harbor runs `solve.sh` so).
+
 Task authors use them to prove a task: the oracle must pass verify, nop must not. Both take the same
 pipeline path as the LLM agents (instruction file, agent log, deadline, tree kill).
 """
@@ -7,10 +11,12 @@ pipeline path as the LLM agents (instruction file, agent log, deadline, tree kil
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 
 from coding_agent_env.agents.base import Agent, AgentContext, run_in_sandbox
+from coding_agent_env.models.task import SOLUTION_ROOT
 
-__all__ = ["NopAgent", "OracleAgent"]
+__all__ = ["NopAgent", "OracleAgent", "run_solution"]
 
 
 def solution_script(shell: str, commands: list[str]) -> str:
@@ -26,14 +32,25 @@ class OracleAgent(Agent):
     name = "oracle"
 
     async def run(self, ctx: AgentContext) -> int:
-        shell = ctx.sandbox.shell
-        if len(ctx.request.solution) == 1:
-            # One command: its own `shell -c` directly, as the script would `exec` it (one shell start fewer).
-            # It fits in one argument: `WireLimits.MAX_COMMAND_BYTES`.
-            return await run_in_sandbox(ctx, [shell, "-c", ctx.request.solution[0]])
-        script = f"{ctx.agent_dir}/solution.sh"
-        await ctx.sandbox.write_text(script, solution_script(shell, ctx.request.solution), mode=0o700)
-        return await run_in_sandbox(ctx, [shell, script])
+        return await run_solution(ctx, ctx.request.solution, ctx.request.solution_files)
+
+
+async def run_solution(ctx: AgentContext, solution: list[str], files: Mapping[str, str]) -> int:
+    """Lay `files` at `/solution` (afresh: a step's solution replaces the one before) and run `solution` there
+    with the task's `solution_env`; its exit status."""
+    sandbox, shell, env = ctx.sandbox, ctx.sandbox.shell, dict(ctx.request.solution_env)
+    if files:
+        await sandbox.remove(SOLUTION_ROOT)
+        await sandbox.mkdir(SOLUTION_ROOT)
+        for path, text in files.items():
+            await sandbox.write_text(f"{SOLUTION_ROOT}/{path}", text, mode=0o755 if path.endswith(".sh") else 0o644)
+    if len(solution) == 1:
+        # One command: its own `shell -c` directly, as the script would `exec` it (one shell start fewer).
+        # It fits in one argument: `WireLimits.MAX_COMMAND_BYTES`.
+        return await run_in_sandbox(ctx, [shell, "-c", solution[0]], env=env)
+    script = f"{ctx.agent_dir}/solution.sh"
+    await sandbox.write_text(script, solution_script(shell, solution), mode=0o700)
+    return await run_in_sandbox(ctx, [shell, script], env=env)
 
 
 class NopAgent(Agent):

@@ -252,7 +252,8 @@ class Episode:
         sandbox = await self.workspace.provision(spec)
         shell_dir = f"{sandbox.paths.logs}/agent"
         await sandbox.mkdir(shell_dir)
-        self.shell = SandboxShell(sandbox, shell_dir, max_output_bytes=self.settings.episode_max_output_bytes)
+        self.shell = SandboxShell(sandbox, shell_dir, max_output_bytes=self.settings.episode_max_output_bytes,
+                                  user=self.task.agent_user)
 
     async def _setup(self) -> None:
         failure = await self.workspace.set_up()

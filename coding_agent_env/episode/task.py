@@ -2,7 +2,8 @@
 
 An episode's task is a `models.Task` (the fields a rollout's request has for its task, validated by the same
 model: the same caps, path rules and limits), but the two only an agent run uses (`solution`, the oracle
-agent's commands, and `agent_timeout_s`: an episode has its own deadlines), plus the names upstream
+agent's commands and files, `agent_timeout_s`: an episode has its own deadlines, and a multi-step task's `steps`),
+plus the names upstream
 `terminus_env` accepts:
 `setup_scripts` / `verify_scripts` (a string or a list of strings; blank entries dropped) for `setup` /
 `verify`, and `sandbox_backend` for `sandbox`. Giving both names of one field is an error, as is any other
@@ -23,8 +24,9 @@ from coding_agent_env.workspace.writable import check_writable
 
 __all__ = ["AGENT_RUN_FIELDS", "TASK_FIELDS", "UPSTREAM_ALIASES", "is_task", "parse_task", "task_schema"]
 
-AGENT_RUN_FIELDS = frozenset({"solution", "agent_timeout_s"})
-"""Task fields that only an agent run uses: in an episode the trainer is the agent."""
+AGENT_RUN_FIELDS = frozenset({"solution", "solution_files", "solution_env", "agent_timeout_s", "steps", "step_reward"})
+"""Task fields that only an agent run uses: in an episode the trainer is the agent (and a multi-step task, whose
+steps each have an agent's run, is a rollout's)."""
 TASK_FIELDS = frozenset(Task.model_fields) - AGENT_RUN_FIELDS
 """What `reset` takes: every task field (a new one in `models.Task` arrives here by itself) but the above."""
 UPSTREAM_ALIASES = {"setup_scripts": "setup", "verify_scripts": "verify", "sandbox_backend": "sandbox"}

@@ -22,7 +22,7 @@ from coding_agent_env.models.common import WireModel, name_field
 from coding_agent_env.settings import WireLimits
 from coding_agent_env.verify_env import AGENT_WRITABLE_ROOTS, workspace_entry
 
-__all__ = ["RESERVED_ROOTS", "SANDBOX_OWN_ENV", "LimitsRequest", "Task", "TaskStep", "check_absolute_path",
+__all__ = ["RESERVED_ROOTS", "SANDBOX_OWN_ENV", "SOLUTION_ROOT", "LimitsRequest", "Task", "TaskStep", "check_absolute_path",
            "check_relative_path", "check_user"]
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -55,6 +55,9 @@ RESERVED_ROOTS = frozenset({
 shows the host's or the image's, read-only), and the sandbox's own layout (`SandboxPaths`, `/tests`,
 `/solution`). A workdir or file may lie one level below some of them (`/opt/app`? no: `/opt` is where agents
 are; `/srv/app`, `/app`, `/data/x` are fine)."""
+
+SOLUTION_ROOT = "/solution"
+"""Where the reference solution's files (`Task.solution_files`) are laid, for the oracle only (Harbor's place)."""
 
 _USER = re.compile(r"(?:[a-z_][a-z0-9_-]{0,31}|[0-9]{1,9})")
 
@@ -238,8 +241,9 @@ class Task(WireModel):
     )
     step_reward: Literal["mean", "final"] = Field(
         default="mean",
-        description="A multi-step task's reward: the mean of its steps' rewards (a step not reached counts 0), or "
-        "the last step's (Harbor's `multi_step_reward_strategy`).",
+        description="A multi-step task's reward: the mean of the rewards of the steps that were verified (steps a "
+        "gate cut off are left out, as Harbor does; each named metric averaged the same way, a metric a step "
+        "lacks counting 0), or the last verified step's (Harbor's `multi_step_reward_strategy`).",
     )
     task_id: str | None = name_field("Caller's id for the task, echoed in the result.")
 
@@ -353,6 +357,17 @@ class Task(WireModel):
                     raise ValueError(f"outside_files {path!r} is inside the workdir: give it in `files`")
         return self
 
+    def for_step(self, step: TaskStep) -> Any:
+        """This task as `step` runs it: its instruction, files, setup, hidden tests, verify, solution and agent
+        deadline; nothing else changes (the sandbox, users, reward rules) and it has no steps of its own. Of the
+        same class as `self` (a `RolloutRequest` stays one)."""
+        return self.model_copy(update={
+            "instruction": step.instruction, "files": step.files, "setup": step.setup,
+            "verify_files": step.verify_files, "verify": step.verify, "solution": step.solution,
+            "solution_files": step.solution_files, "steps": [],
+            "agent_timeout_s": step.agent_timeout_s or self.agent_timeout_s,
+        })
+
     def writable_roots(self) -> tuple[str, ...]:
         """The task's own directories the agent can write, besides the sandbox's (`AGENT_WRITABLE_ROOTS`): its
         workdir and the top-level directories of its `outside_files`."""
@@ -389,8 +404,10 @@ class TaskStep(WireModel):
     verify: list[str] = _commands("The step's verify commands.")
     solution: list[str] = _commands("The step's reference solution, for the 'oracle' agent.")
     solution_files: dict[str, str] = Field(default_factory=dict, description="Laid at `/solution` for the oracle.")
-    min_reward: float | None = Field(
-        default=None, ge=0, le=1, description="A reward below this ends the task after this step (a gate)."
+    min_reward: float | dict[str, float] | None = Field(
+        default=None,
+        description="A gate: a number gates the step's `reward`, a mapping each named metric of its `rewards` (a "
+        "missing one fails); a step below it ends the task (Harbor's `min_reward`).",
     )
     agent_timeout_s: float | None = Field(default=None, gt=0, le=WireLimits.MAX_AGENT_TIMEOUT_S)
 

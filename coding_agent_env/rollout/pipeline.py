@@ -52,6 +52,7 @@ from coding_agent_env.models import (
     RolloutStatus,
     Timings,
 )
+from coding_agent_env.models.steps import StepResult
 from coding_agent_env.rollout import events as ev
 from coding_agent_env.rollout.collect import collect_files
 from coding_agent_env.sandbox.base import RelayEndpoint, Sandbox, SandboxLimits, SandboxSpec
@@ -60,6 +61,7 @@ from coding_agent_env.settings import Settings
 from coding_agent_env.workspace.budget import Budget
 from coding_agent_env.workspace.limits import resolve_limits
 from coding_agent_env.workspace.lifecycle import Workspace
+from coding_agent_env.workspace.steps import step_reward
 from coding_agent_env.workspace.redact import Redactor
 from coding_agent_env.workspace.verify.verification import CleanRoomSetupFailed
 from coding_agent_env.workspace.writable import check_writable
@@ -172,6 +174,7 @@ class _Rollout:
         self.files_extra: list[str] = []
         self.timings: dict[str, float] = {}
         self.cancelled_by_request = False
+        self.steps: list[StepResult] = []
 
     # -- driving ---------------------------------------------------------------------------------------
 
@@ -201,14 +204,43 @@ class _Rollout:
     async def _stages(self) -> None:
         await self.stage("provision", self.budget.provision_s, self._provision)
         await self.stage("setup", self.budget.setup_s, self._setup)
-        await self.stage("agent", self.budget.agent_s, self._agent)
-        # The agent's tree is dead: its token dies too, before verify runs anything the agent wrote (a token left
-        # in a config file must not buy LLM calls, or turns, after the agent's phase). Outside the agent's stage:
-        # revoking may wait a moment for cancelled calls to be recorded.
-        if self.llm is not None:
-            await self.llm.revoke()
-        await self.stage("verify", self.budget.verify_s, self._verify)
+        if self.request.steps:
+            await self._steps()
+        else:
+            await self.stage("agent", self.budget.agent_s, self._agent)
+            # The agent's tree is dead: its token dies too, before verify runs anything the agent wrote (a token
+            # left in a config file must not buy LLM calls, or turns, after the agent's phase). Outside the agent's
+            # stage: revoking may wait a moment for cancelled calls to be recorded.
+            if self.llm is not None:
+                await self.llm.revoke()
+            await self.stage("verify", self.budget.verify_s, self._verify)
         await self.stage("collect", self.budget.collect_s, self._collect)
+
+    async def _steps(self) -> None:
+        """A multi-step task: each step in order in the one sandbox (its files, setup, agent, verify), until the
+        last or a gate; the reward is the task's `step_reward` of the steps verified. Between steps the agent's
+        LLM access stays open (the next step's agent needs it); verify's commands never reach the relay on a
+        backend whose `exec` has no network (local), and on others a call they make is recorded as a turn."""
+        whole = self.request
+        try:
+            for step in whole.steps:
+                self.request = whole.for_step(step)
+                outcome = await self.workspace.enter_step(self.request, step.name)
+                self.steps.append(outcome)
+                await self.stage("setup", self.budget.setup_s, self._setup)
+                self.status = RolloutStatus.COMPLETED  # the last step's agent says how the rollout's ended
+                await self.stage("agent", self.budget.agent_s, self._agent)
+                outcome.agent_exit_code = self.agent_exit_code
+                outcome.agent_timed_out = self.status is RolloutStatus.AGENT_TIMEOUT
+                await self.stage("verify", self.budget.verify_s, self._verify)
+                self.workspace.close_step(outcome, step.min_reward)
+                if outcome.gate is not None:
+                    break
+        finally:
+            self.request = whole
+            if self.llm is not None:
+                await self.llm.revoke()
+        self.reward, self.reward_note = step_reward(self.steps, whole.step_reward, len(whole.steps))
 
     async def stage(self, phase: ev.Phase, budget_s: float, body: Callable[[], Awaitable[None]]) -> None:
         """Run one stage under its deadline; infrastructure failures end the rollout as infra_error."""
@@ -278,7 +310,10 @@ class _Rollout:
         def created(sandbox: Sandbox) -> None:
             self.emit(ev.Provisioned(rollout_id=self.rollout_id, sandbox_id=sandbox.id, isolation=sandbox.isolation))
 
-        await self.workspace.provision(spec, created=created)
+        solution = self.agent.name == "oracle" and (
+            bool(self.request.solution_files) or any(step.solution_files for step in self.request.steps)
+        )
+        await self.workspace.provision(spec, created=created, solution=solution)
 
     async def _open_llm(self) -> RelayEndpoint | None:
         """Open the LLM access of an agent that needs one; returns the relay its sandbox must reach, if any."""

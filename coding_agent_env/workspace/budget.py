@@ -27,13 +27,17 @@ class Budget:
     @classmethod
     def for_request(cls, request: Task, settings: Settings) -> Budget:
         per_command = request.command_timeout_s
+        # A multi-step task's stages run once per step: each stage's deadline is the sum of its steps' (an outer
+        # bound: each step's agent still has its own deadline).
+        steps = [request.for_step(step) for step in request.steps] or [request]
+        setups = len(request.setup) * bool(request.steps) + sum(len(step.setup) for step in steps)
         # A clean room is a second sandbox, set up again before verify runs in it.
-        clean_room_s = settings.provision_timeout_s + len(request.setup) * per_command if request.artifacts else 0.0
+        clean_room_s = (settings.provision_timeout_s + setups * per_command) * len(steps) if request.artifacts else 0.0
         return cls(
             provision_s=settings.provision_timeout_s,
-            setup_s=len(request.setup) * per_command + STAGE_SLACK_S,
-            agent_s=request.agent_timeout_s + STAGE_SLACK_S,
-            verify_s=len(request.verify) * per_command + STAGE_SLACK_S + clean_room_s,
+            setup_s=setups * per_command + STAGE_SLACK_S * len(steps),
+            agent_s=sum(step.agent_timeout_s for step in steps) + STAGE_SLACK_S * len(steps),
+            verify_s=sum(len(step.verify) for step in steps) * per_command + STAGE_SLACK_S * len(steps) + clean_room_s,
             collect_s=settings.collect_timeout_s,
             teardown_s=settings.teardown_timeout_s,
         )

@@ -29,6 +29,8 @@ class CommandRunner:
     max_output_bytes: int
     """Kept of each of stdout and stderr."""
     redact: Redactor
+    user: str | None = None
+    """Who the commands run as inside the sandbox (`Task.verify_user`); None: the sandbox's own user."""
 
     async def run(self, cmd: str, *, fresh: bool, env: Mapping[str, str] | None = None) -> CommandResult:
         """Run `cmd` to its end or its deadline. `fresh`: in a context the agent cannot have prepared (a new
@@ -40,6 +42,7 @@ class CommandRunner:
             env=env,
             fresh=fresh,
             max_output_bytes=self.max_output_bytes,
+            user=self.user,
         )
         return self._result(cmd, done)
 

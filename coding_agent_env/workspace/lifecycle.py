@@ -1,7 +1,8 @@
 """`Workspace`: one task's sandbox from provision to teardown, driven by a rollout or an interactive episode.
 
-    provision(spec)  the sandbox made (closed at teardown), a task whose hidden tests it cannot show refused,
-                     the task's files written
+    provision(spec)  the sandbox made as the task declares it (its workdir, the directories it claims, `/tests`
+                     when it has hidden tests there, other users when it names them: `task_spec`; a backend
+                     that cannot honour one refuses), closed at teardown; the task's files written
     set_up()         the task's setup commands, in order, to the first failure (results kept)
     runner()         the task-command runner the driver's own commands may use (deadline, output cap, redaction)
     verify()         once no process the driver started is alive: verify in the workspace or a clean room, and
@@ -19,6 +20,7 @@ result always goes out.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
@@ -27,16 +29,19 @@ from typing import Any
 
 from coding_agent_env.aio import shielded
 from coding_agent_env.models import CommandResult, ErrorInfo, Task
+from coding_agent_env.models.steps import StepResult
+from coding_agent_env.models.task import SOLUTION_ROOT
 from coding_agent_env.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.settings import Settings
 from coding_agent_env.workspace.commands import CommandRunner
 from coding_agent_env.workspace.redact import Redactor
 from coding_agent_env.workspace.setup import SetupFailure, run_setup
+from coding_agent_env.workspace.steps import gate
 from coding_agent_env.workspace.verify.run import tests_dir
 from coding_agent_env.workspace.verify.verification import Verification, VerifyPlan, verify_task
 
-__all__ = ["OnResult", "Workspace"]
+__all__ = ["OnResult", "Workspace", "task_spec"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +51,23 @@ OnResult = Callable[[int, CommandResult], None]
 
 def _ignore(index: int, result: CommandResult) -> None:
     return None
+
+
+def task_spec(task: Task, spec: SandboxSpec, *, solution: bool = False) -> SandboxSpec:
+    """`spec` with what `task` declares of its sandbox: its workdir, the top directories of its outside files
+    (and `/solution` with `solution`: the oracle's), `/tests` when its hidden tests go there (a task without
+    them sees no `/tests`), and other users when it names one."""
+    roots = [root for root in task.writable_roots() if root != task.workdir]
+    if solution:
+        roots.append(SOLUTION_ROOT)
+    hidden_tests = task.verify_files_root == "/tests"
+    return dataclasses.replace(
+        spec,
+        workdir=task.workdir,
+        writable_roots=tuple(sorted(set(roots))),
+        tests=hidden_tests,
+        users=task.agent_user is not None or task.verify_user is not None,
+    )
 
 
 @dataclass(eq=False)
@@ -69,20 +91,25 @@ class Workspace:
     """What teardown releases, last acquired first; a driver may enter its own before provision (a rollout's LLM
     access: released after the sandbox is closed)."""
     _closing: asyncio.Future[ErrorInfo | None] | None = field(default=None, init=False)
+    _step_setup_from: int = field(default=0, init=False)
 
     # -- the stages ------------------------------------------------------------------------------------
 
-    async def provision(self, spec: SandboxSpec, *, created: Callable[[Sandbox], None] | None = None) -> Sandbox:
-        """Make the sandbox (`created` is told as soon as it exists), refuse before anything runs a task whose
-        hidden tests it could not show (`SandboxError`), write the task's files."""
-        self.spec = spec
+    async def provision(
+        self, spec: SandboxSpec, *, created: Callable[[Sandbox], None] | None = None, solution: bool = False
+    ) -> Sandbox:
+        """Make the sandbox as the task declares it (`task_spec`; `solution`: with `/solution`, for the oracle;
+        `created` is told as soon as it exists), refuse before anything runs a task whose hidden tests it could
+        not show (`SandboxError`), write the task's files: `files` in the workdir, `outside_files` at their
+        paths."""
+        self.spec = spec = task_spec(self.task, spec, solution=solution)
         self.sandbox = sandbox = await self.backend().create(spec)
         self.resources.push_async_callback(sandbox.close)
         if self.task.verify_files_root == "/tests":
             tests_dir(sandbox)
         if created is not None:
             created(sandbox)
-        for path, text in self.task.files.items():
+        for path, text in (self.task.files | self.task.outside_files).items():
             await sandbox.write_text(path, text)
         return sandbox
 
@@ -96,9 +123,11 @@ class Workspace:
         return await run_setup(self.runner(), self.task.setup, on_result=record)
 
     def runner(self, sandbox: Sandbox | None = None) -> CommandRunner:
-        """The task-command runner for `sandbox` (default: the workspace's own)."""
+        """The task-command runner for `sandbox` (default: the workspace's own): setup's and verify's commands,
+        as the task's `verify_user`."""
         return CommandRunner(
-            sandbox or self.open_sandbox(), self.task.command_timeout_s, self.settings.max_output_bytes, self.redact
+            sandbox or self.open_sandbox(), self.task.command_timeout_s, self.settings.max_output_bytes, self.redact,
+            user=self.task.verify_user,
         )
 
     async def verify(
@@ -120,6 +149,26 @@ class Workspace:
             await verify_task(self.open_sandbox(), plan, self.verification)
         finally:
             self.limits_hit += self.verification.limits_hit
+
+    # -- a multi-step task's steps ------------------------------------------------------------------------
+
+    async def enter_step(self, task: Task, name: str) -> StepResult:
+        """Make `task` (the whole task as one step runs it: `Task.for_step`) the workspace's task, lay its files
+        into the workdir (over what the steps before left) and start its record; verify then checks this step."""
+        self.task = task
+        self.verification = Verification()
+        self._step_setup_from = len(self.setup_results)
+        for path, text in task.files.items():
+            await self.open_sandbox().write_text(path, text)
+        return StepResult(name=name)
+
+    def close_step(self, step: StepResult, min_reward: float | Mapping[str, float] | None) -> None:
+        """Fill `step`'s record from what its setup and verify did, and its gate."""
+        step.setup_results = self.setup_results[self._step_setup_from:]
+        step.verify_results = list(self.verification.results)
+        step.reward, step.reward_note = self.verification.reward, self.verification.reward_note
+        step.rewards = getattr(self.verification, "rewards", None)
+        step.gate = gate(step, min_reward)
 
     # -- teardown --------------------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from coding_agent_env.episode import TaskArgumentsError, TerminalArgumentsError, is_task, parse_task, parse_terminal
-from coding_agent_env.episode.task import TASK_FIELDS, task_schema
+from coding_agent_env.episode.task import AGENT_RUN_FIELDS, TASK_FIELDS, task_schema
 from coding_agent_env.episode.terminal import TerminalCall
 from coding_agent_env.models import RolloutRequest, Task
 from coding_agent_env.settings import WireLimits
@@ -71,11 +71,13 @@ def test_bad_terminal_arguments(arguments: object, message: str) -> None:
 
 def test_every_task_field_but_the_agent_runs_is_an_episode_field() -> None:
     """`reset` takes what `models.Task` declares: a new task field reaches episodes without a second list."""
-    assert TASK_FIELDS == set(Task.model_fields) - {"solution", "agent_timeout_s"}
+    assert AGENT_RUN_FIELDS == {"solution", "solution_files", "solution_env", "agent_timeout_s", "steps", "step_reward"}
+    assert TASK_FIELDS == set(Task.model_fields) - AGENT_RUN_FIELDS
     assert set(Task.model_fields) < set(RolloutRequest.model_fields)
     assert TASK_FIELDS <= set(task_schema()["properties"])
     task = parse_task({"instruction": "x", "verify_files_root": "/tests", "reward_file_required": True})
     assert (task.verify_files_root, task.reward_file_required) == ("/tests", True)
-    for agent_run_field in ({"solution": ["true"]}, {"agent_timeout_s": 5}):
+    for agent_run_field in ({"solution": ["true"]}, {"agent_timeout_s": 5}, {"solution_files": {"a": "b"}},
+                            {"steps": [{"name": "a", "instruction": "b"}]}):
         with pytest.raises(TaskArgumentsError, match="unknown task field"):
             parse_task({"instruction": "x", **agent_run_field})

@@ -47,13 +47,14 @@ class TrappedSandbox(Sandbox):
             raise RecursionError("maximum recursion depth exceeded")
 
     async def exec(self, argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
-                   cwd: str | None = None, fresh: bool = False, max_output_bytes: int) -> ExecResult:
+                   cwd: str | None = None, fresh: bool = False, max_output_bytes: int,
+                   user: str | None = None) -> ExecResult:
         return await self.real.exec(argv, timeout=timeout, env=env, cwd=cwd, fresh=fresh,
-                                    max_output_bytes=max_output_bytes)
+                                    max_output_bytes=max_output_bytes, user=user)
 
     async def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
-                    log_path: str | None = None) -> Process:
-        return await self.real.spawn(argv, env=env, cwd=cwd, log_path=log_path)
+                    log_path: str | None = None, user: str | None = None) -> Process:
+        return await self.real.spawn(argv, env=env, cwd=cwd, log_path=log_path, user=user)
 
     async def read_bytes(self, path: str, *, max_bytes: int | None = None, tail: bool = False) -> bytes:
         self._check("read", path)

@@ -102,7 +102,8 @@ class TerminusAgent(Agent):
             report.events += 1
             record(report, kind, fields)
 
-        shell = SandboxShell(ctx.sandbox, ctx.agent_dir, max_output_bytes=config.max_output_bytes)
+        shell = SandboxShell(ctx.sandbox, ctx.agent_dir, max_output_bytes=config.max_output_bytes,
+                             user=ctx.request.agent_user)
         steps = conversation(ctx.request.instruction, model=ctx.llm.model, max_turns=config.max_turns,
                              loose=config.loose_parsing, emit=emit)
         answer: object = None

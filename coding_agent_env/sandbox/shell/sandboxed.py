@@ -22,11 +22,12 @@ EXIT_NOT_RUN = 126
 
 class SandboxShell:
     """See the module docstring. `agent_dir` is a sandbox directory the sandbox's user can write (the caller's:
-    an agent's, or an episode's)."""
+    an agent's, or an episode's). `user`: who the commands run as (`Sandbox.exec`'s; a task's `agent_user`)."""
 
-    def __init__(self, sandbox: Sandbox, agent_dir: str, *, max_output_bytes: int) -> None:
+    def __init__(self, sandbox: Sandbox, agent_dir: str, *, max_output_bytes: int, user: str | None = None) -> None:
         self.sandbox = sandbox
         self.runner = Runner.under(agent_dir, max_output_bytes)
+        self.user = user
 
     async def run(self, command: str, *, timeout_s: float) -> CommandOutcome:
         inline = fits_inline(command)
@@ -36,11 +37,11 @@ class SandboxShell:
             except SandboxFileError as exc:
                 return CommandOutcome(EXIT_NOT_RUN, f"[the command could not be written to a file: {exc}]", False)
         argv = self.runner.argv(command, from_file=not inline)
-        done = await self.sandbox.exec(argv, timeout=timeout_s, max_output_bytes=self.runner.cap)
+        done = await self.sandbox.exec(argv, timeout=timeout_s, max_output_bytes=self.runner.cap, user=self.user)
         # stderr holds only what the outer bash itself said.
         shown = done.stderr + done.stdout
         if done.timed_out:  # killed before it could show the output file: show it now
             late = await self.sandbox.exec(self.runner.show_argv(), timeout=SHOW_TIMEOUT_S,
-                                           max_output_bytes=self.runner.cap)
+                                           max_output_bytes=self.runner.cap, user=self.user)
             shown += late.stdout
         return outcome(done.exit_code, shown, done.timed_out)
