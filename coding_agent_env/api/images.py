@@ -7,7 +7,9 @@ devices or paths leaving it), refusing it the moment it crosses a cap on the unp
 compression ratio (`tasks.context.UnpackCaps`: a gzip bomb costs what the caps allow, not what it holds); names
 the image by the content hash it computes itself (`coding-agent-env-task:<hash>`, the name the client computes
 too), builds it with the Docker backend unless it exists (one build per tag at a time), removes the directory,
-and answers `{"image": TAG, "built": bool}`; a rollout then names that image. Refusals, each with a message:
+and answers `{"image": TAG, "built": bool, "mapped": [...]}`; a rollout then names that image. The server's
+image map (`IMAGE_MAP`; `tasks.images`) rewrites the Dockerfile's base images in the unpacked copy before it is
+hashed (so the tag names the mapped build), each rewrite listed in `mapped`. Refusals, each with a message:
 403 when the operator has not enabled builds (`IMAGE_BUILDS=true`), 409 without a Docker backend, 413 for a
 context over a cap (sent or unpacked size, entries, compression ratio), 400 for an archive that is not a clean
 build context or has no Dockerfile, 422 when the build fails (the engine's last lines).
@@ -16,8 +18,10 @@ build context or has no Dockerfile, 422 when the build fails (the engine's last 
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from starlette.requests import ClientDisconnect, Request
@@ -35,9 +39,12 @@ from coding_agent_env.tasks.context import (
     image_tag,
     unpack,
 )
+from coding_agent_env.tasks.images import rewrite_from
 from coding_agent_env.urls import IMAGES_PATH
 
 __all__ = ["IMAGES_PATH", "ImageBuildRoute"]
+
+log = logging.getLogger(__name__)
 
 
 def _refusal(status: int, message: str) -> JSONResponse:
@@ -49,7 +56,7 @@ class ImageBuildRoute:
 
     def __init__(self, backends: Backends, settings: Settings) -> None:
         self._settings = settings
-        self._builds = ImageBuilds(backends)
+        self._builds = ImageBuilds(backends, image_map={})  # mapped here, before the tag is computed
         self._backends = backends
 
     async def handle(self, request: Request) -> JSONResponse:
@@ -71,11 +78,12 @@ class ImageBuildRoute:
         state.mkdir(parents=True, exist_ok=True)
         context = Path(tempfile.mkdtemp(prefix="context-", dir=state))
         # Unpacking and hashing are CPU and disk work on untrusted bytes: a worker thread, never the event loop.
-        preparing = asyncio.ensure_future(asyncio.to_thread(_prepare, body, context, UnpackCaps(limit)))
+        preparing = asyncio.ensure_future(asyncio.to_thread(_prepare, body, context, UnpackCaps(limit),
+                                                            self._settings.image_map))
         tag: str | None = None
         try:
             try:
-                tag = await asyncio.shield(preparing)
+                tag, mapped = await asyncio.shield(preparing)
             except ContextTooLargeError as exc:
                 return _refusal(413, f"build context refused: {exc}")
             except ContextError as exc:
@@ -86,11 +94,12 @@ class ImageBuildRoute:
                 return _refusal(409, str(exc))
             except SandboxError as exc:
                 return _refusal(422, str(exc))
-            return JSONResponse({"image": tag, "built": built})
+            return JSONResponse({"image": tag, "built": built, "mapped": mapped})
         finally:
             self._remove_later(context, preparing, tag)
 
-    def _remove_later(self, context: Path, preparing: asyncio.Future[str], tag: str | None) -> None:
+    def _remove_later(self, context: Path, preparing: asyncio.Future[tuple[str, list[str]]],
+                      tag: str | None) -> None:
         """Remove `context` once nothing uses it: not while its unpacking thread still writes into it (the asker
         went away mid-unpack), nor before a build that reads it has ended (a build goes on without its asker)."""
         loop = asyncio.get_running_loop()
@@ -102,7 +111,7 @@ class ImageBuildRoute:
             self._builds.after(tag, remove)
             return
 
-        def unpacked(done: asyncio.Future[str]) -> None:
+        def unpacked(done: asyncio.Future[tuple[str, list[str]]]) -> None:
             if not done.cancelled():
                 done.exception()  # retrieved: its asker is gone, nobody else will
             remove()
@@ -110,12 +119,21 @@ class ImageBuildRoute:
         preparing.add_done_callback(unpacked)
 
 
-def _prepare(body: bytes, context: Path, caps: UnpackCaps) -> str:
-    """Unpack `body` into `context` and name its image; `ContextError` (or `ContextTooLargeError`) if refused."""
+def _prepare(body: bytes, context: Path, caps: UnpackCaps, image_map: Mapping[str, str]) -> tuple[str, list[str]]:
+    """Unpack `body` into `context`, rewrite its Dockerfile's base images by `image_map`, and name its image;
+    the tag and the rewrites. `ContextError` (or `ContextTooLargeError`) if refused."""
     unpack(body, context, caps)
-    if not (context / "Dockerfile").is_file():
+    dockerfile = context / "Dockerfile"
+    if not dockerfile.is_file():
         raise ContextError("no Dockerfile at its top")
-    return image_tag(content_hash(context))
+    mapped: list[str] = []
+    if image_map:
+        raw = dockerfile.read_bytes().decode("utf-8", errors="surrogateescape")
+        text, mapped = rewrite_from(raw, image_map)
+        if mapped:
+            dockerfile.write_bytes(text.encode("utf-8", errors="surrogateescape"))
+            log.info("build context's base image mapped: %s", "; ".join(mapped))
+    return image_tag(content_hash(context)), mapped
 
 
 async def _read_at_most(request: Request, limit: int) -> bytes | None:

@@ -252,6 +252,18 @@ class Settings(BaseModel):
     image_build_max_mb: int = Field(default=256, ge=1, le=4096)
     """The largest build context `POST /images` takes, sent and unpacked."""
 
+    image_map: dict[str, str] = Field(default_factory=dict)
+    """Base images rewritten before a task's image is built (each `FROM`) and prebuilt task images mapped, for
+    private registries, mirrors and offline hosts: env IMAGE_MAP, comma-separated `FROM=TO` (an exact reference,
+    or a registry / repository prefix; the rules: `tasks.images`). `run --image-map FROM=TO` adds to it."""
+
+    @field_validator("image_map", mode="before")
+    @classmethod
+    def _parse_image_map(cls, value: Any) -> Any:
+        from coding_agent_env.tasks.images import parse_image_map  # the rules live with the tasks
+
+        return parse_image_map(value)
+
     results_max_rollouts: int = Field(default=100_000, ge=0)
     """Retention: the newest this many rollouts are kept (0: no cap)."""
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from coding_agent_env.models import RolloutRequest
@@ -24,6 +25,9 @@ class TaskOptions:
     ignore_dockerfile: bool = False
     """Run a Harbor task on a non-Docker backend even when its Dockerfile does more than FROM / WORKDIR / COPY /
     ENV (the steps are then skipped, and the notes say so)."""
+    image_map: Mapping[str, str] = field(default_factory=dict)
+    """Image references rewritten (`tasks.images.map_image`): each base image a task's Dockerfile builds `FROM`,
+    and a prebuilt `[environment] docker_image`. From `IMAGE_MAP` and `run --image-map`."""
 
 
 @dataclass(frozen=True)

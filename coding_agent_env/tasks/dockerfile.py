@@ -1,8 +1,13 @@
 """What a Harbor task's Dockerfile asks for, as far as a sandbox without Docker can honour it.
 
-Only `FROM`, `WORKDIR`, `COPY` and `ENV` (and the inert `ARG`, `LABEL`, comments) can be honoured outside Docker:
-the files a `COPY` names are laid into the workdir, `ENV` becomes the request's `env` (`dockerfile_env`), `WORKDIR`
-is reported. Anything else (`RUN` installing packages, say) needs the Docker backend.
+- Honoured outside Docker: `FROM` (the base is the sandbox's own system), `WORKDIR` (`plan.workdir`), `COPY` from
+  the build context (`plan.copies`, each destination absolute), `ENV` (`plan.env`, made the request's `env` by
+  `dockerfile_env`) and `USER` (`plan.user`: the final stage's last one, the image's user).
+- Ignored, each recorded in `plan.ignored` as `KEYWORD (line N)`: the instructions that change no file of the
+  image (`CMD`, `ENTRYPOINT`, `LABEL`, `EXPOSE`, `ARG`, `SHELL`, `HEALTHCHECK`, `VOLUME`, `STOPSIGNAL`,
+  `MAINTAINER`, and `ONBUILD`, which only acts in images built *from* this one).
+- Anything else (`RUN` installing packages, `ADD`, a `COPY --from` another stage or image, a heredoc) is in
+  `plan.unsupported`: it needs the Docker backend.
 """
 
 from __future__ import annotations
@@ -12,10 +17,14 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-__all__ = ["Copy", "DockerfilePlan", "dockerfile_env", "parse_dockerfile"]
+__all__ = ["IGNORED", "Copy", "DockerfilePlan", "dockerfile_env", "parse_dockerfile"]
 
-_HONOURED = frozenset({"FROM", "WORKDIR", "COPY", "ENV"})
-_INERT = frozenset({"ARG", "LABEL", "MAINTAINER"})
+_HONOURED = frozenset({"FROM", "WORKDIR", "COPY", "ENV", "USER"})
+IGNORED = frozenset({"CMD", "ENTRYPOINT", "LABEL", "EXPOSE", "ARG", "SHELL", "HEALTHCHECK", "VOLUME", "STOPSIGNAL",
+                     "MAINTAINER", "ONBUILD"})
+"""Instructions that change no file of the image being built: skipped outside Docker, each noted."""
+_HEREDOC = re.compile(r"(?:^|\s)<<-?([\"']?)([A-Za-z_][A-Za-z0-9_]*)\1")
+_HEREDOC_KEYWORDS = ("RUN", "COPY", "ADD")
 
 
 @dataclass(frozen=True)
@@ -31,14 +40,25 @@ class DockerfilePlan:
     copies: list[Copy] = field(default_factory=list)
     env: list[str] = field(default_factory=list)
     unsupported: list[str] = field(default_factory=list)
-    """Instructions only Docker can run, each as `KEYWORD (line N)`."""
+    """Instructions only Docker can run, each as `KEYWORD (line N)` (with what is wrong, for a COPY)."""
+    ignored: list[str] = field(default_factory=list)
+    """Instructions that change no file (`IGNORED`), skipped, each as `KEYWORD (line N)`."""
+    user: str | None = None
+    """The image's user: the last `USER` of the final stage (its user part: `USER app:staff` gives `app`);
+    None without one (the image runs as root)."""
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """Lines with backslash continuations joined, comments and blanks dropped, with their first line number."""
+    """Lines with backslash continuations joined, comments and blanks dropped, with their first line number. A
+    heredoc's body (`RUN <<EOF` ... `EOF`) is left out: its instruction keeps the `<<` that marks it."""
     out: list[tuple[int, str]] = []
     pending, start = "", 0
+    terminators: list[str] = []
     for number, raw in enumerate(text.splitlines(), start=1):
+        if terminators:
+            if raw.strip() == terminators[0]:
+                terminators.pop(0)
+            continue
         line = raw.strip()
         if not pending and (not line or line.startswith("#")):
             continue
@@ -47,7 +67,10 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
         if line.endswith("\\"):
             pending += line[:-1] + " "
             continue
-        out.append((start, pending + line))
+        logical = pending + line
+        out.append((start, logical))
+        if logical.split(None, 1)[0].upper() in _HEREDOC_KEYWORDS:
+            terminators = [match[2] for match in _HEREDOC.finditer(logical)]
         pending = ""
     if pending:
         out.append((start, pending))
@@ -57,12 +80,16 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
 def parse_dockerfile(text: str) -> DockerfilePlan:
     plan = DockerfilePlan()
     for number, line in _logical_lines(text):
-        keyword, _, rest = line.partition(" ")
+        keyword, rest = (line.split(None, 1) + [""])[:2]
         keyword = keyword.upper()
-        if keyword in _INERT:
-            continue
-        if keyword not in _HONOURED:
+        if keyword in IGNORED:
+            plan.ignored.append(f"{keyword} (line {number})")
+        elif keyword not in _HONOURED:
             plan.unsupported.append(f"{keyword} (line {number})")
+        elif keyword == "FROM":
+            plan.user = None  # a new stage: the image's user is the final stage's
+        elif keyword == "USER":
+            plan.user = rest.strip().partition(":")[0] or None
         elif keyword == "WORKDIR":
             plan.workdir = posixpath.normpath(posixpath.join(plan.workdir, rest.strip()))
         elif keyword == "ENV":
@@ -77,6 +104,12 @@ def _copy(plan: DockerfilePlan, rest: str, number: int) -> None:
         words = shlex.split(rest)
     except ValueError:
         plan.unsupported.append(f"COPY (line {number}: cannot parse)")
+        return
+    if any(word.startswith("--from") for word in words):
+        plan.unsupported.append(f"COPY (line {number}: --from another stage or image)")
+        return
+    if "<<" in rest:
+        plan.unsupported.append(f"COPY (line {number}: heredoc)")
         return
     words = [word for word in words if not word.startswith("--")]
     if words and words[0].startswith("["):
