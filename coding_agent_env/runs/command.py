@@ -1,7 +1,15 @@
 """`coding-agent-env run TASKS...`: a batch from the command line.
 
-Exit codes: 0 when the batch ran (whatever the rewards), 2 for bad usage, 130 when interrupted (what finished is
-in `--out`; rerun the same command to go on).
+The end summary (stdout): the counts and scores, the seconds per phase, then what did not pass (each refused or
+unloadable task and each rollout that did not pass, with its status and first reason; the most severe 20, then
+`... and N more`), and where the rollouts were written.
+
+Exit codes: 0 when every task loaded and ran (whatever the rewards; a rollout ending in an infrastructure error
+included: it is in the summary and the journal), 1 when any task was refused or failed to load (the others still
+ran; the last line says how many), 2 for bad usage, 130 when interrupted (what finished is in `--out`; rerun with
+the same `--out` to go on).
+
+`--out` defaults to `STATE_DIR/runs/<run id>.jsonl` (the run id the results store gives the batch, else the time).
 """
 
 from __future__ import annotations
@@ -10,6 +18,8 @@ import argparse
 import asyncio
 import os
 import sys
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +31,18 @@ from coding_agent_env.models import AGENT_NAMES
 from coding_agent_env.runs.batch import BatchPlan, RecordSink, run_batch
 from coding_agent_env.runs.executor import Executor, InProcessExecutor, ServerExecutor
 from coding_agent_env.runs.journal import Journal, Record
-from coding_agent_env.runs.progress import LiveProgress, summary_table
+from coding_agent_env.runs.progress import Failures, LiveProgress, summary_table
 from coding_agent_env.runs.store import ResultsStore
 from coding_agent_env.sandbox.base import SandboxLimits
 from coding_agent_env.settings import Settings
 from coding_agent_env.tasks import TaskOptions, count_tasks, iter_tasks
+from coding_agent_env.tasks.images import ImageMapError, parse_image_map
+from coding_agent_env.workspace.redact import Redactor
 
 __all__ = ["add_arguments", "run"]
 
+EXIT_NOT_RUN = 1
+"""Some task was refused or failed to load."""
 EXIT_INTERRUPTED = 130
 
 
@@ -46,14 +60,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", "-n", type=int, default=1, help="rollouts at once, default 1")
     parser.add_argument("--sandbox", help="sandbox backend (default: the first of SANDBOX_BACKENDS)")
     parser.add_argument("--server", metavar="URL", help="run on this server (over WebSocket) instead of in-process")
-    parser.add_argument("--out", type=Path, default=Path("results.jsonl"),
-                        help="JSONL journal, one line per rollout; rerunning with it skips what is done")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSONL journal, one line per rollout; rerunning with it skips what is done (default: "
+                        "STATE_DIR/runs/<run id>.jsonl, a new one per run)")
     parser.add_argument("--ignore-dockerfile", action="store_true",
                         help="run Harbor tasks whose Dockerfile needs Docker on another backend anyway")
     parser.add_argument("--no-progress", action="store_true", help="no live display (counts still printed)")
     parser.add_argument("--results-db", type=Path, help="results store to add the rollouts to (default: "
                         "RESULTS_DB, else STATE_DIR/results.sqlite)")
     parser.add_argument("--no-store", action="store_true", help="keep the rollouts only in --out")
+    parser.add_argument("--image-map", action="append", default=[], metavar="FROM=TO",
+                        help="rewrite a base image before a task's image is built (and a prebuilt task image): "
+                        "FROM an exact reference or a registry/repository prefix; repeatable, added to IMAGE_MAP")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -84,35 +102,61 @@ def _describe(args: argparse.Namespace) -> str:
                      ("agent", "model", "endpoint", "sandbox", "server", "attempts") if getattr(args, k))])
 
 
+def _image_map(args: argparse.Namespace, settings: Settings) -> dict[str, str]:
+    """IMAGE_MAP's rules, then --image-map's (which win for the same FROM)."""
+    try:
+        return {**settings.image_map, **parse_image_map(args.image_map)}
+    except ImageMapError as exc:
+        raise InvalidTaskError(f"--image-map: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
+    image_map = _image_map(args, settings)
+    if image_map != settings.image_map:
+        settings = settings.model_copy(update={"image_map": image_map})  # what the in-process builds map
     if args.no_store:
-        return _run(args, settings, [])
+        return _run(args, settings, [], f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}", None)
     with ResultsStore.from_settings(settings, args.results_db) as store:
         run_id = store.new_run("batch", _describe(args))
-        return _run(args, settings, [StoreSink(store, run_id)])
+        return _run(args, settings, [StoreSink(store, run_id)], run_id, store.path)
 
 
-def _run(args: argparse.Namespace, settings: Settings, sinks: list[RecordSink]) -> int:
+def _run(args: argparse.Namespace, settings: Settings, sinks: list[RecordSink], run_id: str,
+         store: Path | None) -> int:
     if args.attempts < 1 or args.concurrency < 1:
         raise InvalidTaskError("--attempts and --concurrency must be at least 1")
+    out: Path = args.out or settings.state_dir / "runs" / f"{run_id}.jsonl"
     sandbox = args.sandbox or settings.default_backend
     options = TaskOptions(sandbox=sandbox, caps=SandboxLimits.from_settings(settings),
-                          ignore_dockerfile=args.ignore_dockerfile)
-    plan = BatchPlan(attempts=args.attempts, concurrency=args.concurrency, overrides=_overrides(args))
+                          ignore_dockerfile=args.ignore_dockerfile, image_map=settings.image_map)
+    overrides = _overrides(args)
+    plan = BatchPlan(attempts=args.attempts, concurrency=args.concurrency, overrides=overrides)
     executor: Executor = (ServerExecutor(args.server, args.concurrency) if args.server
                           else InProcessExecutor(settings))
     console = Console(stderr=True)
     total = count_tasks(args.tasks) * args.attempts
-    progress = LiveProgress(console, total, live=not args.no_progress and console.is_terminal)
+    key = overrides.get("api_key")
+    failures = Failures(redactor=Redactor([key.get_secret_value() if key is not None else None]))
+    progress = LiveProgress(console, total, live=not args.no_progress and console.is_terminal, failures=failures)
     try:
         with progress:
-            summary = asyncio.run(run_batch(iter_tasks(args.tasks, options), plan, executor, Journal(args.out),
+            summary = asyncio.run(run_batch(iter_tasks(args.tasks, options), plan, executor, Journal(out),
                                             progress, sinks))
     except KeyboardInterrupt:
-        console.print(f"interrupted: {progress.line()}; finished rollouts are in {args.out}; rerun to go on",
+        again = "" if args.out else f" with --out {out}"
+        console.print(f"interrupted: {progress.line()}; finished rollouts are in {out}; rerun{again} to go on",
                       soft_wrap=True)
         return EXIT_INTERRUPTED
     console.print(progress.line(), soft_wrap=True)
-    Console(file=sys.stdout).print(summary_table(summary, args.attempts))
-    return 0
+    stdout = Console(file=sys.stdout)
+    stdout.print(summary_table(summary, args.attempts))
+    for line in failures.lines():
+        stdout.print(line, soft_wrap=True, markup=False, highlight=False)
+    where = f"rollouts written to {out}" + (f" and the results store {store} (run {run_id})" if store else "")
+    stdout.print(where, soft_wrap=True, markup=False, highlight=False)
+    last = failures.exit_line()
+    if last is None:
+        return 0
+    stdout.print(last, soft_wrap=True, markup=False, highlight=False)
+    return EXIT_NOT_RUN

@@ -1,9 +1,11 @@
 """The batch's live display (rich): done / running / pass / fail / infra-error counts and an ETA, problems
-printed above it as they come; and the summary table at the end."""
+printed above it as they come; and, at the end, the summary table and the list of what did not pass (`Failures`:
+each refused or unloadable task and each rollout that did not pass, with its status and first reason)."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from types import TracebackType
 
 from rich.console import Console, Group
@@ -11,19 +13,121 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from coding_agent_env.models import RolloutStatus
 from coding_agent_env.runs.batch import Job
 from coding_agent_env.runs.journal import Record
 from coding_agent_env.runs.stats import PHASES, Summary
 from coding_agent_env.tasks import TaskError
+from coding_agent_env.workspace.redact import Redactor
 
-__all__ = ["LiveProgress", "summary_table"]
+__all__ = ["Failures", "LiveProgress", "summary_table"]
+
+MAX_FAILURE_LINES = 20
+"""Lines the end summary gives to what did not pass; the rest are counted (`... and N more`)."""
+MAX_REASON_CHARS = 160
+"""Characters of each one's reason (its first line)."""
+
+# The order they are listed in: what never ran first, then rollouts that ended without a reward, then the
+# agents' own failures, then the scored rollouts that did not pass.
+_SEVERITY = {"refused": 0, "load_error": 0, RolloutStatus.SETUP_FAILED.value: 1, RolloutStatus.INFRA_ERROR.value: 1,
+             RolloutStatus.CANCELLED.value: 1, RolloutStatus.AGENT_TIMEOUT.value: 2,
+             RolloutStatus.AGENT_FAILED.value: 2, "failed": 3}
+
+
+@dataclass(frozen=True)
+class Failure:
+    status: str
+    """`refused`, `load_error`, a rollout status (`setup_failed`, `infra_error`, `agent_timeout`, ...), or `failed`
+    for a completed rollout whose reward is below 1."""
+    name: str
+    """The task (`task_id`, `#N` for an attempt after the first) or, for a task that never ran, its source."""
+    reason: str
+
+
+@dataclass
+class Failures:
+    """What did not pass, kept to the `limit` most severe (memory bounded whatever the batch's size), with the
+    counts of what never ran."""
+
+    limit: int = MAX_FAILURE_LINES
+    redactor: Redactor = field(default_factory=lambda: Redactor([]))
+    refused: int = 0
+    load_errors: int = 0
+    total: int = 0
+    kept: list[tuple[int, int, Failure]] = field(default_factory=list)
+
+    def problem(self, error: TaskError) -> None:
+        status = "refused" if error.unsupported else "load_error"
+        self.refused += error.unsupported
+        self.load_errors += not error.unsupported
+        self._add(Failure(status, error.source, error.message))
+
+    def record(self, record: Record) -> None:
+        result = record.result
+        if result.status == RolloutStatus.COMPLETED and result.reward is not None and result.reward >= 1.0:
+            return
+        name = record.task_id + (f" #{record.attempt}" if record.attempt > 1 else "")
+        status = result.status.value
+        reward = "" if result.reward is None else f"reward {result.reward:.2f}"
+        if status == RolloutStatus.COMPLETED.value:
+            status = "failed"
+        reason = result.error or result.reward_note or ""
+        if not reason and result.status == RolloutStatus.AGENT_FAILED and result.agent_exit_code is not None:
+            reason = f"the agent exited {result.agent_exit_code}"
+        if not reason and result.reward is not None:
+            reason = "the tests did not pass"
+        self._add(Failure(status, name, f"{reward}: {reason}" if reward and reason else reward or reason))
+
+    def _add(self, failure: Failure) -> None:
+        self.total += 1
+        entry = (_SEVERITY.get(failure.status, 2), self.total, failure)
+        if len(self.kept) < self.limit:
+            self.kept.append(entry)
+            return
+        worst = max(self.kept)
+        if entry < worst:
+            self.kept.remove(worst)
+            self.kept.append(entry)
+
+    def lines(self) -> list[str]:
+        """The list for the end summary: a heading, one line per failure (status, name, first reason; bounded
+        and redacted), `... and N more` beyond the limit. Empty when everything passed."""
+        if not self.total:
+            return []
+        shown = [failure for _, _, failure in sorted(self.kept)]
+        width = max(len(failure.status) for failure in shown)
+        out = [f"not passed: {self.total}"]
+        for failure in shown:
+            out.append(f"  {failure.status:<{width}}  {self._text(failure.name, 80)}: {self._reason(failure.reason)}")
+        if self.total > len(shown):
+            out.append(f"  ... and {self.total - len(shown)} more")
+        return out
+
+    def _text(self, value: str, limit: int) -> str:
+        value = self.redactor.text(value)
+        return value if len(value) <= limit else value[: limit - 3] + "..."
+
+    def _reason(self, reason: str) -> str:
+        first = next((line.strip() for line in reason.splitlines() if line.strip()), "")
+        return self._text(first or "(no reason given)", MAX_REASON_CHARS)
+
+    def exit_line(self) -> str | None:
+        """The run's last line when a task was refused or failed to load (why the exit status is not 0)."""
+        if not self.refused and not self.load_errors:
+            return None
+        parts = [f"{count} {what}" for count, what in ((self.refused, "refused"),
+                                                       (self.load_errors, "failed to load")) if count]
+        tasks = "task" if self.refused + self.load_errors == 1 else "tasks"
+        return f"exit status 1: {' and '.join(parts)} ({self.refused + self.load_errors} {tasks} never ran)"
 
 
 class LiveProgress:
     """A `BatchObserver` drawing counts on a console (refreshed a few times a second, not per event)."""
 
-    def __init__(self, console: Console, total: int | None, *, live: bool = True) -> None:
+    def __init__(self, console: Console, total: int | None, *, live: bool = True,
+                 failures: Failures | None = None) -> None:
         self.console = console
+        self.failures = failures if failures is not None else Failures()
         self.total = total
         self.running = 0
         self.done = self.passed = self.failed = self.infra = self.skipped_count = self.problems = 0
@@ -46,10 +150,12 @@ class LiveProgress:
     def finished(self, record: Record) -> None:
         self.running -= 1
         self._count(record)
+        self.failures.record(record)
         self.done += 1
 
     def skipped(self, record: Record) -> None:
         self._count(record)
+        self.failures.record(record)
         self.skipped_count += 1
 
     def refused(self, job: Job, error: TaskError) -> None:
@@ -58,8 +164,10 @@ class LiveProgress:
 
     def problem(self, error: TaskError) -> None:
         self.problems += 1
+        self.failures.problem(error)
         kind = "unsupported" if error.unsupported else "bad task"
-        self.console.print(Text(f"{kind}: {error.line()}", style="yellow"), soft_wrap=True)
+        line = self.failures.redactor.text(error.line())
+        self.console.print(Text(f"{kind}: {line}", style="yellow"), soft_wrap=True)
 
     def _count(self, record: Record) -> None:
         reward = record.result.reward

@@ -65,7 +65,7 @@ def test_bad_entries_are_reported_and_the_rest_run(tmp_path: Path, env: dict[str
     too_big = {"instruction": "x", "task_id": "j3", "limits": {"memory_mb": 10**9}}
     jsonl.write_text(json.dumps(good) + "\nnope\n" + json.dumps(too_big) + "\n")
     out = tmp_path / "out.jsonl"
-    assert main(["run", str(tasks), str(jsonl), "--agent", "oracle", "--out", str(out), "--no-progress"]) == 0
+    assert main(["run", str(tasks), str(jsonl), "--agent", "oracle", "--out", str(out), "--no-progress"]) == 1
     records = {rec["task_id"]: rec for rec in lines(out)}
     assert set(records) == {"good", "silent", "j1"}
     assert records["good"]["result"]["reward"] == 1.0 and records["j1"]["result"]["reward"] == 1.0
