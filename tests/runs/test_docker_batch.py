@@ -146,7 +146,7 @@ def test_the_server_refuses_builds_unless_allowed_and_bad_contexts(
     off = docker_server()
     out = tmp_path / "out.jsonl"
     assert main(["run", str(tmp_path / "tasks"), "--agent", "oracle", "--sandbox", "docker", "--server", off.http,
-                 "--out", str(out), "--no-progress"]) == 0
+                 "--out", str(out), "--no-progress"]) == 1
     assert not out.exists() or not lines(out)  # refused, not run and not scored
     err = capsys.readouterr().err
     assert "needs-build" in err and "IMAGE_BUILDS=true" in err and "403" in err

@@ -141,7 +141,7 @@ def test_run_writes_nothing_of_a_secret_behind_a_link(tmp_path: Path, outside: P
     named = {plant(tasks, outside, case)[1] for case in CASES}
     make_task(tasks, "zz-good")
     out = tmp_path / "out.jsonl"
-    assert main(["run", str(tasks), "--agent", "oracle", "--out", str(out), "--no-progress"]) == 0
+    assert main(["run", str(tasks), "--agent", "oracle", "--out", str(out), "--no-progress"]) == 1
     written = out.read_text()
     assert '"zz-good"' in written and written.count("\n") == 1
     captured = capsys.readouterr()
