@@ -26,6 +26,8 @@ MAX_FAILURE_LINES = 20
 """Lines the end summary gives to what did not pass; the rest are counted (`... and N more`)."""
 MAX_REASON_CHARS = 160
 """Characters of each one's reason (its first line)."""
+MAX_NAME_CHARS = 100
+"""Characters of each one's name (a task id, or a source path: its last characters)."""
 
 # The order they are listed in: what never ran first, then rollouts that ended without a reward, then the
 # agents' own failures, then the scored rollouts that did not pass.
@@ -98,18 +100,17 @@ class Failures:
         width = max(len(failure.status) for failure in shown)
         out = [f"not passed: {self.total}"]
         for failure in shown:
-            out.append(f"  {failure.status:<{width}}  {self._text(failure.name, 80)}: {self._reason(failure.reason)}")
+            name = self.redactor.text(failure.name)
+            name = name if len(name) <= MAX_NAME_CHARS else "..." + name[-(MAX_NAME_CHARS - 3):]  # its end says most
+            out.append(f"  {failure.status:<{width}}  {name}: {self._reason(failure.reason)}")
         if self.total > len(shown):
             out.append(f"  ... and {self.total - len(shown)} more")
         return out
 
-    def _text(self, value: str, limit: int) -> str:
-        value = self.redactor.text(value)
-        return value if len(value) <= limit else value[: limit - 3] + "..."
-
     def _reason(self, reason: str) -> str:
         first = next((line.strip() for line in reason.splitlines() if line.strip()), "")
-        return self._text(first or "(no reason given)", MAX_REASON_CHARS)
+        first = self.redactor.text(first or "(no reason given)")
+        return first if len(first) <= MAX_REASON_CHARS else first[: MAX_REASON_CHARS - 3] + "..."
 
     def exit_line(self) -> str | None:
         """The run's last line when a task was refused or failed to load (why the exit status is not 0)."""

@@ -126,3 +126,19 @@ def test_a_malformed_image_map_is_bad_usage(tmp_path: Path, env: dict[str, str])
     bad_env = {**env, "IMAGE_MAP": "a=b,c"}
     proc = _run(bad_env, str(jsonl), "--no-store", cwd=tmp_path)
     assert proc.returncode == 2 and "IMAGE_MAP" in proc.stderr
+
+
+def test_reasons_are_bounded_and_redacted(tmp_path: Path, env: dict[str, str]) -> None:
+    key = "sk-run-report-SECRET-1234"
+    tasks = tmp_path / f"tasks-{key}.jsonl"  # a source naming the key: its refusal is printed without it
+    long_id = "long-" + "x" * 300 + "-end"
+    tasks.write_text("nope\n" + _request(long_id, passes=False) + "\n")
+    proc = _run({**env, "CAE_TEST_KEY": key}, str(tasks), "--no-store", "--base-url", "http://127.0.0.1:9/v1",
+                "--api-key-env", "CAE_TEST_KEY", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    both = proc.stdout + proc.stderr
+    assert key not in both, both[max(both.find(key) - 300, 0):both.find(key) + 50]
+    assert "tasks-[REDACTED].jsonl:1: not JSON" in proc.stdout
+    assert "bad task: " in proc.stderr and "tasks-[REDACTED].jsonl:1" in proc.stderr
+    summary = _summary(proc.stdout)
+    assert summary[2].split()[:2] == ["failed", "..." + long_id[-97:] + ":"]  # a long name keeps its end
