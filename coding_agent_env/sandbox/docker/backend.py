@@ -7,7 +7,16 @@ and the LLM forwarder started inside once, so processes reach the relay at `rela
 (`SandboxLimits`: memory, processes and CPUs of the container as a whole; disk through `storage_opt` where the
 engine's storage driver supports a size, else a tmpfs of the disk budget at the workdir, whose pages count
 against the container's memory, so that is raised by the budget), all capabilities dropped but the few its
-root-run launcher needs, and `no-new-privileges`.
+root-run launcher needs (with `SandboxSpec.users`, those Docker gives a default container: its root commands'),
+and `no-new-privileges`.
+
+Where things are (`layout.SandboxLayout`): the workdir at `/workspace`, or at the spec's `workdir` (`/app`); the
+task's further roots (`SandboxSpec.writable_roots`: `/solution`, `/queries`) as directories of the sandbox user;
+`/tests` only with `SandboxSpec.tests`. With a sized writable layer they are directories in it (the image's files
+there stay visible, all within the layer's size). Without one, each is a tmpfs volume of the disk budget (the
+workdir is the budget, as at `/workspace`; the further roots' pages are charged to the container's memory with
+the workdir's, which is raised by one budget only: together they are bounded by memory plus budget, not by the
+budget alone), and what the image holds there is copied onto it (`seed`: a tmpfs volume would hide it).
 
 Every command runs through the in-container launcher (`DockerSandbox`, a `LauncherSandbox`): as uid 1000, in
 its own session, under a child subreaper so the whole tree is killed at the timeout, on cancellation, or when
@@ -45,9 +54,10 @@ from coding_agent_env.sandbox.docker.control import ControlChannel
 from coding_agent_env.sandbox.docker.engine import SDK_ERRORS, call, translate
 from coding_agent_env.sandbox.docker.engine_exec import EngineExec
 from coding_agent_env.sandbox.docker.hostdir import HostDir
-from coding_agent_env.sandbox.docker.layout import AGENTS_DIR, PATHS, RELAY_SOCKET
+from coding_agent_env.sandbox.docker.layout import AGENTS_DIR, RELAY_SOCKET, SandboxLayout
 from coding_agent_env.sandbox.docker.reaper import LABEL_OWNER, LABEL_ROLLOUT, owner, reap
 from coding_agent_env.sandbox.docker.sandbox import DockerSandbox, discard
+from coding_agent_env.sandbox.docker.seed import Seeder
 from coding_agent_env.sandbox.docker.transport import DockerTransport
 from coding_agent_env.sandbox.launcher.client import SANDBOX_UID
 from coding_agent_env.settings import Settings
@@ -56,6 +66,11 @@ __all__ = ["DockerBackend"]
 
 _CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETUID", "SETGID"]
 """Only the root-run launcher uses these; commands run as uid 1000 and have none."""
+_USERS_CAPS = ["AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",
+               "NET_RAW", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"]
+"""With `SandboxSpec.users`: what Docker gives a default container, for commands run as root (`user="root"`),
+which may switch to another user (`setpriv`, `su`). Any other uid has none (the kernel drops them at setuid;
+`no-new-privileges` keeps a setuid binary or file capability from giving any back)."""
 _SIZED_DRIVERS = {"btrfs", "zfs", "devicemapper"}
 """Storage drivers that take `storage_opt size` (overlay2 too, over xfs with project quotas: tried, see below)."""
 
@@ -73,6 +88,8 @@ class DockerBackend(SandboxBackend):
         self._sized: bool | None = None
         """Whether the engine bounds a container's writable layer (`storage_opt`); None: not known yet."""
         self._image_envs: dict[str, dict[str, str]] = {}
+        self._image_ids: dict[str, str] = {}
+        self._seeder = Seeder()
 
     def client(self) -> docker.DockerClient:
         if self._client is None:
@@ -162,8 +179,9 @@ class DockerBackend(SandboxBackend):
             raise SandboxUnavailableError("network policy 'host' is not allowed by this server's operator")
         if spec.network == "llm" and spec.relay is None:
             raise SandboxError("network policy 'llm' needs a relay endpoint")
+        layout = SandboxLayout.of(spec)
         transport = self._transport()
-        creating = asyncio.ensure_future(call("create container", self._create_container, spec, transport))
+        creating = asyncio.ensure_future(call("create container", self._create_container, spec, transport, layout))
         try:
             container_id = await asyncio.shield(creating)
         except BaseException:
@@ -177,13 +195,26 @@ class DockerBackend(SandboxBackend):
             await asyncio.shield(self._discard(creating))
             await transport.close()
             raise
-        engine, launcher = self._limits(self._spec_limits(spec), self._sized or False)
-        box = DockerSandbox(container_id, transport, api=self.client().api, spec=spec, rlimits=launcher,
+        sized = bool(self._sized)
+        engine, launcher = self._limits(self._spec_limits(spec), sized)
+        box = DockerSandbox(container_id, transport, api=self.client().api, spec=spec, layout=layout, rlimits=launcher,
                             container_limits=engine, timeouts=self._config.timeouts, relay_port=self._config.relay_port,
-                            scopes=self._scopes({**engine, **launcher}, bool(self._sized)),
+                            scopes=self._scopes({**engine, **launcher}, sized),
                             engine_here=self._config.daemon_url.startswith("unix://"))
         box.task_env = MappingProxyType({**env, **spec.env})
-        return await box.opened(box.start())
+        seeds = () if sized else _claimed(spec, layout)
+        return await box.opened(self._start(box, spec, seeds))
+
+    async def _start(self, box: DockerSandbox, spec: SandboxSpec, seeds: tuple[str, ...]) -> None:
+        """Start the container; then copy what the image holds at `seeds` (the mounts over the image's own
+        directories, see `seed`) onto them, and give them back to the sandbox user."""
+        await box.start()
+        if seeds:
+            image_id = self._image_ids[spec.image or self._config.image]
+            labels = {LABEL_ROLLOUT: spec.rollout_id, LABEL_OWNER: owner()}
+            copied = await self._seeder.seed(self.client().api, image_id, box.id, seeds, labels)
+            if copied:
+                await box.own_dirs(copied)
 
     async def _image_env(self, image: str) -> dict[str, str]:
         """The image's ENV (its `Config.Env`), looked up once per image name for the backend's lifetime (a
@@ -191,6 +222,7 @@ class DockerBackend(SandboxBackend):
         had when first used)."""
         if image not in self._image_envs:
             inspected = await call("inspect image", self.client().api.inspect_image, image)
+            self._image_ids[image] = str(inspected.get("Id") or image)
             self._image_envs[image] = image_env((inspected.get("Config") or {}).get("Env"))
         return self._image_envs[image]
 
@@ -204,12 +236,12 @@ class DockerBackend(SandboxBackend):
     def _spec_limits(self, spec: SandboxSpec) -> SandboxLimits:
         return spec.limits or SandboxLimits.from_settings(self._settings)
 
-    def _create_container(self, spec: SandboxSpec, transport: DockerTransport) -> str:
+    def _create_container(self, spec: SandboxSpec, transport: DockerTransport, layout: SandboxLayout) -> str:
         c = self._config
         sized = self._is_sized()
         engine, _ = self._limits(self._spec_limits(spec), sized)
         image = spec.image or c.image
-        made = transport.container_spec(c.relay_port if spec.network == "llm" else None)
+        made = transport.container_spec(c.relay_port if spec.network == "llm" else None, layout)
         volumes = {path: {"bind": path, "mode": "ro"} for path in c.host_binds}
         if spec.network == "llm":
             assert spec.relay is not None
@@ -227,7 +259,7 @@ class DockerBackend(SandboxBackend):
             pids_limit=engine["pids"],
             nano_cpus=engine.get("nano_cpus", 0),
             cap_drop=["ALL"],
-            cap_add=_CAPS,
+            cap_add=_USERS_CAPS if spec.users else _CAPS,
             security_opt=["no-new-privileges"],
             user="0:0",
             working_dir="/",
@@ -237,10 +269,17 @@ class DockerBackend(SandboxBackend):
             kwargs["storage_opt"] = {"size": f"{engine['disk']}"}
         else:
             # An anonymous volume of the local driver, of type tmpfs: removed with the container (`v=True`), and
-            # unlike a `tmpfs` mount reached by the engine's archive API, which the file operations use.
+            # unlike a `tmpfs` mount reached by the engine's archive API, which the file operations use. One at
+            # the workdir and one at each of the task's further roots (see the module docstring). What the
+            # image holds there the engine would copy into the tmpfs at create and lose at once (it is unmounted
+            # until start): `no_copy`, and it is copied onto it once started (`seed`). So the disk budget stays
+            # the bound and the image's files stay visible (a plain volume would show them, bounded by nothing).
             options = f"size={engine['disk']},mode=0755,uid={SANDBOX_UID},gid={SANDBOX_UID}"
             driver = docker.types.DriverConfig("local", {"type": "tmpfs", "device": "tmpfs", "o": options})
-            kwargs["mounts"] = [docker.types.Mount(PATHS.workdir, None, type="volume", driver_config=driver)]
+            seeded = _claimed(spec, layout)
+            kwargs["mounts"] = [docker.types.Mount(path, None, type="volume", driver_config=driver,
+                                                   **({"no_copy": True} if path in seeded else {}))
+                                for path in (layout.paths.workdir, *layout.roots)]
         # The low-level API: `containers.create` would inspect the new container (one more round trip).
         api = self.client().api
         try:
@@ -253,7 +292,7 @@ class DockerBackend(SandboxBackend):
                 raise
             # overlay2 over xfs without project quotas: the workdir's tmpfs instead, from now on.
             self._sized = False
-            return self._create_container(spec, transport)
+            return self._create_container(spec, transport, layout)
 
     async def reap_orphans(self) -> int:
         """Remove labelled containers whose owning server (on this host) is gone, with their host dirs."""
@@ -263,6 +302,12 @@ class DockerBackend(SandboxBackend):
         client, self._client = self._client, None
         if client is not None:
             await asyncio.to_thread(client.close)
+
+
+def _claimed(spec: SandboxSpec, layout: SandboxLayout) -> tuple[str, ...]:
+    """The mounts over directories the image may hold: the spec's workdir (`/workspace`, the backend's own, is
+    never an image's) and the task's further roots."""
+    return (*([layout.paths.workdir] if spec.workdir is not None else []), *layout.roots)
 
 
 def _create(api: Any, kwargs: dict[str, Any]) -> str:

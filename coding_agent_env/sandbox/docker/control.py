@@ -25,7 +25,7 @@ from typing import Any
 from coding_agent_env.errors import SandboxError
 from coding_agent_env.sandbox.docker.engine import call
 from coding_agent_env.sandbox.docker.hostdir import HostDir
-from coding_agent_env.sandbox.docker.layout import LAYOUT, RELAY_SOCKET, sandbox_dirs, sandbox_links
+from coding_agent_env.sandbox.docker.layout import LAYOUT, RELAY_SOCKET, SandboxLayout
 from coding_agent_env.sandbox.docker.reaper import LABEL_HOSTDIR
 from coding_agent_env.sandbox.docker.transport import ContainerSpec, DockerTransport
 from coding_agent_env.sandbox.launcher.client import OutputCap
@@ -63,12 +63,14 @@ class ControlChannel(DockerTransport):
         """A channel on `sock` (non-blocking, SOCK_SEQPACKET), connected to a PID 1 that said it is ready."""
         return cls(sock=sock)
 
-    def container_spec(self, forward_port: int | None) -> ContainerSpec:
+    def container_spec(self, forward_port: int | None, layout: SandboxLayout) -> ContainerSpec:
         assert self._host is not None
         # -I -S: PID 1's start-up is on every create's path; it needs neither site nor PYTHON* variables.
-        command = [LAYOUT.python, "-I", "-S", LAYOUT.launcher, "init", "--dirs", sandbox_dirs(),
-                   "--links", sandbox_links(),
-                   "--ctl", f"{LAYOUT.code_dir}/{HostDir.SOCKET}"]
+        command = [LAYOUT.python, "-I", "-S", LAYOUT.launcher, "init", "--dirs", layout.dirs()]
+        links = layout.links_arg()
+        if links is not None:
+            command += ["--links", links]
+        command += ["--ctl", f"{LAYOUT.code_dir}/{HostDir.SOCKET}"]
         if forward_port is not None:
             command += ["--forward-socket", RELAY_SOCKET, "--forward-port", str(forward_port)]
         # One read-only mount: the code, and the control listener (connecting needs no writable mount).

@@ -1,7 +1,7 @@
 """The engine-exec transport: each command is a Docker exec (`exec_create`/`exec_start`/`exec_inspect`).
 
 For any daemon, also one that does not share this host's filesystem: the machinery is copied in with
-`put_archive` before the container starts (`layout.machinery_tar`), and under network `llm` the forwarder is
+`put_archive` before the container starts (`SandboxLayout.machinery_tar`), and under network `llm` the forwarder is
 started by an exec. The environment travels in the exec API's `environment`, never in an argv; a launcher
 status file is read back through the archive API.
 """
@@ -18,7 +18,7 @@ import requests.exceptions
 from coding_agent_env.errors import SandboxError, SandboxFileNotFoundError, SandboxFileNotRegularError
 from coding_agent_env.sandbox.docker.archive import Archive
 from coding_agent_env.sandbox.docker.engine import call, close_attach_socket
-from coding_agent_env.sandbox.docker.layout import LAYOUT, RELAY_SOCKET, machinery_tar
+from coding_agent_env.sandbox.docker.layout import DEFAULT, LAYOUT, RELAY_SOCKET, SandboxLayout
 from coding_agent_env.sandbox.docker.transport import ContainerSpec, DockerTransport
 from coding_agent_env.sandbox.launcher.client import OutputCap
 from coding_agent_env.sandbox.launcher.transport import Ran
@@ -40,13 +40,15 @@ class EngineExec(DockerTransport):
         self._api: Any = None
         self._id = ""
         self._archive: Archive | None = None
+        self._layout = DEFAULT
 
-    def container_spec(self, forward_port: int | None) -> ContainerSpec:
+    def container_spec(self, forward_port: int | None, layout: SandboxLayout) -> ContainerSpec:
+        self._layout = layout
         return ContainerSpec(LAYOUT.launcher_argv("init"))
 
     async def boot(self, api: Any, container_id: str, forward_port: int | None) -> None:
         self._api, self._id, self._archive = api, container_id, Archive(api, container_id)
-        await self._archive.put("/", machinery_tar(), what="prepare container")
+        await self._archive.put("/", self._layout.machinery_tar(), what="prepare container")
         await call("start container", api.start, container_id)
         if forward_port is not None:
             await self._start_forwarder(forward_port)

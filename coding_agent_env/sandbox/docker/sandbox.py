@@ -30,10 +30,9 @@ from coding_agent_env.sandbox.cgroups import limit_hits_of_pid
 from coding_agent_env.sandbox.docker import tar
 from coding_agent_env.sandbox.docker.archive import Archive
 from coding_agent_env.sandbox.docker.engine import call
-from coding_agent_env.sandbox.docker.layout import AGENTS_DIR, LAYOUT, PATHS
+from coding_agent_env.sandbox.docker.layout import AGENTS_DIR, LAYOUT, SandboxLayout
 from coding_agent_env.sandbox.docker.transport import DockerTransport
 from coding_agent_env.sandbox.highwater import HIGH_WATER, Mark
-from coding_agent_env.sandbox.launcher import client
 from coding_agent_env.sandbox.launcher.client import SANDBOX_UID
 from coding_agent_env.sandbox.launcher.sandbox import LauncherProcess, LauncherSandbox
 
@@ -44,9 +43,10 @@ _FULL_SLACK = 64 * 1024
 
 
 class DockerSandbox(LauncherSandbox):
-    """Container `container_id` on the daemon of `api` (a `docker.APIClient`), made for `spec`; commands run
-    as uid 1000 through `transport`. `limits`: the container's own (`memory`, `pids`, `nano_cpus`) and the
-    rlimits the launcher sets."""
+    """Container `container_id` on the daemon of `api` (a `docker.APIClient`), made for `spec` with its
+    directories where `layout` says (default: where `spec` asks); commands run as uid 1000 through `transport`
+    (or, with `spec.users`, as the user they name). `limits`: the container's own (`memory`, `pids`,
+    `nano_cpus`) and the rlimits the launcher sets."""
 
     backend = "docker"
     isolation = "docker"
@@ -58,6 +58,7 @@ class DockerSandbox(LauncherSandbox):
         *,
         api: Any,
         spec: SandboxSpec,
+        layout: SandboxLayout | None = None,
         rlimits: Mapping[str, int],
         container_limits: Mapping[str, int],
         timeouts: LauncherTimeouts,
@@ -65,7 +66,9 @@ class DockerSandbox(LauncherSandbox):
         scopes: Mapping[str, str] | None = None,
         engine_here: bool = False,
     ) -> None:
-        super().__init__(transport, LAYOUT, PATHS, timeouts=timeouts, rlimits=rlimits, command_uid=SANDBOX_UID)
+        layout = layout if layout is not None else SandboxLayout.of(spec)
+        super().__init__(transport, LAYOUT, layout.paths, timeouts=timeouts, rlimits=rlimits, command_uid=SANDBOX_UID,
+                         writable_roots=layout.roots, users=spec.users)
         self._docker = transport
         self._api = api
         self._archive = Archive(api, container_id)
@@ -111,11 +114,10 @@ class DockerSandbox(LauncherSandbox):
             hits.append(f"disk quota exceeded: the sandbox's disk budget of {disk >> 20} MB")
         return hits
 
-    @staticmethod
-    def _workdir_full(pid: int) -> bool:
+    def _workdir_full(self, pid: int) -> bool:
         try:
             # The container's own view of its workdir, from this host: its tmpfs (or its sized layer).
-            st = os.statvfs(f"/proc/{pid}/root{PATHS.workdir}")
+            st = os.statvfs(f"/proc/{pid}/root{self.paths.workdir}")
         except OSError:
             return False
         return st.f_bavail * st.f_frsize < _FULL_SLACK
@@ -153,23 +155,31 @@ class DockerSandbox(LauncherSandbox):
             except SandboxError:
                 return None
             if pid > 0 and self._mark is None:
-                self._mark = HIGH_WATER.mark(Path(f"/proc/{pid}/root{PATHS.workdir}"), _FULL_SLACK)
+                self._mark = HIGH_WATER.mark(Path(f"/proc/{pid}/root{self.paths.workdir}"), _FULL_SLACK)
         return self._mark
 
     async def start(self) -> None:
         """Start the container; ready once its directories exist (and the forwarder listens under `llm`)."""
         await self._docker.boot(self._api, self.id, self._forward_port)
 
+    async def own_dirs(self, paths: tuple[str, ...]) -> None:
+        """Give `paths` back to the sandbox user (owner, mode 0755): mounts the image's content was copied onto,
+        whose own directory entry came with the image's owner and mode."""
+        argv = self.layout.launcher_argv("dirs", SandboxLayout.owned_dirs(paths))
+        code, _, err = await self.run_machinery(argv, privileged=True)
+        if code != 0:
+            raise SandboxError(f"cannot prepare {', '.join(paths)}: {err.decode(errors='replace')[-300:]}")
+
     async def read_bytes(self, path: str, *, max_bytes: int | None = None, tail: bool = False) -> bytes:
         self._check_open()
-        _, full = client.confine(self.paths, path)
+        _, full = self.confine(path)
         try:
             data, stat = await self._archive.read(full, read_cap(max_bytes), tail)
         except SandboxFileNotFoundError as exc:
             raise SandboxFileNotFoundError(f"no such file in the sandbox: {path!r}") from exc
         if data is None:
             target = stat.get("linkTarget")
-            if target and not client.inside(self.paths, target):
+            if target and not self.inside(target):
                 raise SandboxFileError(f"{path!r} resolves outside the sandbox")
             kind = "a symlink, not followed" if target else "not a file"
             raise SandboxFileNotRegularError(f"{path!r} is not a regular file ({kind})")
@@ -177,7 +187,7 @@ class DockerSandbox(LauncherSandbox):
 
     async def write_bytes(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
         self._check_open()
-        root, full = client.confine(self.paths, path)
+        root, full = self.confine(path)
         rel = tar.split_root(root, full)
         if not rel:
             raise SandboxFileError(f"cannot write over the directory {path!r}")
@@ -185,7 +195,7 @@ class DockerSandbox(LauncherSandbox):
 
     async def mkdir(self, path: str) -> None:
         self._check_open()
-        root, full = client.confine(self.paths, path)
+        root, full = self.confine(path)
         rel = tar.split_root(root, full)
         if rel:
             await self._archive.put(root, tar.dir_entries_tar([rel], SANDBOX_UID), what=f"mkdir {path!r}")

@@ -1,16 +1,20 @@
 """`DockerTransport`: how commands reach a container's launcher, chosen once per backend (`control`, `exec`).
 
 A Docker transport is made before its container: it says how the container's PID 1 starts and what it mounts
-(`container_spec`), then starts the container and returns once the sandbox is ready (`boot`).
+(`container_spec`, for the sandbox's `SandboxLayout`), then starts the container and returns once the sandbox
+is ready (`boot`).
 """
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coding_agent_env.sandbox.launcher.transport import Transport
+
+if TYPE_CHECKING:
+    from coding_agent_env.sandbox.docker.layout import SandboxLayout
 
 __all__ = ["ContainerSpec", "DockerTransport"]
 
@@ -26,8 +30,9 @@ class ContainerSpec:
 
 class DockerTransport(Transport):
     @abc.abstractmethod
-    def container_spec(self, forward_port: int | None) -> ContainerSpec:
-        """PID 1 and mounts; with `forward_port`, the LLM forwarder must listen there (network `llm`)."""
+    def container_spec(self, forward_port: int | None, layout: SandboxLayout) -> ContainerSpec:
+        """PID 1 and mounts for a sandbox laid out as `layout` (its directories made before `boot` returns);
+        with `forward_port`, the LLM forwarder must listen there (network `llm`)."""
 
     @abc.abstractmethod
     async def boot(self, api: Any, container_id: str, forward_port: int | None) -> None:

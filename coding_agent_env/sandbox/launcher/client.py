@@ -123,11 +123,13 @@ def run_argv(
     env_args: Sequence[str],
     fresh: bool = False,
     uid: int | None = SANDBOX_UID,
+    user: str | None = None,
     limits: Sequence[str] = (),
     log_path: str | None = None,
 ) -> list[str]:
     """The launcher's `run` argv for one command. `env_args` say where its environment comes from
-    (`--env-keys K1,K2` or `--env-file F`): variable *names* or a path, never values."""
+    (`--env-keys K1,K2` or `--env-file F`): variable *names* or a path, never values. `user` (a name or uid,
+    resolved inside the sandbox: `--user`) instead of `uid`: who the command runs as."""
     if not argv:
         raise SandboxError("empty argv")
     args = ["--token", token, "--run-dir", layout.run_dir, "--cwd", cwd]
@@ -136,7 +138,9 @@ def run_argv(
     args += env_args
     if fresh:
         args += ["--fresh-base", layout.fresh_dir]
-    if uid is not None:
+    if user is not None:
+        args += ["--user", user]
+    elif uid is not None:
         args += ["--uid", str(uid)]
     if log_path is not None:
         args += ["--log", log_path]
@@ -159,23 +163,26 @@ def parse_status(raw: bytes) -> tuple[int, bool]:
     raise SandboxError(f"malformed launcher status: {raw[:100]!r}")
 
 
-def roots(paths: SandboxPaths) -> tuple[str, ...]:
-    return (paths.workdir, paths.home, paths.tmp, paths.logs)
+def roots(paths: SandboxPaths, extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """The sandbox's writable roots: its own (`paths`), then the task's further ones (`extra`:
+    `SandboxSpec.writable_roots`)."""
+    return (paths.workdir, paths.home, paths.tmp, paths.logs, *extra)
 
 
-def confine(paths: SandboxPaths, path: str) -> tuple[str, str]:
-    """(root, absolute normalised path) for a sandbox path; `SandboxFileError` outside the writable roots."""
+def confine(paths: SandboxPaths, path: str, extra: Sequence[str] = ()) -> tuple[str, str]:
+    """(root, absolute normalised path) for a sandbox path; `SandboxFileError` outside the writable roots
+    (`roots(paths, extra)`)."""
     if "\x00" in path:
         raise SandboxFileError("path contains a NUL byte")
     full = posixpath.normpath(path if path.startswith("/") else posixpath.join(paths.workdir, path))
-    for root in sorted(roots(paths), key=len, reverse=True):
+    for root in sorted(roots(paths, extra), key=len, reverse=True):
         if full == root or full.startswith(root + "/"):
             return root, full
     raise SandboxFileError(f"{path!r} is outside the sandbox's writable directories")
 
 
-def inside(paths: SandboxPaths, real: str) -> bool:
-    return any(real == root or real.startswith(root + "/") for root in roots(paths))
+def inside(paths: SandboxPaths, real: str, extra: Sequence[str] = ()) -> bool:
+    return any(real == root or real.startswith(root + "/") for root in roots(paths, extra))
 
 
 class OutputCap:

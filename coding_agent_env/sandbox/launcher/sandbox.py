@@ -20,7 +20,8 @@ from types import MappingProxyType
 from typing import Self
 
 from coding_agent_env.settings.backends import LauncherTimeouts
-from coding_agent_env.errors import SandboxError, SandboxFileError, SandboxFileNotFoundError
+from coding_agent_env.errors import SandboxError, SandboxFileError, SandboxFileNotFoundError, SandboxUnsupportedError
+from coding_agent_env.models.task import check_user
 from coding_agent_env.sandbox.base import ExecResult, FileEntry, Process, Sandbox, SandboxPaths, scopes
 from coding_agent_env.sandbox.launcher import client
 from coding_agent_env.sandbox.launcher.client import InnerLayout, OutputCap
@@ -36,7 +37,9 @@ _MACHINERY_ERR = 64 * 1024
 
 class LauncherSandbox(Sandbox):
     """See the module docstring. `command_uid`: the uid commands run as (None: the engine's own user);
-    `rlimits`: set by the launcher on every command."""
+    `rlimits`: set by the launcher on every command; `writable_roots`: the task's further roots, where file
+    operations are allowed too (`SandboxSpec.writable_roots`); `users`: whether a command may name its user
+    (`SandboxSpec.users`: `exec(user=...)`, resolved by the launcher inside, which must run as root)."""
 
     def __init__(
         self,
@@ -47,6 +50,8 @@ class LauncherSandbox(Sandbox):
         timeouts: LauncherTimeouts,
         rlimits: Mapping[str, int],
         command_uid: int | None,
+        writable_roots: Sequence[str] = (),
+        users: bool = False,
     ) -> None:
         super().__init__()
         self._transport = transport
@@ -56,6 +61,8 @@ class LauncherSandbox(Sandbox):
         self.layout, self.paths = layout, paths
         self._timeouts = timeouts
         self._command_uid = command_uid
+        self.writable_roots = tuple(writable_roots)
+        self._users = users
 
     @property
     def transport(self) -> Transport:
@@ -105,22 +112,43 @@ class LauncherSandbox(Sandbox):
 
     async def _launch_argv(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None,
                            timeout: float | None, *, token: str, fresh: bool = False,
-                           log_path: str | None = None) -> tuple[list[str], Mapping[str, str]]:
+                           log_path: str | None = None, user: str | None = None) -> tuple[list[str], Mapping[str, str]]:
         """(the launcher `run` argv for a command, the environment of that run)."""
+        self._check_user(user)
         full_env = self.base_env() | dict(env or {})
         client.check_env(full_env)
         env_args, run_env = await self._transport.pass_env(token, full_env)
         command = client.run_argv(self.layout, argv, token=token, cwd=cwd or self.paths.workdir, timeout=timeout,
-                                  env_args=env_args, fresh=fresh, uid=self._command_uid, limits=self._rlimit_args,
-                                  log_path=log_path)
+                                  env_args=env_args, fresh=fresh, uid=self._command_uid, user=user,
+                                  limits=self._rlimit_args, log_path=log_path)
         return command, run_env
+
+    def _check_user(self, user: str | None) -> None:
+        """A command's `user` (None: the sandbox's own): refused unless the sandbox was made with users."""
+        if user is None:
+            return
+        if not self._users:
+            raise SandboxUnsupportedError(self.backend, "users",
+                                          f"this sandbox was made without other users; cannot run as {user[:40]!r}")
+        try:
+            check_user(user)
+        except ValueError as exc:
+            raise SandboxError(str(exc)) from None
+
+    def confine(self, path: str) -> tuple[str, str]:
+        """`client.confine` over this sandbox's roots, the task's further ones included."""
+        return client.confine(self.paths, path, self.writable_roots)
+
+    def inside(self, real: str) -> bool:
+        """Whether `real` lies under one of this sandbox's roots, the task's further ones included."""
+        return client.inside(self.paths, real, self.writable_roots)
 
     async def exec(self, argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
                    cwd: str | None = None, fresh: bool = False, max_output_bytes: int,
                    user: str | None = None) -> ExecResult:
         self._check_open()
         token = client.new_token()
-        command, run_env = await self._launch_argv(argv, env, cwd, timeout, token=token, fresh=fresh)
+        command, run_env = await self._launch_argv(argv, env, cwd, timeout, token=token, fresh=fresh, user=user)
         loop = asyncio.get_running_loop()
         started = loop.time()
         out, err = OutputCap(max_output_bytes), OutputCap(max_output_bytes)
@@ -142,9 +170,10 @@ class LauncherSandbox(Sandbox):
     async def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
                     log_path: str | None = None, user: str | None = None) -> Process:
         self._check_open()
-        log = client.confine(self.paths, log_path)[1] if log_path else "/dev/null"
+        self._check_user(user)
+        log = self.confine(log_path)[1] if log_path else "/dev/null"
         token = client.new_token()
-        command, run_env = await self._launch_argv(argv, env, cwd, None, token=token, log_path=log)
+        command, run_env = await self._launch_argv(argv, env, cwd, None, token=token, log_path=log, user=user)
         sink = OutputCap(0)
         started = await self._transport.start(command, env=run_env, uid=None, out=sink, err=sink)
         return LauncherProcess(self, token, asyncio.ensure_future(self._gone_if_closed(started)))
@@ -217,7 +246,7 @@ class LauncherSandbox(Sandbox):
 
     async def remove(self, path: str) -> None:
         self._check_open()
-        root, full = client.confine(self.paths, path)
+        root, full = self.confine(path)
         if full == root:
             raise SandboxFileError(f"refusing to remove the root {path!r}")
         # As root (an agent's mode-000 directory must not make verify's removal fail), through the launcher,
@@ -228,12 +257,12 @@ class LauncherSandbox(Sandbox):
 
     async def list_files(self, path: str, *, max_entries: int) -> tuple[list[FileEntry], bool]:
         self._check_open()
-        _, full = client.confine(self.paths, path)
+        _, full = self.confine(path)
         info = await self.stat(full)
         real = info.get("real")
         if real is None:
             raise SandboxFileNotFoundError(f"no such directory in the sandbox: {path!r}")
-        if not client.inside(self.paths, real) or info.get("kind") != "dir":
+        if not self.inside(real) or info.get("kind") != "dir":
             raise SandboxFileError(f"{path!r} is not a directory inside the sandbox")
         code, out, err = await self.run_machinery(self.layout.launcher_argv("list", real, str(max_entries)))
         if code != 0:

@@ -2,7 +2,9 @@
 
 Its engine is a `RemoteTransport` (run, put a file, get a file); commands, kills and listings come from the
 launcher (`LauncherSandbox`), whose files `install()` copies in. Paths live under a per-sandbox root directory
-in the remote machine: `ROOT/{workspace,home,tmp,logs}` and the launcher's own `ROOT/.machinery`.
+in the remote machine: `ROOT/{workspace,home,tmp,logs}` and the launcher's own `ROOT/.machinery`; commands run
+as the engine's own user. So a task that asks for a directory at an absolute path (its `workdir`, further
+`writable_roots`, `/tests`) or for other users is refused at create (`refuse_layout`), before anything runs.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from coding_agent_env.errors import (
     SandboxFileNotFoundError,
     SandboxFileNotRegularError,
     SandboxUnavailableError,
+    SandboxUnsupportedError,
 )
 from coding_agent_env.sandbox.base import SandboxPaths, SandboxSpec, over_read_cap, read_cap
 from coding_agent_env.sandbox.launcher import client
@@ -26,7 +29,7 @@ from coding_agent_env.sandbox.launcher.inside import fileops
 from coding_agent_env.sandbox.launcher.sandbox import LauncherSandbox
 from coding_agent_env.sandbox.launcher.transport import Transport
 
-__all__ = ["RemoteSandbox", "RemoteTransport", "check_public_relay", "llm_refusal", "remote_layout"]
+__all__ = ["RemoteSandbox", "RemoteTransport", "check_public_relay", "llm_refusal", "refuse_layout", "remote_layout"]
 
 
 class RemoteTransport(Transport):
@@ -41,6 +44,22 @@ def remote_layout(root: str) -> tuple[SandboxPaths, InnerLayout]:
     """The sandbox paths and the launcher's machinery under `root`."""
     paths = SandboxPaths(workdir=f"{root}/workspace", home=f"{root}/home", tmp=f"{root}/tmp", logs=f"{root}/logs")
     return paths, InnerLayout(base=f"{root}/.machinery")
+
+
+def refuse_layout(spec: SandboxSpec, backend: str) -> None:
+    """`SandboxUnsupportedError` naming what of `spec` a remote sandbox cannot honour: its paths are under a root
+    directory of its own (never `/app`, `/solution` or `/tests` themselves), and its commands run as the
+    engine's own unprivileged user (no root, no other users)."""
+    where = "a remote sandbox's directories are under its own root directory"
+    if spec.workdir is not None:
+        raise SandboxUnsupportedError(backend, "workdir", f"{where}, not at {spec.workdir!r}")
+    if spec.writable_roots:
+        raise SandboxUnsupportedError(backend, "writable_roots", f"{where}, not at {', '.join(spec.writable_roots)}")
+    if spec.tests:
+        raise SandboxUnsupportedError(backend, "tests", f"{where}: it cannot show hidden tests at /tests")
+    if spec.users:
+        raise SandboxUnsupportedError(backend, "users", "its commands run as the engine's own unprivileged user, "
+                                                        "never as root or another user")
 
 
 def llm_refusal(config: HfConfig | E2bConfig, backend: str, network: str) -> str | None:

@@ -29,7 +29,13 @@ from coding_agent_env.errors import SandboxError, SandboxFileNotFoundError, Sand
 from coding_agent_env.sandbox.base import BackendStatus, Sandbox, SandboxBackend, SandboxLimits, SandboxSpec, rlimits
 from coding_agent_env.sandbox.launcher.client import OutputCap
 from coding_agent_env.sandbox.launcher.transport import Ran
-from coding_agent_env.sandbox.remote.base import RemoteSandbox, RemoteTransport, check_public_relay, llm_refusal
+from coding_agent_env.sandbox.remote.base import (
+    RemoteSandbox,
+    RemoteTransport,
+    check_public_relay,
+    llm_refusal,
+    refuse_layout,
+)
 from coding_agent_env.settings import Settings
 
 __all__ = ["E2bBackend", "E2bEngine"]
@@ -68,6 +74,7 @@ class E2bBackend(SandboxBackend):
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         c, s = self._config, self._settings
+        refuse_layout(spec, self.name)
         public = check_public_relay(spec, c, self.name)
         if spec.network == "host" and not s.sandbox_allow_host_network:
             raise SandboxUnavailableError("network policy 'host' is not allowed by this server's operator")

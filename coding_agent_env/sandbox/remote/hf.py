@@ -39,6 +39,7 @@ from coding_agent_env.sandbox.remote.base import (
     RemoteTransport,
     check_public_relay,
     llm_refusal,
+    refuse_layout,
     remote_layout,
 )
 from coding_agent_env.settings import Settings
@@ -93,6 +94,7 @@ class HfBackend(SandboxBackend):
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
         c, s = self._config, self._settings
+        refuse_layout(spec, self.name)
         public = check_public_relay(spec, c, self.name)
         if c.url:
             token = c.token.get_secret_value() if c.token else ""

@@ -29,7 +29,7 @@ def init(argv: list[str], dispatch: Dispatch, launcher: str) -> int:
     error = ""
     try:
         if "dirs" in args:
-            _make_dirs(args["dirs"])
+            make_dirs(args["dirs"])
         if "links" in args:
             _make_links(args["links"])
         if "forward-socket" in args:
@@ -45,7 +45,7 @@ def init(argv: list[str], dispatch: Dispatch, launcher: str) -> int:
     return _serve(args["ctl"], error, dispatch, launcher)
 
 
-def _make_dirs(spec: str) -> None:
+def make_dirs(spec: str) -> None:
     """`PATH:UID:OCTAL_MODE,...` (our own paths: no `,` or `:` in them)."""
     for item in spec.split(","):
         path, uid, mode = item.split(":")

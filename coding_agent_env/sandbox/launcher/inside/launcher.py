@@ -5,14 +5,17 @@ Standard library only and importing nothing from this package: backends copy thi
 `treeops.py` to remove trees) into one
 directory of the sandbox and run it as `python3 launcher.py MODE ...`. Modes:
 
-- `run --token T --run-dir D [--timeout S] [--cwd C] [--uid U] [--env-keys K1,K2 | --env-file F]
-  [--fresh-base B] [--rlimit NAME=V ...] [--log F] -- ARGV...`: becomes a child subreaper (so nothing the
+- `run --token T --run-dir D [--timeout S] [--cwd C] [--uid U | --user NAME] [--env-keys K1,K2 |
+  --env-file F] [--fresh-base B] [--rlimit NAME=V ...] [--log F] -- ARGV...`: becomes a child subreaper (so nothing the
   command forks can escape to PID 1, not even through `setsid`), starts ARGV in its own session with exactly
   the given environment (from the listed variables of its own environment, or from a JSON file it deletes
   after reading), waits up to the timeout, then SIGKILLs every descendant still alive. It exits with the
   command's code; when the command died of a signal or timed out it exits 128+signal and leaves
   `D/T.status` (JSON `{"signal": N, "timed_out": bool}`) for the backend to read. SIGTERM to the launcher
-  kills the tree the same way. Its pid is kept in `D/T.pid` while it runs.
+  kills the tree the same way. Its pid is kept in `D/T.pid` while it runs. The command runs as `--uid U`
+  (group U, no other groups), or as `--user NAME` (a name or uid looked up in the sandbox's own user
+  database, with its groups; an unknown name: exit 127), or as the launcher's own user; root keeps the
+  capabilities the sandbox gives its root, any other uid has none.
 - `kill --token T --run-dir D`: SIGTERM that launcher and wait (bounded) until it is gone; a launcher
   that has not started yet exits as soon as it does.
 - `killall --run-dir D`: the same for every launcher that has a pid file in D.
@@ -40,6 +43,8 @@ directory of the sandbox and run it as `python3 launcher.py MODE ...`. Modes:
 - `read PATH MAX head|tail`: at most MAX bytes of the regular file PATH, base64-encoded on stdout.
 - `prepare PATH ROOT [--uid U]`: make PATH's parents below ROOT real directories (owned by U), unlink a
   symlink at PATH.
+- `dirs SPEC`: make directories as `init --dirs` does (`PATH:UID:OCTAL_MODE,...`), and set their owner and
+  mode when they exist (a mount's root after the image's content was copied onto it).
 """
 
 from __future__ import annotations
@@ -78,6 +83,9 @@ def main(argv: list[str]) -> int:
         return fileops.remove(rest[0], rest[1])
     if mode == "read":
         return fileops.read_slice(rest[0], int(rest[1]), rest[2])
+    if mode == "dirs":
+        initd.make_dirs(rest[0])
+        return 0
     if mode == "prepare":
         args, _, _ = procs.parse(rest[2:])
         return fileops.prepare(rest[0], rest[1], int(args["uid"]) if "uid" in args else None)

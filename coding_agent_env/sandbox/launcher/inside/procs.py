@@ -80,14 +80,37 @@ def _child_env(args: dict[str, str]) -> dict[str, str]:
     return {k: os.environ[k] for k in keys if k in os.environ}
 
 
-def _fresh_dir(args: dict[str, str], uid: int | None) -> str | None:
+def identity(args: dict[str, str]) -> tuple[int, int, list[int]] | None:
+    """(uid, gid, supplementary groups) the command runs as: `--user` (a name, or a uid, looked up in this
+    sandbox's own user database: its group and supplementary groups; a uid it does not know runs with its own
+    number as group and no others), else `--uid` (that uid and group, no others), else None (as this launcher:
+    root). `LookupError` for a name the sandbox does not know. Root stays root, with the capabilities the
+    sandbox gives its root; any other uid gets none (the kernel drops them at setuid)."""
+    if "user" in args:
+        import pwd  # only a run with --user needs it
+
+        name = args["user"]
+        try:
+            entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
+        except KeyError:
+            if not name.isdigit():
+                raise LookupError(f"no user {name!r} in this sandbox") from None
+            return int(name), int(name), []
+        return entry.pw_uid, entry.pw_gid, os.getgrouplist(entry.pw_name, entry.pw_gid)
+    if "uid" in args:
+        uid = int(args["uid"])
+        return uid, uid, []
+    return None
+
+
+def _fresh_dir(args: dict[str, str], ident: tuple[int, int, list[int]] | None) -> str | None:
     base = args.get("fresh-base")
     if base is None:
         return None
     path = os.path.join(base, os.urandom(8).hex())
     os.mkdir(path, 0o700)
-    if uid is not None:
-        os.chown(path, uid, uid)
+    if ident is not None:
+        os.chown(path, ident[0], ident[1])
     return path
 
 
@@ -98,7 +121,8 @@ def default_signals() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
-def _exec_child(argv: list[str], env: dict[str, str], args: dict[str, str], uid: int | None, rlimits: list[str]) -> None:
+def _exec_child(argv: list[str], env: dict[str, str], args: dict[str, str],
+                ident: tuple[int, int, list[int]] | None, rlimits: list[str]) -> None:
     """In the forked child: never returns."""
     try:
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
@@ -111,10 +135,10 @@ def _exec_child(argv: list[str], env: dict[str, str], args: dict[str, str], uid:
         for item in rlimits:
             name, _, value = item.partition("=")
             resource.setrlimit(_RLIMITS[name], (int(value), int(value)))
-        if uid is not None:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
+        if ident is not None:
+            os.setgroups(ident[2])
+            os.setgid(ident[1])
+            os.setuid(ident[0])
         os.chdir(args.get("cwd", "/"))
         os.execvpe(argv[0], argv, env)
     except OSError as exc:
@@ -138,13 +162,17 @@ def parse(argv: list[str]) -> tuple[dict[str, str], list[str], list[str]]:
 
 def run(argv: list[str]) -> int:
     args, rlimits, command = parse(argv)
-    uid = int(args["uid"]) if "uid" in args else None
+    try:
+        ident = identity(args)
+    except LookupError as exc:
+        os.write(2, f"cannot run {command[0] if command else ''!r}: {exc}\n".encode())
+        return 127
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD, signal.SIGTERM})
     import ctypes  # only this mode needs it
 
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     env = _child_env(args)
-    fresh = _fresh_dir(args, uid)
+    fresh = _fresh_dir(args, ident)
     if fresh is not None:
         env["HOME"] = env["TMPDIR"] = fresh
     pid_file = os.path.join(args["run-dir"], args["token"] + ".pid")
@@ -157,7 +185,7 @@ def run(argv: list[str]) -> int:
     else:
         child = os.fork()
         if child == 0:
-            _exec_child(command, env, args, uid, rlimits)
+            _exec_child(command, env, args, ident, rlimits)
         deadline = time.monotonic() + float(args.get("timeout", "inf"))
         status, timed_out = _wait_for(child, deadline)
     _kill_tree()
