@@ -40,8 +40,10 @@ async def run_solution(ctx: AgentContext, solution: list[str], files: Mapping[st
     with the task's `solution_env`; its exit status."""
     sandbox, shell, env = ctx.sandbox, ctx.sandbox.shell, dict(ctx.request.solution_env)
     if files:
-        await sandbox.remove(SOLUTION_ROOT)
-        await sandbox.mkdir(SOLUTION_ROOT)
+        entries, _ = await sandbox.list_files(SOLUTION_ROOT, max_entries=len(files) * 4 + 64)
+        for entry in entries:  # the step before's solution, if any: the root itself is the sandbox's to keep
+            if "/" not in entry.path:
+                await sandbox.remove(f"{SOLUTION_ROOT}/{entry.path}")
         for path, text in files.items():
             await sandbox.write_text(f"{SOLUTION_ROOT}/{path}", text, mode=0o755 if path.endswith(".sh") else 0o644)
     if len(solution) == 1:

@@ -12,14 +12,16 @@ import sys
 import tarfile
 from typing import Any
 
-IMAGE = "coding-agent-env-test:1"
+IMAGE = "coding-agent-env-test:2"
+"""Its tag changes with its files (2: `nobody` and `nogroup`, which a Harbor verifier may switch to)."""
 HOST_BINDS = ("/usr",)
 
 _LINKS = {"bin": "usr/bin", "sbin": "usr/sbin", "lib": "usr/lib", "lib64": "usr/lib64"}
 _DIRS = {"usr": 0o755, "etc": 0o755, "tmp": 0o1777, "proc": 0o755, "dev": 0o755, "sys": 0o755, "run": 0o755}
 _FILES = {
-    "etc/passwd": "root:x:0:0:root:/root:/bin/bash\nsandbox:x:1000:1000:sandbox:/home/sandbox:/bin/bash\n",
-    "etc/group": "root:x:0:\nsandbox:x:1000:\n",
+    "etc/passwd": "root:x:0:0:root:/root:/bin/bash\nsandbox:x:1000:1000:sandbox:/home/sandbox:/bin/bash\n"
+                  "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+    "etc/group": "root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n",
     "etc/hosts": "127.0.0.1 localhost\n",
 }
 

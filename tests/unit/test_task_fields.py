@@ -95,3 +95,19 @@ def test_the_task_reward_is_the_mean_of_verified_steps_or_the_final_one() -> Non
     named = [done("a", 1.0, {"x": 1.0, "y": 1.0}), done("b", 0.5, {"x": 0.0})]
     assert step_rewards(named, "mean") == {"x": 0.5, "y": 0.5}
     assert step_rewards(named, "final") == {"x": 0.0}
+
+
+def test_only_the_oracle_gets_a_solution_root_and_only_hidden_tests_get_tests() -> None:
+    """`/solution` is made for the oracle alone (no other agent's sandbox has it); `/tests` only for a task
+    whose hidden tests go there; users only when the task names one."""
+    from coding_agent_env.sandbox.base import SandboxSpec
+    from coding_agent_env.workspace.lifecycle import task_spec
+
+    harbor = task(workdir="/app", solution_files={"solve.sh": "x"}, verify_files_root="/tests",
+                  outside_files={"/queries/q.txt": "1"}, verify_user="root")
+    base = SandboxSpec(rollout_id="r")
+    oracle, other = task_spec(harbor, base, solution=True), task_spec(harbor, base)
+    assert oracle.writable_roots == ("/queries", "/solution") and other.writable_roots == ("/queries",)
+    assert (other.workdir, other.tests, other.users) == ("/app", True, True)
+    plain = task_spec(task(), base)
+    assert (plain.workdir, plain.writable_roots, plain.tests, plain.users) == (None, (), False, False)
