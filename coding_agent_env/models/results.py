@@ -11,7 +11,7 @@ import math
 from enum import Enum
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from coding_agent_env.models.turns import TrainingData, Turn
 from coding_agent_env.models.common import Mode, WireModel
@@ -150,6 +150,18 @@ class WorkspaceReport(WireModel):
     reward_note: str | None = Field(
         default=None, description="Why the reward is what it is when not obvious (e.g. a reward file was ignored)."
     )
+    rewards: dict[str, float] | None = Field(
+        default=None,
+        description="Every named metric of the `reward.json` verify wrote (Harbor's multi-metric reward: a JSON "
+        "object of metric name -> finite number), as written; null when the reward came from no reward.json (a "
+        "reward.txt, the verify commands' exit codes) or is null. Where the task requires a reward file "
+        "(`reward_file_required`), `reward.json` is read first, then `reward.txt`, and the scalar `reward` is the "
+        "metric the task's `reward_metric` names (missing: 0, noted), else the `reward` metric if present, else "
+        "the single metric if there is only one, else the mean of all the metrics; a metric it is taken from "
+        "outside [0, 1] scores 0 (noted), as a reward.txt outside [0, 1] does. Other tasks keep the plain rule "
+        "(a reward file stating one number in [0, 1], else the fraction of verify commands that passed) and carry "
+        "`rewards` only when their reward came from a reward.json object.",
+    )
     verify_context: VerifyContext | None = Field(
         default=None,
         description="Where verify ran: in the agent's own workspace, or in a clean room (a fresh sandbox with the "
@@ -167,6 +179,20 @@ class WorkspaceReport(WireModel):
         if reward is not None and not (math.isfinite(reward) and 0.0 <= reward <= 1.0):
             raise ValueError("reward must be a finite number in [0, 1]")
         return reward
+
+    @field_validator("rewards")
+    @classmethod
+    def _rewards_finite(cls, rewards: dict[str, float] | None) -> dict[str, float] | None:
+        if rewards is not None and not all(math.isfinite(value) for value in rewards.values()):
+            raise ValueError("every metric of rewards must be a finite number")
+        return rewards
+
+    @model_validator(mode="after")
+    def _no_metrics_without_reward(self) -> WorkspaceReport:
+        """A result whose reward is null (an invalid episode, whatever verify wrote) carries no metrics either."""
+        if self.reward is None and self.rewards is not None:
+            self.rewards = None
+        return self
 
 
 class RolloutResult(WorkspaceReport):

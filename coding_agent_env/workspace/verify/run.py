@@ -5,10 +5,10 @@ made anew (so a planted reward file, or a symlink in its place, is gone), then e
 the task-command runner in a fresh context (a new private HOME and /tmp, the standard PATH) with
 `REWARD_FILE` set, under its own timeout. `Hardening` (the default of every task, see `verify_env`) adds
 Python's safe path and no user site, empties the code-injecting variables and drops search-path entries inside
-the sandbox's writable roots, whatever the task's environment says. Afterwards the reward file, if verify wrote
-one and the caller counts it, is read (bounded; `reward.txt`, else Harbor's `reward.json` in the same
-directory); one the caller does not count is reported as ignored. Turning it into a reward is `score`'s
-job.
+the sandbox's writable roots, whatever the task's environment says. Afterwards the reward files verify wrote,
+if the caller counts them, are read back (bounded: `reward.txt` and Harbor's `reward.json` in the same
+directory, each as text, or why it could not be read); one the caller does not count is reported as ignored.
+Which file wins and what it is worth is `score`'s job.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from coding_agent_env.errors import SandboxFileError, SandboxFileNotFoundError, SandboxUnavailableError
 from coding_agent_env.models import CommandResult
-from coding_agent_env.workspace.verify.score import reward_from_json
+from coding_agent_env.workspace.verify.score import MAX_REWARD_JSON_CHARS, RewardText, Unreadable
 from coding_agent_env.workspace.commands import CommandRunner
 from coding_agent_env.sandbox.base import STANDARD_PATH, Sandbox
 from coding_agent_env.verify_env import AGENT_WRITABLE_ROOTS, hardened_overlay
@@ -26,14 +26,19 @@ from coding_agent_env.verify_env import AGENT_WRITABLE_ROOTS, hardened_overlay
 __all__ = ["VerifyOutcome", "run_verify", "tests_dir", "verified_env", "verifier_dir"]
 
 _REWARD_READ_BYTES = 4096
+"""Bytes of `reward.txt` read (a number is at most 64 characters: more is refused by `score` anyway)."""
+_REWARD_FILES = ("reward.txt", "reward.json")
 
 
 @dataclass(frozen=True)
 class VerifyOutcome:
     results: list[CommandResult]
-    reward_text: str | None
+    reward_text: RewardText
+    """`reward.txt` as verify left it: its text, why it could not be read (`Unreadable`), or None if absent."""
     reward_problem: str | None = None
-    """Why a reward file that exists could not be read (it is then ignored)."""
+    """Why the reward files are not used at all (the caller does not count them); both are then None."""
+    reward_json: RewardText = None
+    """`reward.json` as verify left it, as `reward_text` is."""
 
 
 def verifier_dir(sandbox: Sandbox) -> str:
@@ -72,10 +77,10 @@ async def run_verify(
     hardened: bool = True,
     uncounted_reward_file: str | None = None,
 ) -> VerifyOutcome:
-    """Run `commands` in order (each one's result to `on_result` as it ends), then read the reward file.
+    """Run `commands` in order (each one's result to `on_result` as it ends), then read the reward files back.
     `env` is added to each command's environment (see `verified_env`). With `uncounted_reward_file` (why a reward
-    file does not count), one verify left is not used: the outcome's `reward_problem` says it was ignored, and
-    why."""
+    file does not count), those verify left are not used: the outcome's `reward_problem` says one was ignored,
+    and why."""
     sandbox = runner.sandbox
     directory = verifier_dir(sandbox)
     await sandbox.remove(directory)
@@ -86,20 +91,25 @@ async def run_verify(
         result = await runner.run(cmd, fresh=True, env=command_env)
         results.append(result)
         on_result(index, result)
-    for name in ("reward.txt", "reward.json"):
-        try:
-            raw = await sandbox.read_bytes(f"{directory}/{name}", max_bytes=_REWARD_READ_BYTES)
-        except SandboxFileNotFoundError:
-            continue
-        except SandboxFileError as exc:
-            return VerifyOutcome(results, None, f"reward file ignored: {exc}")
-        if uncounted_reward_file is not None:
-            return VerifyOutcome(results, None, f"{name} ignored: {uncounted_reward_file}")
-        text = raw.decode("utf-8", "replace")
-        if name == "reward.json":
-            try:
-                text = reward_from_json(text)
-            except ValueError as exc:
-                return VerifyOutcome(results, None, f"reward.json ignored: {exc}")
-        return VerifyOutcome(results, text)
-    return VerifyOutcome(results, None)
+    read = {name: await _read_reward_file(sandbox, f"{directory}/{name}") for name in _REWARD_FILES}
+    if uncounted_reward_file is not None:
+        for name in _REWARD_FILES:
+            if read[name] is not None:
+                return VerifyOutcome(results, None, f"{name} ignored: {uncounted_reward_file}")
+        return VerifyOutcome(results, None)
+    return VerifyOutcome(results, read["reward.txt"], reward_json=read["reward.json"])
+
+
+async def _read_reward_file(sandbox: Sandbox, path: str) -> RewardText:
+    """A reward file's text (bounded; UTF-8 with replacement), `Unreadable` with why, or None when missing.
+    `reward.json` is read one byte past its bound, so a longer one is refused as such, not cut into bad JSON."""
+    limit = MAX_REWARD_JSON_CHARS if path.endswith(".json") else _REWARD_READ_BYTES
+    try:
+        raw = await sandbox.read_bytes(path, max_bytes=limit + 1)
+    except SandboxFileNotFoundError:
+        return None
+    except SandboxFileError as exc:
+        return Unreadable(str(exc))
+    if path.endswith(".json") and len(raw) > limit:
+        return Unreadable(f"longer than {limit} bytes")
+    return raw[:limit].decode("utf-8", "replace")

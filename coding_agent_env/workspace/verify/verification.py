@@ -4,10 +4,11 @@ interactive episodes.
 Where verify runs follows the task (see `cleanroom`): with declared `artifacts`, in a clean room (a fresh
 sandbox of the same backend and image with the task's files, set up again, the artifacts and the hidden
 `verify_files`), closed again shielded; otherwise in the agent's workspace with the `verify_files` written
-over it. `run_verify` clears the reward file first and runs each command in a fresh context, hardened unless
-the task says `verify_hardening: false`; `score` turns the outcome into the reward. In a hardened clean
-room a reward file counts only when the task declares one (`reward_file_required`); otherwise the reward is
-the verify commands' exit codes, which the artifacts cannot forge (see `_reward_file_uncounted`).
+over it. `run_verify` clears the reward files first and runs each command in a fresh context, hardened unless
+the task says `verify_hardening: false`; `score` turns the outcome into the reward (and the named metrics of a
+`reward.json`: `rewards`). In a hardened clean room a reward file counts only when the task declares one
+(`reward_file_required`); otherwise the reward is the verify commands' exit codes, which the artifacts cannot
+forge (see `_reward_file_uncounted`).
 
 `Verification` is filled as verify goes, so a caller whose deadline cuts verify short still reports what ran
 (the context, the artifacts taken, the results so far). A clean room whose setup fails raises
@@ -56,6 +57,9 @@ class Verification:
     results: list[CommandResult] = dataclasses.field(default_factory=list)
     reward: float | None = None
     reward_note: str | None = None
+    rewards: dict[str, float] | None = None
+    """Every named metric of the `reward.json` the reward was read from (`score.Score.rewards`); None when none
+    was. Set with `reward`, once verify's commands have all run."""
     limits_hit: list[str] = dataclasses.field(default_factory=list)
     """Limits the clean room ran into (its own sandbox's; the caller adds its own)."""
 
@@ -139,8 +143,9 @@ async def _run(sandbox: Sandbox, plan: VerifyPlan, out: Verification) -> None:
         plan.runner(sandbox), task.verify, on_result=record, env=plan.env, hardened=task.verify_hardening,
         uncounted_reward_file=_UNCOUNTED if _reward_file_uncounted(task, out) else None,
     )
-    scored = score(outcome.results, outcome.reward_text, file_required=task.reward_file_required)
-    out.reward = scored.reward
+    scored = score(outcome.results, outcome.reward_text, file_required=task.reward_file_required,
+                   reward_json=outcome.reward_json, metric=task.reward_metric)
+    out.reward, out.rewards = scored.reward, scored.rewards
     out.reward_note = _with_hint(outcome.reward_problem or scored.note, task, outcome.results)
     if task.reward_file_required and outcome.reward_problem:
         out.reward = 0.0
