@@ -27,6 +27,7 @@ from coding_agent_env.llm.dialects import Dialect, DialectError, Route, StreamTr
 from coding_agent_env.llm.exchange import Answer, UpstreamBadResponseError, UpstreamRefusal, exchange
 from coding_agent_env.llm.lease import Lease
 from coding_agent_env.llm.inbound import error_in, parse_json_object
+from coding_agent_env.llm.sse import chunks_of
 from coding_agent_env.settings import Settings
 
 __all__ = ["relay_call"]
@@ -93,6 +94,10 @@ class _Chat(Answer):
     def stream(self) -> _ChatStream:
         return _ChatStream(self._call, None, _chat_stream_error)
 
+    def replay(self, completion: dict[str, Any]) -> bytes:
+        events = [f"data: {json.dumps(chunk)}\n\n".encode() for chunk in chunks_of(completion)]
+        return b"".join(events) + b"data: [DONE]\n\n"
+
 
 def _chat_stream_error(message: str) -> bytes:
     event = {"error": {"message": message, "type": "upstream_stream_error", "code": 502}}
@@ -156,6 +161,10 @@ class _Translated(_Chat):
         dialect = self._dialect
         return _ChatStream(self._call, dialect.stream(self._call.body.get("model")),
                            lambda message: dialect.stream_error(dialect.error_body(502, message)))
+
+    def replay(self, completion: dict[str, Any]) -> bytes:
+        translator = self._dialect.stream(self._call.body.get("model"))
+        return b"".join(translator.feed(chunk) for chunk in chunks_of(completion)) + translator.finish()
 
 
 # -- a dialect passed through ----------------------------------------------------------------------------------

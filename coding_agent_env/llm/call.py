@@ -3,6 +3,12 @@
 A `RelayedCall` is made when the relay has an agent's request (as chat completions: the request itself, or its
 translation) and is handed to the lease, whatever happened, once the call is over (`exchange` does that). What
 the exchange learns goes into it: the upstream's status, the answer (fed to `assembler`), the error.
+
+In `transparent_proxy` mode the call's engine (`llm.engines`: the endpoint's, or the one detected for its base
+URL) says what is added to ask for ids and logprobs, and whether a streamed call must go upstream not streamed
+(`buffered`: the engine refuses the combination; the relay streams the answer to the agent). An error answer
+that an engine recognises as its refusal of what the relay added reroutes the call once (`reroute`), in the
+form that engine accepts; `how` says how the call was made when not as the agent asked.
 """
 
 from __future__ import annotations
@@ -10,13 +16,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from coding_agent_env.llm import engines
 from coding_agent_env.llm.capture import TurnAssembler
 from coding_agent_env.llm.lease import Lease, PromptDelta
 from coding_agent_env.llm.rewrite import rewrite_request
-from coding_agent_env.models import Turn
+from coding_agent_env.models import Mode, Turn
 from coding_agent_env.settings import Settings
 
 __all__ = ["RelayedCall"]
+
+_ADDED_FIELDS = ("return_token_ids", "return_prompt_token_ids", "return_meta_info", "top_logprobs", "logprobs",
+                 "stream_options")
+"""Fields the relay may add or change (besides the model and token caps): a refusal naming one is ours."""
 
 
 class RelayedCall:
@@ -29,9 +40,23 @@ class RelayedCall:
         self.lease = lease
         self.settings = settings
         self.prompt: PromptDelta = lease.begin(body.get("messages"), body.get("tools"))
-        self.body = rewrite_request(body, lease.upstream)
+        upstream = lease.upstream
+        self.transparent = upstream.mode is Mode.TRANSPARENT_PROXY and passthrough is None
+        self.engine = engines.engine_for(upstream.base_url, upstream.engine) if self.transparent else engines.GENERIC
+        self._request = body
+        self.body = rewrite_request(body, upstream, self.engine)
         self.stream = self.body.get("stream") is True
-        self.assembler = TurnAssembler()
+        """Whether the agent asked for a stream (and gets one)."""
+        self.buffered = False
+        """Sent upstream not streamed although the agent streams (the engine refuses the streamed form)."""
+        self.how: str | None = None
+        """How the call was made when not as the agent asked (not streamed, rerouted after a refusal)."""
+        self.rerouted: str | None = None
+        """The refusal of what the relay added that made it call again (status: message)."""
+        self.prompt_ids_source: str | None = None
+        """Where the prompt ids came from when not in the engine's answer (e.g. llama.cpp's tokenizer)."""
+        self._buffer_if_refused()
+        self.assembler = self._assembler()
         self.status: int | None = None
         self.error: str | None = None
         self.upstream_error: dict[str, Any] | None = None
@@ -47,9 +72,46 @@ class RelayedCall:
             text = text.replace(self._secret, "[REDACTED]")
         return text
 
+    def _assembler(self) -> TurnAssembler:
+        detect = self.transparent and self.lease.upstream.engine is None
+        return TurnAssembler(self.engine, detect_for=self.lease.upstream.base_url if detect else None)
+
+    def _buffer_if_refused(self) -> None:
+        if self.transparent and self.stream and self.engine.buffers(self.body):
+            self.body["stream"] = False
+            self.body.pop("stream_options", None)
+            self.buffered = True
+            self.how = f"not streamed ({self.engine.name} refuses this request streamed); streamed to the agent by the relay"
+
+    def reroute(self, status: int, message: str) -> bool:
+        """After an error answer: whether it refused what the relay added, and the call was made ready to go
+        again in a form the upstream accepts (once per call; only in transparent_proxy mode)."""
+        if not self.transparent or self.rerouted is not None or status < 400 or status >= 500:
+            return False
+        base_url = self.lease.upstream.base_url
+        engine = engines.refused_by(base_url, status, message)
+        if engine is None:
+            if not any(field in message for field in _ADDED_FIELDS if field not in self._request):
+                return False
+            engine = engines.ENGINES["openai"]  # an API that knows no engine switch: logprobs only
+        body = rewrite_request(self._request, self.lease.upstream, engine)
+        if body == self.body or (engine is self.engine and not self.stream):
+            return False
+        self.rerouted = f"{status}: {message}"[:500]
+        self.engine, self.body, self.buffered, self.how = engine, body, False, None
+        self._buffer_if_refused()
+        self.how = (self.how or "as the agent asked") + f"; again after the upstream refused what the relay added ({self.rerouted})"
+        self.assembler = self._assembler()
+        self.status, self.error, self.upstream_error = None, None, None
+        return True
+
+    def added_refused(self, message: str) -> bool:
+        """Whether an error message names something the relay added (not in the agent's request)."""
+        return self.transparent and any(field in message for field in _ADDED_FIELDS if field not in self._request)
+
     def headers(self) -> dict[str, str]:
         """The headers of the chat-completions request upstream: the server-held key as a bearer token."""
-        accept = "text/event-stream" if self.stream else "application/json"
+        accept = "text/event-stream" if self.stream and not self.buffered else "application/json"
         headers = {"Content-Type": "application/json", "Accept": accept}
         if self._secret is not None:
             headers["Authorization"] = f"Bearer {self._secret}"
@@ -57,9 +119,21 @@ class RelayedCall:
 
     def done(self) -> None:
         """The call is over: keep only the prompt delta (never the whole request) and hand the turn to the lease."""
+        if self.ended is not None:
+            return
         self.ended = time.monotonic()
         self.body = {}
+        self._request = {}
         self.lease.record(self)
+
+    def facts(self) -> dict[str, Any]:
+        """How the call was made, for the turn: the engine, how it was called, where its prompt ids came from."""
+        return {
+            "engine": self.assembler.engine.name if self.transparent and self.assembler.engine is not engines.GENERIC
+            else self.lease.upstream.engine,
+            "upstream_call": self.how,
+            "prompt_ids_source": self.prompt_ids_source or ("engine" if self.assembler.prompt_token_ids else None),
+        }
 
     def turn(self) -> Turn:
         a = self.assembler
@@ -87,4 +161,5 @@ class RelayedCall:
             completion_token_ids=a.sampled_ids(),
             completion_tokens=a.tokens or [],
             per_token_logps=a.logprobs or [],
+            **{name: value for name, value in self.facts().items() if name in Turn.model_fields},
         )

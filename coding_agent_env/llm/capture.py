@@ -3,13 +3,15 @@
 `TurnAssembler` is total: any JSON value may be fed to it and it never raises; fields it cannot find stay
 empty. Streamed chunks and a whole response produce the same message, finish reason, usage, token ids,
 logprobs and token strings (each logprob's `token`, aligned with the logprobs). Only choice 0 is recorded
-(agents ask for one).
+(agents ask for one). Where the token ids are depends on the engine (`llm.engines`): its adapter reads them; with
+`detect_for` (the upstream's base URL) an engine not known yet is learnt from the answer itself.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from coding_agent_env.llm.engines import GENERIC, Engine, detect
 from coding_agent_env.models import ToolCall, TurnMessage, Usage
 
 __all__ = ["TurnAssembler"]
@@ -60,7 +62,9 @@ class _ToolCallParts:
 class TurnAssembler:
     """Accumulates one call's response: `add_chunk` per streamed chunk, or `add_response` once."""
 
-    def __init__(self) -> None:
+    def __init__(self, engine: Engine = GENERIC, detect_for: str | None = None) -> None:
+        self.engine = engine
+        self._detect_for = detect_for if engine is GENERIC else None
         self.model: str | None = None
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
@@ -77,13 +81,17 @@ class TurnAssembler:
         """One `chat.completion.chunk` (its parsed JSON). Written for speed: it runs on every streamed chunk."""
         if type(chunk) is not dict:
             return
-        if "usage" in chunk or "prompt_token_ids" in chunk:
+        if self._detect_for is not None:
+            self._detect(chunk)
+        if "usage" in chunk:
             self._common(chunk)
         model = chunk.get("model")
         if model is not None and model != self.model and isinstance(model, str):
             self.model = model
         choices = chunk.get("choices")
         if not choices or type(choices) is not list:
+            if "prompt_token_ids" in chunk:
+                self._ids(chunk, {})
             return
         choice = choices[0]
         if type(choice) is not dict or choice.get("index", 0) != 0:
@@ -99,8 +107,10 @@ class TurnAssembler:
                 self._text({"reasoning_content": delta.get("reasoning_content"), "reasoning": delta.get("reasoning")})
             if delta.get("tool_calls"):
                 self._tool_deltas(delta["tool_calls"])
-        if choice.get("finish_reason") or choice.get("token_ids") is not None or choice.get("logprobs"):
+        if (choice.get("finish_reason") or choice.get("token_ids") is not None or choice.get("logprobs")
+                or "prompt_token_ids" in chunk):
             self._choice_extras(choice)
+            self._ids(chunk, choice)
 
     def _tool_deltas(self, calls: Any) -> None:
         for position, call in enumerate(_list(calls)):
@@ -112,19 +122,24 @@ class TurnAssembler:
     def add_response(self, response: Any) -> None:
         """A whole `chat.completion` (its parsed JSON)."""
         response = _dict(response)
+        if self._detect_for is not None:
+            self._detect(response)
         self._common(response)
         choice = self._choice(response)
         if choice is None:
+            self._ids(response, {})
             return
         message = _dict(choice.get("message"))
         self._text(message)
         for index, call in enumerate(_list(message.get("tool_calls"))):
             self._tools.setdefault(index, _ToolCallParts()).add(_dict(call))
         self._choice_extras(choice)
+        self._ids(response, choice)
 
     def sampled_ids(self) -> list[int]:
-        """The sampled token ids: the upstream's `token_ids`, else those spelled in its logprob tokens as
-        `token_id:N` (vLLM's `--return-tokens-as-token-ids`), else none."""
+        """The sampled token ids: where the engine put them (vLLM's `token_ids`, llama.cpp's logprob `id`s,
+        SGLang's `meta_info`), else those spelled in its logprob tokens as `token_id:N` (vLLM's
+        `--return-tokens-as-token-ids`), else none."""
         if self._bad_ids:
             return []
         if self.completion_token_ids is not None:
@@ -147,10 +162,28 @@ class TurnAssembler:
         if "usage" in obj and isinstance(obj["usage"], dict):
             usage = obj["usage"]
             self.usage = Usage(**{k: v for k in Usage.model_fields if isinstance(v := usage.get(k), int)})
-        prompt_ids = obj.get("prompt_token_ids")
-        if isinstance(prompt_ids, list):
-            self.prompt_token_ids = _ints(prompt_ids)
+
+    def _detect(self, obj: dict[str, Any]) -> None:
+        assert self._detect_for is not None
+        found = detect(self._detect_for, obj)
+        if found is not None:
+            self.engine = found
+            self._detect_for = None
+
+    def _ids(self, obj: dict[str, Any], choice: dict[str, Any]) -> None:
+        """The ids the engine put in this answer or chunk."""
+        found = self.engine.ids(obj, choice)
+        if found.prompt is not None:
+            self.prompt_token_ids = _ints(found.prompt)
             self._bad_ids = self._bad_ids or self.prompt_token_ids is None
+        if found.completion is not None:
+            if self.completion_token_ids is None:
+                self.completion_token_ids = []
+            ids = _ints(found.completion)
+            if ids is None:
+                self._bad_ids = True
+            else:
+                self.completion_token_ids.extend(ids)
 
     @staticmethod
     def _choice(obj: dict[str, Any]) -> dict[str, Any] | None:
@@ -170,15 +203,6 @@ class TurnAssembler:
 
     def _choice_extras(self, choice: dict[str, Any]) -> None:
         self.finish_reason = _str(choice.get("finish_reason")) or self.finish_reason
-        token_ids = choice.get("token_ids")
-        if isinstance(token_ids, list):
-            if self.completion_token_ids is None:
-                self.completion_token_ids = []
-            ids = _ints(token_ids)
-            if ids is None:
-                self._bad_ids = True
-            else:
-                self.completion_token_ids.extend(ids)
         entries = _list(_dict(choice.get("logprobs")).get("content"))
         if entries:
             if self.logprobs is None:

@@ -10,10 +10,17 @@ is one too. Before anything is streamed the agent gets an error response in its 
 dialect's in-band error event. Streams are passed on chunk by chunk as they arrive (no buffering); the turn is
 assembled on the side from the same bytes. Whatever happens (upstream 4xx/5xx, timeout, unreachable upstream,
 client disconnect, lease closed, cancellation), exactly one `Turn` is recorded and the relay keeps serving.
+
+What the relay adds never breaks an agent: an error answer refusing it (`RelayedCall.reroute`) sends the call
+again in a form the engine accepts, before the agent is told anything; a streamed call the engine refuses
+streamed is sent not streamed (`RelayedCall.buffered`) and its answer streamed to the agent in its dialect
+(`Answer.replay`), with SSE comment keep-alives while the engine works. An engine that returns no prompt ids but
+can tokenize (llama.cpp) is asked for those of the exact request sent, once the answer is in (`_prompt_ids`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from abc import ABC, abstractmethod
@@ -41,6 +48,11 @@ __all__ = [
     "UpstreamUnreachableError",
     "exchange",
 ]
+
+KEEPALIVE_S = 5.0
+"""While a buffered call waits for its engine, an SSE comment goes to the agent this often (the first one starts
+its stream), so its client's read timeout does not fire."""
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
 class UpstreamError(Exception):
@@ -135,6 +147,10 @@ class Answer(ABC):
     def stream(self) -> StreamSide:
         """The side of a streamed answer."""
 
+    def replay(self, completion: dict[str, Any]) -> bytes:
+        """A whole chat completion (already recorded) as the stream the agent asked for, ended."""
+        raise NotImplementedError
+
 
 @asynccontextmanager
 async def _mapped(call: RelayedCall, *, mid_stream: bool) -> AsyncIterator[None]:
@@ -162,27 +178,175 @@ async def exchange(
     timeout = aiohttp.ClientTimeout(
         total=None, connect=settings.relay_connect_timeout_s, sock_read=settings.relay_read_timeout_s
     )
-    # A BytesIO body: aiohttp warns (ResourceWarning) on large raw `bytes` bodies, and long agent conversations
-    # pass 1 MiB.
-    data = io.BytesIO(json.dumps(body, separators=(",", ":")).encode())
+    started: list[web.StreamResponse] = []  # a buffered call's stream to the agent, once begun
     try:
-        async with _mapped(call, mid_stream=False), session.post(
-            url, data=data, headers=headers, timeout=timeout, allow_redirects=False
-        ) as upstream:
-            call.status = upstream.status
-            if upstream.status != 200:
-                return answer.refused(await _refusal(call, upstream))
-            if answer.streams(upstream):
-                return await _stream(request, call, upstream, answer.stream())
-            return await _whole(call, upstream, answer)
+        while True:
+            if call.buffered:
+                response = await _buffered(request, call, session, url, body, headers, answer, timeout, started)
+            else:
+                response = await _direct(request, call, session, url, body, headers, answer, timeout)
+            if response is not None:
+                return response
+            body, headers = call.body, call.headers()  # rerouted: the same call, in a form the upstream accepts
     except UpstreamError as exc:
         call.error = str(exc)
+        if started:
+            return await _fail_in_band(started[0], answer, call)
         return answer.error(exc.status, call.error, exc.kind)
     except BaseException:
         call.error = call.error or ("lease closed" if call.lease.closed else "call cancelled")
         raise
     finally:
         call.done()
+
+
+def _payload(body: dict[str, Any]) -> io.BytesIO:
+    # A BytesIO body: aiohttp warns (ResourceWarning) on large raw `bytes` bodies, and long agent conversations
+    # pass 1 MiB.
+    return io.BytesIO(json.dumps(body, separators=(",", ":")).encode())
+
+
+async def _direct(
+    request: web.Request, call: RelayedCall, session: aiohttp.ClientSession, url: str, body: dict[str, Any],
+    headers: dict[str, str], answer: Answer, timeout: aiohttp.ClientTimeout,
+) -> web.StreamResponse | None:
+    """The call as it goes: the agent's response, or None when it is to go again (rerouted)."""
+    async with _mapped(call, mid_stream=False), session.post(
+        url, data=_payload(body), headers=headers, timeout=timeout, allow_redirects=False
+    ) as upstream:
+        call.status = upstream.status
+        if upstream.status != 200:
+            refusal = await _refusal(call, upstream)
+            if call.reroute(refusal.status, _message(refusal)):
+                return None
+            return answer.refused(refusal)
+        if answer.streams(upstream):
+            return await _stream(request, call, upstream, answer.stream(), session, timeout)
+        response = await _whole(call, upstream, answer)
+    await _prompt_ids(call, session, timeout)
+    return response
+
+
+async def _post_whole(
+    call: RelayedCall, session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str],
+    timeout: aiohttp.ClientTimeout,
+) -> bytes | UpstreamRefusal:
+    async with _mapped(call, mid_stream=False), session.post(
+        url, data=_payload(body), headers=headers, timeout=timeout, allow_redirects=False
+    ) as upstream:
+        call.status = upstream.status
+        if upstream.status != 200:
+            return await _refusal(call, upstream)
+        limit = call.settings.relay_max_response_bytes
+        async with _mapped(call, mid_stream=False):
+            raw = await read_at_most(upstream.content, limit + 1)
+        if len(raw) > limit:
+            raise UpstreamResponseTooLargeError(f"upstream response larger than {limit} bytes")
+        return raw
+
+
+async def _buffered(
+    request: web.Request, call: RelayedCall, session: aiohttp.ClientSession, url: str, body: dict[str, Any],
+    headers: dict[str, str], answer: Answer, timeout: aiohttp.ClientTimeout, started: list[web.StreamResponse],
+) -> web.StreamResponse | None:
+    """A streamed call sent not streamed: keep-alives to the agent while the engine works, then its answer as
+    the agent's stream. None when the call is to go again (rerouted)."""
+    post = asyncio.ensure_future(_post_whole(call, session, url, body, headers, timeout))
+    try:
+        while True:
+            await asyncio.wait({post}, timeout=KEEPALIVE_S)
+            if post.done():
+                break
+            if not started:
+                response = web.StreamResponse(headers=_SSE_HEADERS)
+                await response.prepare(request)
+                started.append(response)
+            await started[0].write(b": keep-alive\n\n")
+    except ConnectionResetError:
+        call.error = "client disconnected"
+        return started[0] if started else web.Response(status=499)
+    finally:
+        if not post.done():
+            post.cancel()
+            await asyncio.gather(post, return_exceptions=True)
+    result = post.result()  # an UpstreamError is the caller's
+    if isinstance(result, UpstreamRefusal):
+        if call.reroute(result.status, _message(result)):
+            return None
+        if not started:
+            return answer.refused(result)
+        return await _fail_in_band(started[0], answer, call)
+    parsed = parse_json_object(result)
+    if parsed is None:
+        raise UpstreamBadResponseError("upstream response is not a JSON object")
+    call.assembler.add_response(parsed)
+    events = answer.replay(parsed)
+    await _prompt_ids(call, session, timeout)  # before the agent has its answer (and may end, closing the lease)
+    if not started:
+        response = web.StreamResponse(headers=_SSE_HEADERS)
+        await response.prepare(request)
+        started.append(response)
+    try:
+        await started[0].write(events)
+        await started[0].write_eof()
+    except ConnectionResetError:
+        call.error = "client disconnected"
+    return started[0]
+
+
+async def _fail_in_band(response: web.StreamResponse, answer: Answer, call: RelayedCall) -> web.StreamResponse:
+    """An error for an agent whose stream has begun (keep-alives): the dialect's in-band error event."""
+    try:
+        await response.write(answer.stream().failed(call.error or "upstream error"))
+        await response.write_eof()
+    except ConnectionResetError:
+        pass
+    return response
+
+
+def _message(refusal: UpstreamRefusal) -> str:
+    detail = refusal.detail
+    message = detail.get("message") if isinstance(detail, dict) else None
+    return message if isinstance(message, str) else refusal.capped
+
+
+async def _prompt_ids(call: RelayedCall, session: aiohttp.ClientSession, timeout: aiohttp.ClientTimeout) -> None:
+    """Prompt ids the engine did not return, obtained from it for the exact request sent (llama.cpp: its chat
+    template, then its tokenizer); kept only when as many as the answer's `usage.prompt_tokens`."""
+    engine = call.assembler.engine
+    if not call.transparent or call.error is not None or call.assembler.prompt_token_ids is not None or not call.body:
+        return
+    asked = engine.prompt_ids_request(call.body)
+    if asked is None:
+        return
+    source = asked.source
+    root = call.lease.upstream.base_url.rstrip("/")
+    root = root[:-3] if root.endswith("/v1") else root
+    body = {k: v for k, v in call.body.items() if k not in ("stream", "stream_options")}
+    headers = {k: v for k, v in call.headers().items() if k != "Accept"}
+    try:
+        async with session.post(root + "/apply-template", data=_payload(body), headers=headers, timeout=timeout,
+                                allow_redirects=False) as reply:
+            prompt = (await reply.json(content_type=None)).get("prompt") if reply.status == 200 else None
+        if not isinstance(prompt, str):
+            call.prompt_ids_source = f"{source}: no prompt from /apply-template"
+            return
+        tokenize = {"content": prompt, "add_special": True, "parse_special": True}
+        async with session.post(root + "/tokenize", data=_payload(tokenize), headers=headers, timeout=timeout,
+                                allow_redirects=False) as reply:
+            tokens = (await reply.json(content_type=None)).get("tokens") if reply.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as exc:
+        call.prompt_ids_source = f"{source}: failed ({type(exc).__name__})"
+        return
+    if not isinstance(tokens, list) or not all(type(t) is int and t >= 0 for t in tokens):
+        call.prompt_ids_source = f"{source}: no tokens from /tokenize"
+        return
+    usage = call.assembler.usage
+    if usage is not None and usage.prompt_tokens is not None and usage.prompt_tokens != len(tokens):
+        call.prompt_ids_source = f"{source}: {len(tokens)} ids for {usage.prompt_tokens} prompt tokens, dropped"
+        return
+    call.assembler.prompt_token_ids = tokens
+    call.prompt_ids_source = source
 
 
 async def _refusal(call: RelayedCall, upstream: aiohttp.ClientResponse) -> UpstreamRefusal:
@@ -205,7 +369,8 @@ async def _whole(call: RelayedCall, upstream: aiohttp.ClientResponse, answer: An
 
 
 async def _stream(
-    request: web.Request, call: RelayedCall, upstream: aiohttp.ClientResponse, side: StreamSide
+    request: web.Request, call: RelayedCall, upstream: aiohttp.ClientResponse, side: StreamSide,
+    session: aiohttp.ClientSession, timeout: aiohttp.ClientTimeout,
 ) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
@@ -231,6 +396,7 @@ async def _stream(
             call.error = side.missing_end
     finally:
         side.record()
+    await _prompt_ids(call, session, timeout)  # before the agent's stream ends (it may end the rollout then)
     delivered = False
     try:
         # Tell the agent in-band (its client raises on the error event) instead of ending cleanly.

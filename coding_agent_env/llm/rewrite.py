@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from coding_agent_env.llm.engines import GENERIC, Engine
 from coding_agent_env.llm.upstream import Upstream
 from coding_agent_env.models import Mode
 
@@ -16,7 +17,7 @@ __all__ = ["rewrite_request"]
 _TOKEN_LIMIT_FIELDS = ("max_tokens", "max_completion_tokens")
 
 
-def rewrite_request(body: dict[str, Any], upstream: Upstream) -> dict[str, Any]:
+def rewrite_request(body: dict[str, Any], upstream: Upstream, engine: Engine = GENERIC) -> dict[str, Any]:
     """Return the body to send upstream (a shallow copy of `body`; `body` itself is not modified).
 
     - `model`: the upstream's model when it has one;
@@ -24,7 +25,8 @@ def rewrite_request(body: dict[str, Any], upstream: Upstream) -> dict[str, Any]:
       `max_tokens` is set to the cap;
     - `disable_thinking`: the endpoint's switch is merged in;
     - streaming: usage is always requested (`stream_options.include_usage`) so streamed turns carry it;
-    - `transparent_proxy`: logprobs (with `top_logprobs`) and, where supported, vLLM's `return_token_ids`.
+    - `transparent_proxy`: what `engine` needs to return logprobs (with `top_logprobs`) and token ids
+      (`llm.engines`: vLLM's `return_token_ids` where supported, SGLang's extensions, llama.cpp's logprobs).
     """
     out = dict(body)
     if upstream.model is not None:
@@ -37,11 +39,7 @@ def rewrite_request(body: dict[str, Any], upstream: Upstream) -> dict[str, Any]:
         options = out.get("stream_options")
         out["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
     if upstream.mode is Mode.TRANSPARENT_PROXY:
-        out["logprobs"] = True
-        if upstream.top_logprobs > 0:
-            out["top_logprobs"] = upstream.top_logprobs
-        if upstream.token_ids:
-            out["return_token_ids"] = True
+        engine.ask(out, top_logprobs=upstream.top_logprobs, token_ids=upstream.token_ids)
     return out
 
 

@@ -1,8 +1,50 @@
-"""Incremental Server-Sent Events parsing: bytes in, `data` payloads out, bounded in memory."""
+"""Incremental Server-Sent Events parsing: bytes in, `data` payloads out, bounded in memory; and a whole chat
+completion cut into the chunks a stream of it would have carried (`chunks_of`)."""
 
 from __future__ import annotations
 
-__all__ = ["SseParser"]
+from typing import Any
+
+__all__ = ["SseParser", "chunks_of"]
+
+
+def chunks_of(completion: dict[str, Any]) -> list[dict[str, Any]]:
+    """The `chat.completion.chunk`s of a whole `chat.completion`, per choice: the role, reasoning, content and
+    tool calls (each whole, with its index), then the finish reason with the choice's logprobs; then the usage
+    (`choices` empty), as OpenAI streams with `include_usage`. What the relay streams to an agent whose call went
+    upstream not streamed."""
+    head: dict[str, Any] = {"id": completion.get("id") or "chatcmpl-relay", "object": "chat.completion.chunk",
+                            "created": completion.get("created") or 0, "model": completion.get("model")}
+    if completion.get("system_fingerprint") is not None:
+        head["system_fingerprint"] = completion["system_fingerprint"]
+    out: list[dict[str, Any]] = []
+
+    def chunk(index: int, delta: dict[str, Any], **extra: Any) -> None:
+        out.append({**head, "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None,
+                                         **extra}]})
+
+    choices = completion.get("choices")
+    for position, choice in enumerate(choices if isinstance(choices, list) else []):
+        if not isinstance(choice, dict):
+            continue
+        index = choice.get("index") if isinstance(choice.get("index"), int) else position
+        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        chunk(index, {"role": "assistant", "content": ""})
+        for name in ("reasoning_content", "reasoning"):
+            if isinstance(message.get(name), str) and message[name]:
+                chunk(index, {name: message[name]})
+        if isinstance(message.get("content"), str) and message["content"]:
+            chunk(index, {"content": message["content"]})
+        calls = message.get("tool_calls")
+        for i, call in enumerate(calls if isinstance(calls, list) else []):
+            if isinstance(call, dict):
+                function = call.get("function") if isinstance(call.get("function"), dict) else {}
+                chunk(index, {"tool_calls": [{"index": i, "id": call.get("id"), "type": "function", "function": {
+                    "name": function.get("name"), "arguments": function.get("arguments") or ""}}]})
+        chunk(index, {}, finish_reason=choice.get("finish_reason") or "stop", logprobs=choice.get("logprobs"))
+    if isinstance(completion.get("usage"), dict):
+        out.append({**head, "choices": [], "usage": completion["usage"]})
+    return out
 
 
 class SseParser:

@@ -46,6 +46,8 @@ class Upstream:
     endpoint: str | None = None
     native_dialects: frozenset[str] = frozenset()
     """Agent dialects the upstream serves itself (calls in them are passed through, see `llm.answers`)."""
+    engine: str | None = None
+    """The inference engine serving `base_url` (`llm.engines`); None: detected from its answers."""
 
     def __post_init__(self) -> None:
         _check_url(self.base_url)
@@ -119,7 +121,7 @@ def resolve_upstream(request: RolloutRequest, settings: Settings) -> Upstream:
     return _upstream(
         request, entry.base_url, key, model, token_ids=entry.token_ids, endpoint=name,
         thinking=entry.disable_thinking_body, thinking_default=entry.disable_thinking_default,
-        native=request.native_dialects or entry.native_dialects,
+        native=request.native_dialects or entry.native_dialects, engine=entry.engine,
     )
 
 
@@ -141,6 +143,7 @@ def _upstream(
     thinking: dict[str, Any] | None = None,
     thinking_default: bool = False,
     native: Sequence[str] = (),
+    engine: str | None = None,
 ) -> Upstream:
     try:
         return Upstream(
@@ -155,6 +158,7 @@ def _upstream(
             disable_thinking_body=dict(_GENERIC_THINKING_OFF if thinking is None else thinking),
             endpoint=endpoint,
             native_dialects=frozenset(native),
+            engine=engine,
         )
     except ValueError as exc:
         raise EndpointError(str(exc)) from None

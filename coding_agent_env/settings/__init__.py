@@ -103,6 +103,10 @@ class LlmEndpoint(BaseModel):
     )
     """Merged into the request body when a rollout asks for `disable_thinking`."""
 
+    engine: Literal["vllm", "sglang", "llamacpp", "openai"] | None = None
+    """The inference engine serving `base_url` (how token ids and logprobs are asked for and read back, see
+    `coding_agent_env.llm.engines`); null: detected from its first answers and cached per base URL."""
+
     native_dialects: tuple[NativeDialect, ...] = ()
     """Agent dialects `base_url` serves itself (anthropic: `{base_url}/messages`, responses: `{base_url}/responses`,
     google: `{base_url}/models/M:generateContent`): calls in them are passed through, not translated."""
