@@ -41,6 +41,7 @@ from coding_agent_env.errors import (
     SandboxFileNotRegularError,
 )
 from coding_agent_env.llm import Relay, RolloutLlm, SharedRelay, Upstream, access, resolve_upstream
+from coding_agent_env.llm.failures import llm_failure
 from coding_agent_env.llm.proxy_log import proxy_log
 from coding_agent_env.llm.trace import annotate, training_data
 from coding_agent_env.models import (
@@ -423,6 +424,8 @@ class _Rollout:
             self.error = ErrorInfo(type="Cancelled", stage="rollout", message="the rollout was cancelled")
         timings = Timings(**{f"{phase}_s": round(seconds, 6) for phase, seconds in self.timings.items()})
         turns = self.llm.turns() if self.llm is not None else []
+        if self.error is None:  # the LLM calls' failure, whatever the agent's exit code (llm.failures)
+            self.error = llm_failure(turns, self.request.mode)
         task_id = self.request.task_id or ""
         raw = RolloutResult(
             **self.workspace.report_fields(),
