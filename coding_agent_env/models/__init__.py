@@ -31,11 +31,12 @@ from coding_agent_env.models.results import (
     LimitScope,
     RolloutResult,
     RolloutStatus,
+    StepResult,
     Timings,
     VerifyContext,
     WorkspaceReport,
 )
-from coding_agent_env.models.task import SANDBOX_OWN_ENV, LimitsRequest, Task, check_relative_path
+from coding_agent_env.models.task import SANDBOX_OWN_ENV, LimitsRequest, Task, TaskStep, check_relative_path
 from coding_agent_env.models.turns import (
     ToolCall,
     TrainingData,
@@ -63,7 +64,9 @@ __all__ = [
     "RolloutRequest",
     "RolloutResult",
     "RolloutStatus",
+    "StepResult",
     "Task",
+    "TaskStep",
     "Timings",
     "ToolCall",
     "TrainingData",

@@ -25,6 +25,7 @@ __all__ = [
     "LimitScope",
     "RolloutResult",
     "RolloutStatus",
+    "StepResult",
     "Timings",
     "VerifyContext",
     "WorkspaceReport",
@@ -195,6 +196,22 @@ class WorkspaceReport(WireModel):
         return self
 
 
+class StepResult(WireModel):
+    """One step that ran: its agent's exit, its setup and verify, its reward and named metrics."""
+
+    name: str
+    agent_exit_code: int | None = None
+    agent_timed_out: bool = False
+    setup_results: list[CommandResult] = Field(default_factory=list)
+    verify_results: list[CommandResult] = Field(default_factory=list)
+    reward: float | None = Field(default=None, description="The step's reward, by the task's reward rule.")
+    rewards: dict[str, float] | None = Field(default=None, description="The step's named metrics (reward.json).")
+    reward_note: str | None = None
+    gate: str | None = Field(
+        default=None, description="Why the task ended after this step (its `min_reward` not met); null if it did not."
+    )
+
+
 class RolloutResult(WorkspaceReport):
     """The outcome of one rollout. Never contains a secret."""
 
@@ -215,6 +232,11 @@ class RolloutResult(WorkspaceReport):
     agent_log_tail: str = ""
     proxy_log_tail: str = Field(default="", description="The relay's log of this rollout's calls, one line each.")
     agent_events: AgentEvents | None = None
+    steps: list[StepResult] = Field(
+        default_factory=list,
+        description="A multi-step task's steps that ran, in order (empty for a one-step task); `reward` and `rewards` "
+        "are the task's `step_reward` of them.",
+    )
     training: TrainingData | None = Field(
         default=None, description="Training trace and sequences of the calls the upstream returned token ids for."
     )

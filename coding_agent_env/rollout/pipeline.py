@@ -53,7 +53,7 @@ from coding_agent_env.models import (
     RolloutStatus,
     Timings,
 )
-from coding_agent_env.models.steps import StepResult
+from coding_agent_env.models.results import StepResult
 from coding_agent_env.rollout import events as ev
 from coding_agent_env.rollout.collect import collect_files
 from coding_agent_env.sandbox.base import RelayEndpoint, Sandbox, SandboxLimits, SandboxSpec
@@ -62,7 +62,7 @@ from coding_agent_env.settings import Settings
 from coding_agent_env.workspace.budget import Budget
 from coding_agent_env.workspace.limits import resolve_limits
 from coding_agent_env.workspace.lifecycle import Workspace
-from coding_agent_env.workspace.steps import step_reward
+from coding_agent_env.workspace.steps import step_reward, step_rewards
 from coding_agent_env.workspace.redact import Redactor
 from coding_agent_env.workspace.verify.verification import CleanRoomSetupFailed
 from coding_agent_env.workspace.writable import check_writable
@@ -427,8 +427,11 @@ class _Rollout:
         if self.error is None:  # the LLM calls' failure, whatever the agent's exit code (llm.failures)
             self.error = llm_failure(turns, self.request.mode)
         task_id = self.request.task_id or ""
+        fields = self.workspace.report_fields()
+        if self.steps:  # the task's metrics are its steps', by the task's rule (the workspace holds the last's)
+            fields["rewards"] = step_rewards(self.steps, self.request.step_reward) if self.reward is not None else None
         raw = RolloutResult(
-            **self.workspace.report_fields(),
+            **fields,
             rollout_id=self.rollout_id,
             task_id=task_id,
             agent=self.agent.name,
@@ -446,6 +449,7 @@ class _Rollout:
             agent_log_tail=self.agent_log_tail,
             proxy_log_tail=proxy_log(turns, self.settings.agent_log_tail_bytes),
             agent_events=self.agent_events,
+            steps=self.steps,
             error=self.error.line() if self.error is not None else None,
             error_detail=self.error,
         )

@@ -29,7 +29,7 @@ from typing import Any
 
 from coding_agent_env.aio import shielded
 from coding_agent_env.models import CommandResult, ErrorInfo, Task
-from coding_agent_env.models.steps import StepResult
+from coding_agent_env.models.results import StepResult
 from coding_agent_env.models.task import SOLUTION_ROOT
 from coding_agent_env.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from coding_agent_env.sandbox.registry import Backends
@@ -167,7 +167,7 @@ class Workspace:
         step.setup_results = self.setup_results[self._step_setup_from:]
         step.verify_results = list(self.verification.results)
         step.reward, step.reward_note = self.verification.reward, self.verification.reward_note
-        step.rewards = getattr(self.verification, "rewards", None)
+        step.rewards = self.verification.rewards
         step.gate = gate(step, min_reward)
 
     # -- teardown --------------------------------------------------------------------------------------
@@ -217,4 +217,5 @@ class Workspace:
             "verify_results": verification.results,
             "verify_context": verification.context,
             "artifacts": verification.artifacts,
+            "rewards": verification.rewards,
         }

@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from coding_agent_env.models.steps import StepResult
+from coding_agent_env.models.results import StepResult
 
 __all__ = ["gate", "step_reward", "step_rewards"]
 

@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from coding_agent_env.models import Task
-from coding_agent_env.models.steps import StepResult
+from coding_agent_env.models.results import StepResult
 from coding_agent_env.workspace.steps import gate, step_reward, step_rewards
 
 
