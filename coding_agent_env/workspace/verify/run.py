@@ -55,14 +55,17 @@ def tests_dir(sandbox: Sandbox) -> str:
     return f"{sandbox.paths.logs}/tests"
 
 
-def verified_env(sandbox: Sandbox, env: Mapping[str, str], *, hardened: bool) -> dict[str, str]:
+def verified_env(
+    sandbox: Sandbox, env: Mapping[str, str], *, hardened: bool, task_roots: Sequence[str] = ()
+) -> dict[str, str]:
     """What verify adds to each command's base environment: `env`, then (`hardened`) the overlay that
-    `verify_env.hardened_overlay` computes against the sandbox's own roots as well as the standard ones, then
-    `REWARD_FILE` (verify's own, always)."""
+    `verify_env.hardened_overlay` computes against the sandbox's own roots, the task's further ones
+    (`task_roots`: the agent could write them too) and the standard ones, then `REWARD_FILE` (verify's own,
+    always)."""
     out = dict(env)
     if hardened:
         paths = sandbox.paths
-        roots = (*AGENT_WRITABLE_ROOTS, paths.workdir, paths.home, paths.tmp, paths.logs)
+        roots = (*AGENT_WRITABLE_ROOTS, paths.workdir, paths.home, paths.tmp, paths.logs, *task_roots)
         out |= hardened_overlay({**sandbox.base_env(), **env}, roots, fallback_path=STANDARD_PATH)
     out["REWARD_FILE"] = f"{verifier_dir(sandbox)}/reward.txt"
     return out
@@ -75,6 +78,7 @@ async def run_verify(
     on_result: Callable[[int, CommandResult], None],
     env: Mapping[str, str] | None = None,
     hardened: bool = True,
+    task_roots: Sequence[str] = (),
     uncounted_reward_file: str | None = None,
 ) -> VerifyOutcome:
     """Run `commands` in order (each one's result to `on_result` as it ends), then read the reward files back.
@@ -85,7 +89,7 @@ async def run_verify(
     directory = verifier_dir(sandbox)
     await sandbox.remove(directory)
     await sandbox.mkdir(directory)
-    command_env = verified_env(sandbox, env or {}, hardened=hardened)
+    command_env = verified_env(sandbox, env or {}, hardened=hardened, task_roots=task_roots)
     results: list[CommandResult] = []
     for index, cmd in enumerate(commands):
         result = await runner.run(cmd, fresh=True, env=command_env)

@@ -94,7 +94,7 @@ async def verify_task(sandbox: Sandbox, plan: VerifyPlan, out: Verification) -> 
     out.context = "clean_room"
     taken = await collect_artifacts(sandbox, plan.task.artifacts, ArtifactCaps.from_settings(plan.settings))
     out.artifacts = taken.report
-    room = await open_clean_room(plan.backend, plan.spec, files=plan.task.files)
+    room = await open_clean_room(plan.backend, plan.spec, files=plan.task.files | plan.task.outside_files)
     try:
         failure = await run_setup(plan.runner(room), plan.task.setup)
         if failure is not None:
@@ -141,6 +141,7 @@ async def _run(sandbox: Sandbox, plan: VerifyPlan, out: Verification) -> None:
     task = plan.task
     outcome = await run_verify(
         plan.runner(sandbox), task.verify, on_result=record, env=plan.env, hardened=task.verify_hardening,
+        task_roots=plan.spec.writable_roots,
         uncounted_reward_file=_UNCOUNTED if _reward_file_uncounted(task, out) else None,
     )
     scored = score(outcome.results, outcome.reward_text, file_required=task.reward_file_required,
