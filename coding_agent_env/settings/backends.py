@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 __all__ = [
     "BACKEND_KINDS",
@@ -83,13 +83,33 @@ class LocalConfig(_Config):
     uid_count: int = Field(default=4096, ge=1)
     """Size of that uid pool: the most local sandboxes alive at once when running as root."""
 
+    uid_range_base: int = Field(default=2_000_000_000, gt=0)
+    """When the server runs as root, a sandbox with users (a task naming `root` or another user) maps its inner
+    ids 0..65535 onto a host range of its own, 65536 ids each, taken from this base up (never host root's; the
+    sandbox's own unprivileged user stays its uid from `uid_base`)."""
+
+    uid_range_count: int = Field(default=1024, ge=1)
+    """How many such ranges: the most local sandboxes with users alive at once."""
+
     relay_port: int = Field(default=DEFAULT_RELAY_PORT, ge=1, le=65535)
     """Loopback port at which agents inside a network-less sandbox reach the LLM relay."""
 
     ENV: ClassVar[Mapping[str, str]] = {"isolation": "LOCAL_ISOLATION", "bwrap_path": "BWRAP_PATH",
                                         "root_launcher": "LOCAL_ROOT_LAUNCHER", "uid_base": "SANDBOX_UID_BASE",
                                         "uid_count": "SANDBOX_UID_COUNT", "relay_port": "SANDBOX_RELAY_PORT",
-                                        "allow_unisolated": "SANDBOX_ALLOW_UNISOLATED"}
+                                        "allow_unisolated": "SANDBOX_ALLOW_UNISOLATED",
+                                        "uid_range_base": "SANDBOX_UID_RANGE_BASE",
+                                        "uid_range_count": "SANDBOX_UID_RANGE_COUNT"}
+
+    @model_validator(mode="after")
+    def _id_ranges_apart(self) -> LocalConfig:
+        ranges_end = self.uid_range_base + self.uid_range_count * 65536
+        if ranges_end > 0xFFFF_FFFF:
+            raise ValueError("uid_range_base + 65536 * uid_range_count passes the largest host id")
+        if self.uid_base < ranges_end and self.uid_range_base < self.uid_base + self.uid_count:
+            raise ValueError("the sandbox uid pool (uid_base, uid_count) overlaps the id ranges "
+                             "(uid_range_base, uid_range_count)")
+        return self
 
 
 class DockerConfig(_Config):

@@ -30,6 +30,14 @@ CPU; see `cgroup`), which every command joins before it starts, and its root is 
 sandbox's own (its user namespace), memory and CPU are per-process rlimits only, and the disk budget is
 watched (the sandbox's commands are killed once it is passed); `limits` and `limit_scopes` say which.
 
+The task's layout (`SandboxSpec.workdir`, `writable_roots`, `tests`) and users (`users`, `exec(user=...)`) are
+honoured under bubblewrap (`layout`): the workspace bound at the task's workdir, each further root a directory
+of the sandbox root bound at its path, `/tests` only when asked; as root, a sandbox with users runs in a user
+namespace of its own mapping inner 0..65535 onto a host id range of its own (`SANDBOX_UID_RANGE_BASE`,
+`SANDBOX_UID_RANGE_COUNT`; its inner 1000 stays its uid), made at create, which every command joins as the
+user asked (root with namespace-only capabilities). What a mode cannot show is refused at create
+(`SandboxUnsupportedError` naming the setting): any of them unisolated, users without root.
+
 Where bubblewrap cannot create namespaces (e.g. in an unprivileged container), or where the operator chose
 `LocalConfig.isolation="none"`, commands run as plain subprocesses in the host directory and `isolation` says
 `none`. Which of these modes runs is probed once (`probe`) and is then one `Launch` strategy (`launch`).
@@ -43,11 +51,12 @@ import logging
 import os
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
 
 from coding_agent_env.settings.backends import LocalConfig
-from coding_agent_env.errors import SandboxError, SandboxUnavailableError
+from coding_agent_env.errors import SandboxError, SandboxUnavailableError, SandboxUnsupportedError
 from coding_agent_env.sandbox.base import (
     BackendStatus,
     Sandbox,
@@ -58,7 +67,8 @@ from coding_agent_env.sandbox.base import (
 )
 from coding_agent_env.sandbox.local.cgroup import Cgroups
 from coding_agent_env.sandbox.local.disk import mount_tmpfs, unmount
-from coding_agent_env.sandbox.local.launch import Launch
+from coding_agent_env.sandbox.local.launch import ROOT_SUBDIRS, SHM_SUBDIR, SUBDIRS, Launch
+from coding_agent_env.sandbox.local.layout import RANGE_SIZE, LocalLayout, make_userns
 from coding_agent_env.sandbox.local.probe import probe
 from coding_agent_env.sandbox.local.provision import Bounds, DirWork, Provisioner, reap
 from coding_agent_env.sandbox.local.sandbox import LocalSandbox
@@ -83,6 +93,10 @@ class LocalBackend(SandboxBackend):
         self._as_root = os.geteuid() == 0
         self._reaped = False
         self._uids = UidPool(config.uid_base, config.uid_count) if self._as_root else None
+        self._ranges = (
+            UidPool(config.uid_range_base, config.uid_range_count, step=RANGE_SIZE, prefix="range-")
+            if self._as_root else None
+        )
         self._bounds = Bounds()
         self._dirs = dirs or DirWork()
 
@@ -157,24 +171,65 @@ class LocalBackend(SandboxBackend):
         if spec.network == "llm" and spec.relay is None:
             raise SandboxError("network policy 'llm' needs the relay's endpoint")
         relay = spec.relay if spec.network == "llm" else None
+        layout = LocalLayout.of(spec, isolated=launch.isolation != "none")
+        if layout.users and not (self._as_root and launch.supports_users):
+            raise SandboxUnsupportedError("local", "users", "other users need a server running as root (a range of "
+                                                            "host ids for the sandbox's own user namespace)")
         # The relay port in the sandbox's namespace is reserved now, for the agent (see `relay`).
         port = self._config.relay_port
         reserve = port if relay is not None and relay.serve is not None else None
         uid = self._uids.take() if self._uids is not None else None
         limits = spec.limits or SandboxLimits.from_settings(self._settings)
+        shared = {SUBDIRS["tmp"]: 0o1777, SHM_SUBDIR: 0o1777} if layout.users else None
         provisioner = Provisioner(
-            self._settings.state_dir, self._dirs, with_netns=launch.own_netns, bounds=self._bounds, limits=limits
+            self._settings.state_dir, self._dirs, with_netns=launch.own_netns, bounds=self._bounds, limits=limits,
+            subdirs=(*ROOT_SUBDIRS, *layout.subdirs), modes=shared,
         )
-        made = await provisioner.make(spec.rollout_id, uid, reserve, release=lambda: self._release(uid))
+        users = await self._users(uid) if layout.users else None
+        userns, release_users = users if users is not None else (None, None)
+
+        def release() -> None:
+            self._release(uid)
+            if users is not None:
+                os.close(users[0])
+                users[1]()
+
+        made = await provisioner.make(spec.rollout_id, uid, reserve, release=release)
         self._dirs.live += 1  # on the loop, as is every change of it
         process, enforced = self._limits(launch, limits, uid is not None)
         box = LocalSandbox(
             launch, made, uid,
             limits=process, enforced=enforced, scopes=self._scopes(enforced), disk_budget=limits.disk_mb << 20,
             relay=relay, relay_port=port, agents_source=spec.agents_dir, release=self._release, dirs=self._dirs,
+            layout=layout, userns=userns, release_users=release_users,
         )
         box.task_env = MappingProxyType(dict(spec.env))  # no image here: the task's variables alone
         return box
+
+    async def _users(self, uid: int | None) -> tuple[int, Callable[[], None]]:
+        """A sandbox with users: its id range, taken, and its user namespace (our descriptor), made; and what
+        gives the range back. On failure the uid and the range are given back."""
+        assert uid is not None and self._ranges is not None
+        ranges = self._ranges
+        try:
+            base = ranges.take()
+        except BaseException:
+            self._release(uid)
+            raise
+        made = asyncio.ensure_future(asyncio.to_thread(make_userns, uid, base))
+        try:
+            fd = await asyncio.shield(made)
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                await asyncio.wait([made])
+                if not made.cancelled() and made.exception() is None:
+                    os.close(made.result())
+            self._release(uid)
+            ranges.give(base)
+            if isinstance(exc, SandboxError):
+                raise SandboxUnsupportedError("local", "users", str(exc)) from exc
+            raise
+        return fd, lambda: ranges.give(base)
 
     def _release(self, uid: int | None) -> None:
         if uid is not None and self._uids is not None:

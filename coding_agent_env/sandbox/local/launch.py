@@ -9,6 +9,9 @@
 - `BwrapEnter` (root): the compiled helper (`enter`) does nsenter's work and sets the limits on bwrap itself,
   in one exec.
 
+In a sandbox with users (`Box.userns`), bwrap joins the sandbox's user namespace (`--userns`, the descriptor
+inherited) instead of making one, and runs the command as the inner user asked (`namespace_args`).
+
 The root launchers let the server spawn without changing credentials (so Python can use vfork, not a full
 fork of the server on the event loop), and let one namespace per sandbox replace one per command.
 """
@@ -25,14 +28,17 @@ from pathlib import Path
 from coding_agent_env.sandbox.base import RelayEndpoint, SandboxPaths
 from coding_agent_env.sandbox.local import enter
 from coding_agent_env.sandbox.local.hostfs import HostMounts
+from coding_agent_env.sandbox.local.layout import DEFAULT, ROOT_CAPS, Identity
 from coding_agent_env.sandbox.local.netns import join_path
 from coding_agent_env.sandbox.local.proc import HostCredentials
 
 __all__ = [
     "AGENTS_MOUNT",
+    "BWRAP_PATHS",
     "ROOT_SUBDIRS",
     "SHM_SUBDIR",
     "SUBDIRS",
+    "TESTS",
     "Box",
     "Bwrap",
     "BwrapEnter",
@@ -54,7 +60,10 @@ SHM_SUBDIR = "shm"
 ROOT_SUBDIRS = (*SUBDIRS.values(), SHM_SUBDIR)
 """Every directory a sandbox root is made with."""
 SHM_MOUNT = "/dev/shm"
-BWRAP_PATHS = SandboxPaths(workdir="/workspace", home="/home/sandbox", tmp="/tmp", logs="/logs", tests="/tests")
+BWRAP_PATHS = SandboxPaths(workdir="/workspace", home="/home/sandbox", tmp="/tmp", logs="/logs")
+"""A bubblewrap sandbox's paths when its spec names no workdir and no hidden tests."""
+TESTS = "/tests"
+"""Shown (`SandboxSpec.tests`) as a symlink to `TESTS_TARGET`."""
 TESTS_TARGET = f"{BWRAP_PATHS.logs}/tests"
 """What `/tests` links to: a directory only verify fills (see `RolloutRequest.verify_files_root`)."""
 AGENTS_MOUNT = "/opt/agents"
@@ -100,6 +109,12 @@ class Box:
     cgroup_procs: tuple[str, ...] = ()
     """The files that move a process into the sandbox's control groups, which every command joins first (as
     root)."""
+    paths: SandboxPaths = BWRAP_PATHS
+    """Its paths as its commands see them (the workdir where its spec puts it, `/tests` only when shown)."""
+    roots: tuple[tuple[str, Path], ...] = ()
+    """Its further writable roots: (sandbox path, host directory), each bound there."""
+    userns: int | None = None
+    """Our descriptor of its user namespace (a sandbox with users: `layout`), which every command joins."""
 
     @property
     def hosts(self) -> dict[str, Path]:
@@ -117,20 +132,34 @@ class Box:
 @dataclass(frozen=True)
 class Command:
     """A command ready to start: host argv, host cwd (None: bwrap's `--chdir` sets it), and the credentials
-    the server spawns it with."""
+    the server spawns it with, and the descriptors it inherits (at their numbers)."""
 
     argv: list[str]
     cwd: str | None
     creds: HostCredentials
+    pass_fds: tuple[int, ...] = ()
 
 
-def namespace_args(*, share_net: bool) -> list[str]:
+def namespace_args(*, share_net: bool, userns: int | None = None, who: Identity = DEFAULT) -> list[str]:
     """bwrap's namespaces; with `share_net` the command stays in the network namespace it was started in
-    (the sandbox's own, joined by a root launcher) instead of making one."""
-    args = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
-    args += ["--unshare-user", "--uid", str(INNER_UID), "--gid", str(INNER_UID)]
-    if share_net:
-        args.append("--share-net")
+    (the sandbox's own, joined by a root launcher) instead of making one. With `userns` (a descriptor the
+    command inherits at that number), it joins that user namespace rather than making one, as `who` (root with
+    `ROOT_CAPS`, anyone else with none); `--block-fd` on the same descriptor makes bwrap close it before the
+    command starts (reading a namespace file fails at once), so no command holds it."""
+    if userns is None:
+        args = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+        args += ["--unshare-user", "--uid", str(INNER_UID), "--gid", str(INNER_UID)]
+        if share_net:
+            args.append("--share-net")
+        return args
+    args = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
+    if not share_net:
+        args.append("--unshare-net")
+    args += ["--die-with-parent", "--new-session", "--userns", str(userns), "--block-fd", str(userns)]
+    args += ["--uid", str(who.uid), "--gid", str(who.gid), "--cap-drop", "ALL"]
+    if who.root:
+        for cap in ROOT_CAPS:
+            args += ["--cap-add", cap]
     return args
 
 
@@ -157,9 +186,14 @@ class Launch(abc.ABC):
         its own host uid): only then is the process limit set."""
         return True
 
-    def paths(self, hosts: Mapping[str, Path]) -> SandboxPaths:
-        """The sandbox's paths as its commands see them, given its host directories (see `host_dirs`)."""
-        return BWRAP_PATHS
+    supports_users = False
+    """Whether commands can run as other users (`SandboxSpec.users`): root launchers and root's plain bwrap."""
+
+    def paths(self, hosts: Mapping[str, Path], *, workdir: str | None = None, tests: bool = False) -> SandboxPaths:
+        """The sandbox's paths as its commands see them, given its host directories (see `host_dirs`), its
+        spec's workdir (None: the sandbox's own) and whether it shows `/tests`."""
+        return SandboxPaths(workdir=workdir or BWRAP_PATHS.workdir, home=BWRAP_PATHS.home, tmp=BWRAP_PATHS.tmp,
+                            logs=BWRAP_PATHS.logs, tests=TESTS if tests else None)
 
     def agents_dir(self, source: str) -> str:
         return AGENTS_MOUNT
@@ -183,11 +217,12 @@ class Launch(abc.ABC):
     @abc.abstractmethod
     def command(
         self, box: Box, argv: Sequence[str], cwd: str, *, fresh: bool, netns: int | None, forwarder: bool = False,
-        shm: Path | None = None,
+        shm: Path | None = None, who: Identity = DEFAULT,
     ) -> Command:
         """How to start argv in `box` (`cwd` a sandbox path) in network namespace `netns` (None: a new one);
         with `forwarder`, the relay forwarder runs beside it in that new namespace. `shm`: the host directory
-        shown at `/dev/shm` (default: the sandbox's own, `SHM_SUBDIR`), where there is a private `/dev`."""
+        shown at `/dev/shm` (default: the sandbox's own, `SHM_SUBDIR`), where there is a private `/dev`. `who`:
+        the inner user, in a sandbox with users (`box.userns`)."""
 
     def kills_by_uid(self, box: Box) -> bool:
         """Whether close() must end every process of the sandbox's uid (they may have left their group)."""
@@ -201,7 +236,8 @@ class Unisolated(Launch):
     def nproc_counts(self, own_uid: bool) -> bool:
         return own_uid
 
-    def paths(self, hosts: Mapping[str, Path]) -> SandboxPaths:
+    def paths(self, hosts: Mapping[str, Path], *, workdir: str | None = None, tests: bool = False) -> SandboxPaths:
+        assert workdir is None  # refused at create (`layout.LocalLayout.of`)
         return SandboxPaths(**{key: str(path) for key, path in hosts.items()})
 
     def agents_dir(self, source: str) -> str:
@@ -218,8 +254,9 @@ class Unisolated(Launch):
 
     def command(
         self, box: Box, argv: Sequence[str], cwd: str, *, fresh: bool, netns: int | None, forwarder: bool = False,
-        shm: Path | None = None,
+        shm: Path | None = None, who: Identity = DEFAULT,
     ) -> Command:
+        assert box.userns is None  # refused at create
         head = [*cgroup_join(box), *_prlimit(box.limits)]
         return Command([*head, *argv], str(box.mounts.host_path(cwd)), HostCredentials(box.uid, box.uid))
 
@@ -229,6 +266,8 @@ class Unisolated(Launch):
 
 class Bwrap(Launch):
     """bubblewrap started by the server itself (as the sandbox's uid when root)."""
+
+    supports_users = True  # as root: the backend checks
 
     def __init__(self, detail: str, bwrap: str, system_args: Sequence[str]) -> None:
         super().__init__(detail)
@@ -240,19 +279,22 @@ class Bwrap(Launch):
 
     def command(
         self, box: Box, argv: Sequence[str], cwd: str, *, fresh: bool, netns: int | None, forwarder: bool = False,
-        shm: Path | None = None,
+        shm: Path | None = None, who: Identity = DEFAULT,
     ) -> Command:
-        inner = self._bwrap(box, argv, cwd, fresh=fresh, netns=netns, forwarder=forwarder, shm=shm)
-        return Command([*self._root_launcher(box, netns), *inner], None, self._creds(box))
+        inner = self._bwrap(box, argv, cwd, fresh=fresh, netns=netns, forwarder=forwarder, shm=shm, who=who)
+        passed = (box.userns,) if box.userns is not None else ()
+        return Command([*self._root_launcher(box, netns), *inner], None, self._creds(box), passed)
 
     def _bwrap(
         self, box: Box, argv: Sequence[str], cwd: str, *, fresh: bool, netns: int | None, forwarder: bool,
-        shm: Path | None = None,
+        shm: Path | None = None, who: Identity = DEFAULT,
     ) -> list[str]:
-        paths, hosts = BWRAP_PATHS, box.hosts
+        paths, hosts = box.paths, box.hosts
         # Over the `/dev` the system arguments made (they come first): `/dev/shm` in the disk budget.
         binds: list[str] = ["--bind", str(shm or box.root / SHM_SUBDIR), SHM_MOUNT]
         binds += ["--bind", str(hosts["workdir"]), paths.workdir]
+        for path, host in box.roots:
+            binds += ["--bind", str(host), path]
         if box.agents_source is not None:
             binds += ["--ro-bind", box.agents_source, AGENTS_MOUNT]
         if forwarder:
@@ -260,12 +302,15 @@ class Bwrap(Launch):
             binds += ["--bind", box.relay.socket_path, _RELAY_SOCKET]
             binds += ["--ro-bind", box.relay.forwarder_path, _RELAY_FORWARDER]
             argv = [box.shell, "-c", _RELAY_LAUNCHER, "relay-launcher", str(box.relay_port), *argv]
-        binds += ["--bind", str(hosts["logs"]), paths.logs, "--symlink", TESTS_TARGET, "/tests"]
+        binds += ["--bind", str(hosts["logs"]), paths.logs]
+        if paths.tests is not None:
+            binds += ["--symlink", TESTS_TARGET, paths.tests]
         if fresh:
             binds += ["--tmpfs", paths.home, "--tmpfs", paths.tmp]
         else:
             binds += ["--bind", str(hosts["home"]), paths.home, "--bind", str(hosts["tmp"]), paths.tmp]
-        head = [self.bwrap, *namespace_args(share_net=netns is not None), *self.system_args, *binds, "--chdir", cwd]
+        spaces = namespace_args(share_net=netns is not None, userns=box.userns, who=who)
+        head = [self.bwrap, *spaces, *self.system_args, *binds, "--chdir", cwd]
         return [*head, "--", *self._prlimit(box), *argv]
 
     def _root_launcher(self, box: Box, netns: int | None) -> list[str]:

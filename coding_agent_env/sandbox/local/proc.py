@@ -152,11 +152,15 @@ def start(
     creds: HostCredentials,
     stdout: int,
     stderr: int,
+    pass_fds: Sequence[int] = (),
 ) -> Child:
-    """Start argv in a new session. Without credentials to change, Python can spawn it with vfork."""
+    """Start argv in a new session (with `pass_fds` inherited at their numbers). Without credentials to change,
+    Python can spawn it with vfork."""
     extra: dict[str, object] = {}
     if creds.uid is not None:
         extra = {"user": creds.uid, "group": creds.gid, "extra_groups": []}
+    if pass_fds:
+        extra["pass_fds"] = tuple(pass_fds)
     popen = subprocess.Popen(
         list(argv),
         stdin=subprocess.DEVNULL,
@@ -209,6 +213,7 @@ async def _start_piped(
     creds: HostCredentials,
     track: dict[int, Child],
     transports: list[asyncio.BaseTransport],
+    pass_fds: Sequence[int] = (),
 ) -> tuple[Child, asyncio.StreamReader, asyncio.StreamReader]:
     """Start argv with its stdout and stderr on pipes of ours; (child, stdout reader, stderr reader).
 
@@ -217,7 +222,7 @@ async def _start_piped(
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
     try:
-        proc = start(argv, env=env, cwd=cwd, creds=creds, stdout=out_write, stderr=err_write)
+        proc = start(argv, env=env, cwd=cwd, creds=creds, stdout=out_write, stderr=err_write, pass_fds=pass_fds)
     except BaseException:
         os.close(out_read)
         os.close(err_read)
@@ -250,12 +255,13 @@ async def run_capped(
     timeout: float,
     max_output_bytes: int,
     track: dict[int, Child],
+    pass_fds: Sequence[int] = (),
 ) -> ExecResult:
     """Run to completion or to `timeout`, then kill the group. Cancellation kills the group too.
     The child is in `track` (by group id) while the command runs, so its owner can kill it from outside."""
     started = time.monotonic()
     transports: list[asyncio.BaseTransport] = []
-    proc, out_reader, err_reader = await _start_piped(argv, env, cwd, creds, track, transports)
+    proc, out_reader, err_reader = await _start_piped(argv, env, cwd, creds, track, transports, pass_fds)
     out, err = _Sink(max_output_bytes), _Sink(max_output_bytes)
     readers = asyncio.gather(out.drain(out_reader), err.drain(err_reader))
     timed_out = False

@@ -15,7 +15,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -109,8 +109,13 @@ class Provisioner:
 
     def __init__(
         self, state_dir: Path, dirs: DirWork, *, with_netns: bool, bounds: Bounds | None = None,
-        limits: SandboxLimits | None = None,
+        limits: SandboxLimits | None = None, subdirs: tuple[str, ...] = ROOT_SUBDIRS,
+        modes: Mapping[str, int] | None = None,
     ) -> None:
+        """`subdirs`: the root's directories (`ROOT_SUBDIRS` and the spec's further roots); `modes`: any of them
+        not 0755 (a sandbox with users: a shared `/tmp`, 1777)."""
+        self._subdirs = subdirs
+        self._modes = dict(modes or {})
         self._state = state_dir
         self._dirs = dirs
         self._with_netns = with_netns
@@ -180,10 +185,12 @@ class Provisioner:
             if made.tmpfs:
                 assert limits is not None
                 mount_tmpfs(root, limits.disk_mb << 20, uid)
-            for sub in ROOT_SUBDIRS:
+            for sub in self._subdirs:
                 (root / sub).mkdir(mode=0o755)
                 if uid is not None:
                     os.chown(root / sub, uid, uid)
+                if sub in self._modes:
+                    os.chmod(root / sub, self._modes[sub])
             if uid is not None:
                 os.chown(root, uid, uid)
             if bounds.cgroups is not None and limits is not None:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 
-from coding_agent_env.errors import SandboxError
+from coding_agent_env.errors import SandboxError, SandboxUnsupportedError
 from coding_agent_env.sandbox.base import ExecResult, FileEntry, Process, RelayEndpoint, Sandbox
 from coding_agent_env.sandbox.highwater import HIGH_WATER
 from coding_agent_env.sandbox.launcher.inside.treeops import remove_tree
@@ -33,7 +33,8 @@ from coding_agent_env.sandbox.local import proc
 from coding_agent_env.sandbox.local.cgroup import SandboxCgroup
 from coding_agent_env.sandbox.local.disk import reserve, tree_usage
 from coding_agent_env.sandbox.local.hostfs import HostMounts, remove_if_empty
-from coding_agent_env.sandbox.local.launch import ROOT_SUBDIRS, SUBDIRS, Box, Launch, host_dirs
+from coding_agent_env.sandbox.local.launch import ROOT_SUBDIRS, SUBDIRS, Box, Command, Launch, host_dirs
+from coding_agent_env.sandbox.local.layout import DEFAULT, Identity, LocalLayout, identity, unknown_user_argv
 from coding_agent_env.sandbox.local.provision import DirWork, Made, remove_root
 from coding_agent_env.sandbox.local.netns_relay import RelayServing
 
@@ -71,8 +72,16 @@ class LocalSandbox(Sandbox):
         agents_source: str | None,
         release: Callable[[int | None], None],
         dirs: DirWork,
+        layout: LocalLayout | None = None,
+        userns: int | None = None,
+        release_users: Callable[[], None] | None = None,
     ) -> None:
+        """`layout`: what its spec asks (checked); `userns`: the user namespace of a sandbox with users (ours
+        now: closed at close), `release_users` gives its id range back once its processes are gone."""
         super().__init__()
+        layout = layout or LocalLayout()
+        self._layout = layout
+        self._release_users = release_users
         root, reserved = made.root, made.reserved
         self._launch = launch
         self._release = release
@@ -91,15 +100,17 @@ class LocalSandbox(Sandbox):
         self.id = root.name
         self.isolation = launch.isolation
         hosts = host_dirs(root)
-        self.paths = launch.paths(hosts)
+        self.paths = launch.paths(hosts, workdir=layout.workdir, tests=layout.tests)
+        roots = tuple((path, root / sub) for path, sub in layout.roots)
         mounts = HostMounts(
-            {getattr(self.paths, key): hosts[key] for key in SUBDIRS},
+            {**{getattr(self.paths, key): hosts[key] for key in SUBDIRS}, **dict(roots)},
             self.paths.workdir,
             (uid, uid) if uid is not None else None,
             canonical=True,  # `root` comes from the provisioner, resolved
         )
         procs = made.cgroup.procs if made.cgroup is not None else ()
-        self._box = Box(root, uid, limits, self.shell, mounts, relay, relay_port, agents_source, procs)
+        self._box = Box(root, uid, limits, self.shell, mounts, relay, relay_port, agents_source, procs,
+                        self.paths, roots, userns)
         self.limits = MappingProxyType(dict(enforced))
         self.limit_scopes = MappingProxyType(dict(scopes))
         self.network = launch.network(relay)
@@ -125,6 +136,19 @@ class LocalSandbox(Sandbox):
         """Where sandbox path `path` is on the host (confined like every file operation)."""
         return self._box.mounts.host_path(path)
 
+    def _who(self, argv: Sequence[str], user: str | None) -> tuple[Sequence[str], Identity]:
+        """(argv, who runs it) for `user`: refused without `SandboxSpec.users`; a user the sandbox does not know
+        gets a command that says so and exits 127 (as the sandbox's own user), never the caller's."""
+        if user is None:
+            return argv, DEFAULT
+        if self._box.userns is None:
+            raise SandboxUnsupportedError("local", "users", f"this sandbox was made without users: cannot run as "
+                                                            f"{user[:40]!r}")
+        who = identity(user)
+        if isinstance(who, str):
+            return unknown_user_argv(self.shell, who), DEFAULT
+        return argv, who
+
     def _env(self, env: Mapping[str, str] | None, fresh_dir: Path | None) -> dict[str, str]:
         full = self.base_env()
         if fresh_dir is not None:
@@ -145,12 +169,13 @@ class LocalSandbox(Sandbox):
         user: str | None = None,
     ) -> ExecResult:
         self._check_open()
+        argv, who = self._who(argv, user)
         fresh_dir = self._launch.fresh_home(self._box) if fresh else None
         fresh_shm = self._launch.fresh_shm(self._box) if fresh else None
         self._sampled()
         try:
             command = self._launch.command(
-                self._box, argv, cwd or self.paths.workdir, fresh=fresh, netns=self._netns, shm=fresh_shm
+                self._box, argv, cwd or self.paths.workdir, fresh=fresh, netns=self._netns, shm=fresh_shm, who=who
             )
             result = await proc.run_capped(
                 command.argv,
@@ -160,6 +185,7 @@ class LocalSandbox(Sandbox):
                 timeout=timeout,
                 max_output_bytes=max_output_bytes,
                 track=self._children,
+                pass_fds=command.pass_fds,
             )
             self._note_full_disk()
             return result
@@ -181,19 +207,21 @@ class LocalSandbox(Sandbox):
         user: str | None = None,
     ) -> Process:
         self._check_open()
+        argv, who = self._who(argv, user)
         served = await self._serving.serve_for_spawn() if self._serving is not None else None
         self._check_open()  # closed meanwhile: close() has stopped it
         # The forwarder's command gets a namespace of its own from bwrap, for the forwarder's port.
         forwarder = self._forwards and served is None
         netns = None if forwarder else served.netns if served is not None and served.netns is not None else self._netns
         try:
-            command = self._launch.command(
-                self._box, argv, cwd or self.paths.workdir, fresh=False, netns=netns, forwarder=forwarder
+            command: Command = self._launch.command(
+                self._box, argv, cwd or self.paths.workdir, fresh=False, netns=netns, forwarder=forwarder, who=who
             )
             out = self._open_log(log_path) if log_path else os.open(os.devnull, os.O_WRONLY)
             try:
                 child = proc.start(
-                    command.argv, env=self._env(env, None), cwd=command.cwd, creds=command.creds, stdout=out, stderr=out
+                    command.argv, env=self._env(env, None), cwd=command.cwd, creds=command.creds, stdout=out,
+                    stderr=out, pass_fds=command.pass_fds,
                 )
             finally:
                 os.close(out)
@@ -294,6 +322,8 @@ class LocalSandbox(Sandbox):
         if self._netns is not None:
             os.close(self._netns)  # the namespace goes with its last process
             self._netns = None
+        if self._box.userns is not None:
+            os.close(self._box.userns)  # likewise; no command can start any more (closed)
         if self._serving is not None:
             self._serving.release_reserved()
         # Shielded (and referenced, so it runs to the end): a cancelled close still reaps, removes
@@ -319,7 +349,9 @@ class LocalSandbox(Sandbox):
         try:
             if self._tmpfs:
                 await self._dirs.run(functools.partial(remove_root, box.root, True))  # unmounting frees it all
-            elif not await self._dirs.run(functools.partial(remove_if_empty, box.root, ROOT_SUBDIRS)):
+            elif not await self._dirs.run(
+                functools.partial(remove_if_empty, box.root, (*ROOT_SUBDIRS, *self._layout.subdirs))
+            ):
                 await asyncio.to_thread(remove_tree, box.root)  # what the sandbox left: unbounded
         finally:
             # The group's counters go with it: read them a last time (its processes are all dead by now).
@@ -328,6 +360,8 @@ class LocalSandbox(Sandbox):
                 await asyncio.to_thread(_kill_and_remove, self._cgroup)
             self._dirs.live -= 1
             self._release(box.uid)
+            if self._release_users is not None:
+                self._release_users()  # its processes are all dead: no file of the range is written any more
 
 
 def _kill_and_remove(cgroup: SandboxCgroup) -> None:

@@ -9,6 +9,10 @@ its lock file as it gives the uid back (while still holding the lock); a process
 before then finds, once it has the lock, that the file is no longer the one at the path, and tries again: the
 lock that counts is always the one on the file the path names. (A crashed holder's file stays, unlocked, until
 the uid is next taken and given.)
+
+A sandbox with users (`SandboxSpec.users`) also holds a range of host ids for its user namespace (`layout`): a
+pool with a `step`, whose members are the ranges' first ids, each held the same way by `LOCK_DIR/range-<first
+id>.lock`.
 """
 
 from __future__ import annotations
@@ -30,15 +34,20 @@ LOCK_DIR = Path("/run/coding-agent-env/uids")
 class UidPool:
     """The uids `base` .. `base + count - 1`, handed out one per live sandbox, host-wide (see the module
     docstring). `lock_dir`: where the lock files are (default `LOCK_DIR`; only processes sharing it share the
-    guarantee)."""
+    guarantee). With `step` (and `prefix` for their lock files), the members are `count` ranges of `step` ids
+    each, named by their first id."""
 
-    _held: ClassVar[dict[int, int]] = {}
-    """uid -> the descriptor of its held lock, for every pool of this process."""
+    _held: ClassVar[dict[str, int]] = {}
+    """lock file name -> the descriptor of its held lock, for every pool of this process."""
     _ledger: ClassVar[threading.Lock] = threading.Lock()
 
-    def __init__(self, base: int, count: int, *, lock_dir: Path = LOCK_DIR) -> None:
-        self._range = range(base, base + count)
+    def __init__(self, base: int, count: int, *, lock_dir: Path = LOCK_DIR, step: int = 1, prefix: str = "") -> None:
+        self._range = range(base, base + count * step, step)
         self._dir = lock_dir
+        self._prefix = prefix
+
+    def _name(self, uid: int) -> str:
+        return f"{self._prefix}{uid}.lock"
 
     def take(self) -> int:
         """The lowest uid of the range no process on this host holds, now held by this one; `SandboxError` when
@@ -46,21 +55,22 @@ class UidPool:
         with self._ledger:
             self._make_dir()
             for uid in self._range:
-                if uid in self._held:
+                if self._name(uid) in self._held:
                     continue
                 fd = self._lock(uid)
                 if fd is not None:
-                    self._held[uid] = fd
+                    self._held[self._name(uid)] = fd
                     return uid
-        raise SandboxError("no free sandbox uid: too many local sandboxes alive on this host")
+        what = "id range" if self._prefix else "uid"
+        raise SandboxError(f"no free sandbox {what}: too many local sandboxes alive on this host")
 
     def give(self, uid: int) -> None:
         """Release `uid` (its sandbox is gone). Unknown or already given: nothing to do."""
         with self._ledger:
-            fd = self._held.pop(uid, None)
+            fd = self._held.pop(self._name(uid), None)
         if fd is not None:
             try:
-                os.unlink(self._dir / f"{uid}.lock")  # still locked: see the module docstring
+                os.unlink(self._dir / self._name(uid))  # still locked: see the module docstring
             except OSError:
                 pass
             os.close(fd)  # closing the only descriptor of its open file drops the lock
@@ -73,7 +83,7 @@ class UidPool:
 
     def _lock(self, uid: int) -> int | None:
         """The descriptor holding `uid`'s lock, or None when another process (or open file) holds it."""
-        path = self._dir / f"{uid}.lock"
+        path = self._dir / self._name(uid)
         while True:
             try:
                 # CLOEXEC: no command the sandbox starts may inherit (and so keep) the lock.
