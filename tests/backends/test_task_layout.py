@@ -416,3 +416,14 @@ async def test_unisolated_shows_no_tests(backend_for: Callable[..., Target], ass
         assert box.isolation == "none" and box.paths.tests is None
     finally:
         await box.close()
+
+
+def test_a_bubblewrap_without_userns_is_named(tmp_path: Path) -> None:
+    """An old bubblewrap (before 0.7: no `--userns`) is what a sandbox with users is refused for."""
+    from coding_agent_env.sandbox.local.launch import Bwrap
+
+    old = tmp_path / "bwrap"
+    old.write_text("#!/bin/sh\necho '    --unshare-user  Create new user namespace'\necho '    --block-fd FD  Block'\n")
+    old.chmod(0o755)
+    refusal = Bwrap("test", str(old), ()).users_refusal()
+    assert refusal is not None and "--userns" in refusal and "--block-fd" not in refusal

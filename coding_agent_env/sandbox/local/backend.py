@@ -175,6 +175,10 @@ class LocalBackend(SandboxBackend):
         if layout.users and not (self._as_root and launch.supports_users):
             raise SandboxUnsupportedError("local", "users", "other users need a server running as root (a range of "
                                                             "host ids for the sandbox's own user namespace)")
+        if layout.users:
+            unable = await asyncio.to_thread(launch.users_refusal)
+            if unable is not None:
+                raise SandboxUnsupportedError("local", "users", unable)
         # The relay port in the sandbox's namespace is reserved now, for the agent (see `relay`).
         port = self._config.relay_port
         reserve = port if relay is not None and relay.serve is not None else None

@@ -21,6 +21,7 @@ from __future__ import annotations
 import abc
 import os
 import secrets
+import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,6 +190,10 @@ class Launch(abc.ABC):
     supports_users = False
     """Whether commands can run as other users (`SandboxSpec.users`): root launchers and root's plain bwrap."""
 
+    def users_refusal(self) -> str | None:
+        """Why this mode's commands cannot run as other users (None: they can); blocking."""
+        return "unisolated commands run as one host user"
+
     def paths(self, hosts: Mapping[str, Path], *, workdir: str | None = None, tests: bool = False) -> SandboxPaths:
         """The sandbox's paths as its commands see them, given its host directories (see `host_dirs`), its
         spec's workdir (None: the sandbox's own) and whether it shows `/tests`."""
@@ -264,15 +269,35 @@ class Unisolated(Launch):
         return box.uid is not None
 
 
+_UNASKED = object()
+
+
 class Bwrap(Launch):
     """bubblewrap started by the server itself (as the sandbox's uid when root)."""
 
     supports_users = True  # as root: the backend checks
 
+    def users_refusal(self) -> str | None:
+        """Why this bwrap cannot join a sandbox's user namespace (`--userns`, `--block-fd`: bubblewrap 0.7 and
+        later), or None; asked once (a bwrap run), off the event loop."""
+        if self._users_refusal is _UNASKED:
+            try:
+                done = subprocess.run([self.bwrap, "--help"], capture_output=True, timeout=10, env={}, check=False)
+                usage = done.stdout.decode(errors="replace") + done.stderr.decode(errors="replace")
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                usage = str(exc)
+            missing = [flag for flag in ("--userns ", "--block-fd ") if flag not in usage]
+            self._users_refusal = (
+                f"bubblewrap at {self.bwrap} has no {' or '.join(f.strip() for f in missing)} (0.7 or later needed)"
+                if missing else None
+            )
+        return self._users_refusal  # type: ignore[return-value]
+
     def __init__(self, detail: str, bwrap: str, system_args: Sequence[str]) -> None:
         super().__init__(detail)
         self.bwrap = bwrap
         self.system_args = tuple(system_args)
+        self._users_refusal: object = _UNASKED
 
     def fresh_shm(self, box: Box) -> Path | None:
         return box.fresh_dir(SHM_SUBDIR)

@@ -174,7 +174,8 @@ def make_userns(own_uid: int, base: int) -> int:
     try:
         if holder.stdout.readline() != b"ready\n":
             holder.wait(_MAKE_TIMEOUT_S)
-            raise SandboxError(f"cannot make the sandbox's user namespace: {holder.stderr.read(500).decode(errors='replace').strip()}")
+            why = holder.stderr.read(500).decode(errors="replace").strip()
+            raise SandboxError(f"cannot make the sandbox's user namespace: {why}")
         mapping = id_map(own_uid, base)
         for name in ("uid_map", "gid_map"):
             with open(f"/proc/{holder.pid}/{name}", "w") as fh:
