@@ -94,12 +94,13 @@ class RelayedCall:
             if not any(field in message for field in _ADDED_FIELDS if field not in self._request):
                 return False
             engine = engines.ENGINES["openai"]  # an API that knows no engine switch: logprobs only
-        body = rewrite_request(self._request, self.lease.upstream, engine)
-        if body == self.body or (engine is self.engine and not self.stream):
+        before = (self.engine, self.body, self.buffered, self.how)
+        self.engine, self.body, self.buffered, self.how = engine, rewrite_request(self._request, self.lease.upstream, engine), False, None
+        self._buffer_if_refused()
+        if (self.body, self.buffered) == before[1:3]:  # nothing different to try
+            self.engine, self.body, self.buffered, self.how = before
             return False
         self.rerouted = f"{status}: {message}"[:500]
-        self.engine, self.body, self.buffered, self.how = engine, body, False, None
-        self._buffer_if_refused()
         self.how = (self.how or "as the agent asked") + f"; again after the upstream refused what the relay added ({self.rerouted})"
         self.assembler = self._assembler()
         self.status, self.error, self.upstream_error = None, None, None
