@@ -391,6 +391,7 @@ async def test_users_through_nsenter(settings: Settings, assert_no_leftovers: No
 
 _REFUSED = [
     ("workdir", {"workdir": "/app"}),
+    ("tests", {"tests": True, "workdir": "/workspace"}),
     ("writable_roots", {"writable_roots": ("/solution",)}),
     ("users", {"users": True}),
 ]
@@ -410,8 +411,7 @@ async def test_unisolated_refuses_what_it_cannot_show(
 
 
 async def test_unisolated_shows_no_tests(backend_for: Callable[..., Target], assert_no_leftovers: None) -> None:
-    """The hidden tests' path is the caller's to refuse (`tests_dir`): an unisolated sandbox has none."""
-    box = await _create(backend_for("local-unisolated"), SandboxSpec(rollout_id="unisolated-tests", tests=True))
+    box = await _create(backend_for("local-unisolated"), SandboxSpec(rollout_id="unisolated"))
     try:
         assert box.isolation == "none" and box.paths.tests is None
     finally:

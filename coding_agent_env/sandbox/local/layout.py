@@ -5,8 +5,8 @@ Layout: under bubblewrap the workspace's host directory is bound at the spec's w
 `/workspace`, each further writable root is an empty host directory of its own under the sandbox root (inside
 its disk budget, owned by the sandbox's uid) bound at its path, and `/tests` (a symlink to `/logs/tests`) is
 there only with `spec.tests`. A path on the sandbox's own directories or the system's is refused
-(`SandboxUnsupportedError` naming the setting), as is any of these in an unisolated sandbox, which shows the
-host's paths and cannot show another.
+(`SandboxUnsupportedError` naming the setting), as is any of these (and `/tests`) in an unisolated sandbox,
+which shows the host's paths and cannot show another.
 
 Users (`spec.users`, root server only): the sandbox gets a user namespace of its own, made at create and kept
 (by our descriptor) until close, that maps inner ids 0..65535 onto a host range of the sandbox's own
@@ -86,6 +86,8 @@ class LocalLayout:
         """`SandboxUnsupportedError` naming the setting for what cannot be honoured (`isolated`: bubblewrap)."""
         if not isolated:
             why = "unisolated commands run in the host's directories, which cannot be shown at another path"
+            if spec.tests:  # named first: a Harbor task's hidden tests are what such a sandbox lacks most
+                raise SandboxUnsupportedError("local", "tests", f"{why}: it cannot show hidden tests at /tests")
             if spec.workdir is not None:
                 raise SandboxUnsupportedError("local", "workdir", f"{why} (not at {spec.workdir[:100]!r})")
             if spec.writable_roots:
@@ -93,7 +95,7 @@ class LocalLayout:
             if spec.users:
                 raise SandboxUnsupportedError("local", "users", "unisolated commands run as one host user, never as "
                                                                  "root or another user")
-            return cls(tests=spec.tests)
+            return cls()
         workdir = None if spec.workdir is None else _claimable(spec.workdir, "workdir", _OWN)
         roots: list[str] = []
         for root in spec.writable_roots:
