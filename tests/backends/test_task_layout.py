@@ -386,6 +386,28 @@ async def test_users_through_nsenter(settings: Settings, assert_no_leftovers: No
         await backends.aclose()
 
 
+async def test_users_through_plain_bubblewrap(target: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same users where root starts bwrap itself (no root launcher usable): the namespace passed to it."""
+    _needs_root()
+    from coding_agent_env.sandbox.local.launch import Bwrap
+    from coding_agent_env.sandbox.local.probe import system_args
+
+    backend = target.backends.get(target.name)
+    if target.name != "local":
+        pytest.skip("the local backend's own mode")
+    launch = backend._probe()  # type: ignore[attr-defined]
+    assert isinstance(launch, Bwrap)
+    monkeypatch.setattr(backend, "_launch", Bwrap("plain", launch.bwrap, system_args()))
+    box = await backend.create(SandboxSpec(rollout_id="plain", users=True, workdir="/app"))
+    try:
+        for user, expected in (("root", "0"), (None, "1000"), ("nobody", "65534")):
+            code, out, err = await sh(box, "id -u; pwd; ls -l /proc/self/fd/", user=user)
+            assert code == 0 and out.splitlines()[:2] == [expected, "/app"], (user, out, err)
+            assert "user:[" not in out
+    finally:
+        await box.close()
+
+
 # -- what the unisolated mode cannot show ------------------------------------------------------------------------
 
 
