@@ -94,6 +94,7 @@ class RelayedCall:
             if not any(field in message for field in _ADDED_FIELDS if field not in self._request):
                 return False
             engine = engines.ENGINES["openai"]  # an API that knows no engine switch: logprobs only
+            engines.remember(base_url, engine)
         before = (self.engine, self.body, self.buffered, self.how)
         self.engine, self.body, self.buffered, self.how = engine, rewrite_request(self._request, self.lease.upstream, engine), False, None
         self._buffer_if_refused()

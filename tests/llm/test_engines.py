@@ -87,6 +87,7 @@ async def test_vllm_fake_streamed_tools_ids_in_its_fields_and_detected(relay: Re
         [seen] = server.app.requests
         assert seen.body is not None and seen.body["stream"] is True and seen.body["return_token_ids"] is True
         assert engines.engine_for(server.base_url, None).name == "vllm"  # learnt from its `stop_reason`
+        assert engines.engine_for(server.base_url, None) is engines.GENERIC  # asks ids only where the endpoint says
 
 
 async def test_sglang_configured_streamed_call_goes_whole_and_is_streamed_to_the_agent(relay: Relay) -> None:
@@ -188,6 +189,8 @@ async def test_strict_api_refusing_an_added_field_is_called_again_without_it(rel
         refused, sent = server.app.requests
         assert refused.body is not None and "return_token_ids" in refused.body
         assert sent.body is not None and "return_token_ids" not in sent.body and sent.body["stream"] is True
+        await streamed_tool_call(relay, upstream(server, token_ids=True))  # remembered: asked right at once
+        assert len(server.app.requests) == 3 and "return_token_ids" not in (server.app.requests[2].body or {})
 
 
 async def test_a_refusal_not_caused_by_the_relay_reaches_the_agent_unchanged(relay: Relay) -> None:

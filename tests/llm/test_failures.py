@@ -55,3 +55,13 @@ async def test_a_rollout_whose_llm_refused_says_so_in_error(settings: Settings) 
         result = await run_rollout(request, settings=settings)
     assert result.error_detail is not None and result.error_detail.type == "LlmUpstreamError"
     assert result.error is not None and "503" in result.error and "model is overloaded" in result.error, result.error
+
+
+async def test_a_rollout_whose_llm_is_dead_says_so_in_error(settings: Settings) -> None:
+    from tests.helpers import free_port
+
+    request = RolloutRequest(instruction="do it", agent="terminus", base_url=f"http://127.0.0.1:{free_port()}/v1",
+                             api_key="sk-f", model="fake/m", verify=["true"], agent_timeout_s=30)
+    result = await run_rollout(request, settings=settings)
+    assert result.error_detail is not None and result.error_detail.type == "LlmUpstreamError", result.error
+    assert "upstream unreachable" in (result.error or "")

@@ -258,3 +258,20 @@ async def test_pi_streamed_tool_using_rollout_on_llamacpp(
     assert all(t.stream for t in answered)  # the agent streamed; llama.cpp was called whole (it refuses that)
     assert all(s.request.get("stream") is False for s in recorder.chats())
     assert all(s.request.get("tools") for s in recorder.chats())
+
+
+async def test_pi_not_told_the_engine_gets_through_and_says_no_error(
+    proxy: tuple[str, RecordingProxy], settings: Settings, require_agent: Any
+) -> None:
+    """The issue's case: Pi streams with tools to a caller-supplied base URL (the relay is not told the engine).
+    llama.cpp's refusal of what the relay added is taken back before Pi sees anything: no failed call."""
+    require_agent("pi")
+    base_url, recorder = proxy
+    request = rollout_request("pi", endpoint=None, base_url=base_url, api_key="sk-none", model=MODEL_NAME)
+    result = await run_rollout(request, settings=settings)
+    turns = result.proxy_turns
+    assert turns and all(t.error is None and t.upstream_status == 200 for t in turns), (result.error, turns)
+    assert [s.status for s in recorder.chats()][:2] == [400, 200]  # refused once, then known: no more 400s
+    assert [s.status for s in recorder.chats()].count(400) == 1
+    check_against_engine(turns, recorder)
+    assert result.error is None, result.error

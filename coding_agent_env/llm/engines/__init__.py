@@ -17,7 +17,7 @@ from coding_agent_env.llm.engines import llamacpp, openai, sglang, vllm
 from coding_agent_env.llm.engines.base import Engine, IdsFound, PromptIdsRequest
 
 __all__ = ["ENGINES", "GENERIC", "Engine", "IdsFound", "PromptIdsRequest", "detect", "engine_for", "forget",
-           "refused_by"]
+           "refused_by", "remember"]
 
 ENGINES: dict[str, Engine] = {engine.name: engine for engine in (
     vllm.ENGINE,
@@ -27,16 +27,19 @@ ENGINES: dict[str, Engine] = {engine.name: engine for engine in (
 )}
 GENERIC: Engine = vllm.GENERIC
 
-_DETECTED: dict[str, str] = {}
-"""base URL -> engine name, learnt from answers (bounded: one entry per distinct upstream base URL)."""
+_DETECTED: dict[str, Engine] = {}
+"""base URL -> engine, learnt from answers (bounded: one entry per distinct upstream base URL)."""
 _MAX_DETECTED = 4096
-_DETECTABLE = (llamacpp.ENGINE, sglang.ENGINE, vllm.ENGINE)
+_DETECTABLE = (llamacpp.ENGINE, sglang.ENGINE, vllm.GENERIC)
+"""vLLM recognised but not configured stays `GENERIC` (its fields, `return_token_ids` only where the endpoint
+says): a router in front of it may refuse what vLLM itself takes."""
 
 
 def engine_for(base_url: str, configured: str | None) -> Engine:
     """The engine of a call to `base_url`: configured, else detected earlier, else `GENERIC`."""
-    name = configured or _DETECTED.get(base_url)
-    return ENGINES.get(name, GENERIC) if name is not None else GENERIC
+    if configured is not None:
+        return ENGINES.get(configured, GENERIC)
+    return _DETECTED.get(base_url, GENERIC)
 
 
 def detect(base_url: str, obj: Any) -> Engine | None:
@@ -45,7 +48,7 @@ def detect(base_url: str, obj: Any) -> Engine | None:
         return None
     for engine in _DETECTABLE:
         if engine.detects(obj):
-            _remember(base_url, engine)
+            remember(base_url, engine)
             return engine
     return None
 
@@ -54,7 +57,7 @@ def refused_by(base_url: str, status: int, message: str) -> Engine | None:
     """The engine whose known refusal of what the relay added `message` is (remembered for `base_url`)."""
     for engine in _DETECTABLE:
         if engine.refusal_is_ours(status, message):
-            _remember(base_url, engine)
+            remember(base_url, engine)
             return engine
     return None
 
@@ -67,7 +70,8 @@ def forget(base_url: str | None = None) -> None:
         _DETECTED.pop(base_url, None)
 
 
-def _remember(base_url: str, engine: Engine) -> None:
+def remember(base_url: str, engine: Engine) -> None:
+    """`base_url`'s engine from now on (unless its endpoint says another)."""
     if len(_DETECTED) >= _MAX_DETECTED:
         _DETECTED.clear()
-    _DETECTED[base_url] = engine.name
+    _DETECTED[base_url] = engine
