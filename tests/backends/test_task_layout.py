@@ -449,3 +449,16 @@ def test_a_bubblewrap_without_userns_is_named(tmp_path: Path) -> None:
     old.chmod(0o755)
     refusal = Bwrap("test", str(old), ()).users_refusal()
     assert refusal is not None and "--userns" in refusal and "--block-fd" not in refusal
+
+
+def test_a_sandbox_without_users_starts_as_before() -> None:
+    """Without `SandboxSpec.users` bwrap makes its own user namespace with the sandbox user alone, as it did."""
+    from coding_agent_env.sandbox.local.launch import namespace_args
+
+    assert namespace_args(share_net=False) == [
+        "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--unshare-user", "--uid", "1000",
+        "--gid", "1000"]
+    assert namespace_args(share_net=True)[-1] == "--share-net"
+    joined = namespace_args(share_net=True, userns=7)
+    assert "--unshare-all" not in joined and "--unshare-net" not in joined
+    assert joined[joined.index("--userns") + 1] == joined[joined.index("--block-fd") + 1] == "7"
