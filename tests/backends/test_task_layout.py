@@ -24,6 +24,7 @@ from coding_agent_env.sandbox.local import uids
 from coding_agent_env.sandbox.local.sandbox import LocalSandbox
 from coding_agent_env.settings import LocalConfig, Settings
 from tests.backends.conftest import Target
+from tests.helpers import wait_until
 
 OUT = 64 * 1024
 KINDS = ["local"]
@@ -46,18 +47,29 @@ def target(kind: str, backend_for: Callable[..., Target], assert_no_leftovers: N
 
 
 @pytest.fixture
-def no_range_processes(settings: Settings) -> Iterator[None]:
-    """Fails the test if a process of a sandbox's id range (its users: root, nobody) outlives the test."""
+def no_range_processes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fails the test if a process of an id range one of its sandboxes held (their users: root, nobody) outlives
+    the test (waiting a little for ones still exiting)."""
+    taken: list[int] = []
+    take = uids.UidPool.take
+
+    def recorded(pool: uids.UidPool) -> int:
+        first = take(pool)
+        if pool._prefix:  # a range pool
+            taken.append(first)
+        return first
+
+    monkeypatch.setattr(uids.UidPool, "take", recorded)
     yield
-    local = settings.backend_config("local")
-    assert isinstance(local, LocalConfig)
-    ids = range(local.uid_range_base, local.uid_range_base + local.uid_range_count * 65536)
 
     def left() -> list[str]:
         found = []
         for entry in Path("/proc").iterdir():
             try:
-                if not entry.name.isdigit() or entry.stat().st_uid not in ids:
+                if not entry.name.isdigit():
+                    continue
+                owner = entry.stat().st_uid
+                if not any(base <= owner < base + 65536 for base in taken):
                     continue
                 state = (entry / "stat").read_text().rpartition(")")[2].split()[:1]
                 if state != ["Z"]:  # a zombie is dead already, waiting for its parent
@@ -66,7 +78,7 @@ def no_range_processes(settings: Settings) -> Iterator[None]:
                 pass  # gone meanwhile
         return found
 
-    assert not left(), f"processes of a sandbox's id range left: {left()}"
+    wait_until(lambda: not left(), lambda: f"processes of a sandbox's id range left: {left()}", timeout_s=5)
 
 
 async def _create(target: Target, spec: SandboxSpec) -> Sandbox:
