@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -375,6 +377,27 @@ async def test_users_need_a_root_server(target: Target, monkeypatch: pytest.Monk
     with pytest.raises(SandboxUnsupportedError) as caught:
         await backend.create(SandboxSpec(rollout_id="refused", users=True))
     assert caught.value.setting == "users" and "root" in str(caught.value)
+    assert not list(settings.state_dir.glob("*-refused-*"))
+
+
+async def test_a_user_namespace_that_cannot_be_made_refuses_the_sandbox(
+    target: Target, monkeypatch: pytest.MonkeyPatch, settings: Settings
+) -> None:
+    """No `unshare` here (say): refused naming users, its uid and id range given back, nothing made."""
+    _needs_root()
+    from coding_agent_env.sandbox.local import layout
+
+    def no_unshare(*args: Any, **kwargs: Any) -> Any:
+        raise FileNotFoundError(2, "No such file or directory", "unshare")
+
+    # Only the namespace's maker finds no unshare (the probe and bwrap keep the real `subprocess`).
+    monkeypatch.setattr(layout, "subprocess", SimpleNamespace(Popen=no_unshare, PIPE=subprocess.PIPE,
+                                                              TimeoutExpired=subprocess.TimeoutExpired))
+    held = dict(uids.UidPool._held)
+    with pytest.raises(SandboxUnsupportedError) as caught:
+        await _create(target, SandboxSpec(rollout_id="refused", users=True))
+    assert caught.value.setting == "users" and "unshare" in str(caught.value)
+    assert uids.UidPool._held == held  # the uid and the range are free again
     assert not list(settings.state_dir.glob("*-refused-*"))
 
 

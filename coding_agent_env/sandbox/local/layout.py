@@ -167,16 +167,18 @@ def id_map(own_uid: int, base: int) -> str:
 def make_userns(own_uid: int, base: int) -> int:
     """A new user namespace owned by `own_uid`, with `id_map` for users and groups; our descriptor of it
     (close-on-exec). Blocking (a process is started): call it off the event loop. As root only."""
-    holder = subprocess.Popen(
-        ["unshare", "--user", "--", "/bin/sh", "-c", "echo ready; read _"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"},
-        cwd="/", user=own_uid, group=own_uid, extra_groups=[], start_new_session=True,
-    )
+    try:
+        holder = subprocess.Popen(
+            ["unshare", "--user", "--", "/bin/sh", "-c", "echo ready; read _"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"},
+            cwd="/", user=own_uid, group=own_uid, extra_groups=[], start_new_session=True,
+        )
+    except OSError as exc:
+        raise SandboxError(f"cannot start unshare (util-linux) for the sandbox's user namespace: {exc}") from exc
     assert holder.stdin is not None and holder.stdout is not None and holder.stderr is not None
     try:
         if holder.stdout.readline() != b"ready\n":
-            holder.wait(_MAKE_TIMEOUT_S)
-            why = holder.stderr.read(500).decode(errors="replace").strip()
+            why = holder.stderr.read(500).decode(errors="replace").strip() or "unshare said nothing"
             raise SandboxError(f"cannot make the sandbox's user namespace: {why}")
         mapping = id_map(own_uid, base)
         for name in ("uid_map", "gid_map"):
