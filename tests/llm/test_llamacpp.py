@@ -6,7 +6,7 @@ Skips, saying why, until the binary is built (CI builds it in the background; it
 
 from __future__ import annotations
 
-import asyncio
+import fcntl
 import json
 import os
 import secrets
@@ -41,15 +41,33 @@ MODEL_NAME = "smollm2-135m"
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command.", "parameters": {
     "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
 
-pytestmark = pytest.mark.skipif(
-    not (BINARY.is_file() and MODEL.is_file() and TEMPLATE.is_file()),
-    reason=f"llama-server not built yet in {CACHE}: run scripts/llama_server.sh (about 17 minutes on 2 cores)",
-)
+BUILD_WAIT_S = float(os.environ.get("CAE_LLAMA_WAIT_S", "1800"))
+"""How long to wait for a build in progress (scripts/llama_server.sh holds its cache's lock while it builds)."""
+
+
+def _built() -> bool:
+    """Whether the binary, model and template are there, after waiting for a build in progress to end."""
+    lock = CACHE / ".lock"
+    if lock.exists():
+        deadline = time.monotonic() + BUILD_WAIT_S
+        with open(lock, "rb") as held:
+            while True:
+                try:
+                    fcntl.flock(held, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    fcntl.flock(held, fcntl.LOCK_UN)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(2)
+    return BINARY.is_file() and MODEL.is_file() and TEMPLATE.is_file()
 
 
 @pytest.fixture(scope="session")
 def llama_server() -> Iterator[str]:
     """llama-server on 127.0.0.1 (a free port), one slot, the packaged model; killed by its PID at the end."""
+    if not _built():
+        pytest.skip(f"llama-server not built in {CACHE}: run scripts/llama_server.sh (about 17 minutes on 2 cores)")
     port = free_port()
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"llama-server-{port}.log", "wb")  # noqa: SIM115
     process = subprocess.Popen(
