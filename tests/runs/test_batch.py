@@ -20,6 +20,8 @@ from tests.helpers import serving, wait_until
 from tests.tasks.harbor_fixtures import REWARD, make_task
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
+NAMES = sorted(path.name for path in EXAMPLES.iterdir() if (path / "task.toml").is_file())
+"""The bundled tasks (nine: the feature tasks among them)."""
 pytestmark = pytest.mark.usefixtures("assert_no_leftovers")
 
 
@@ -43,14 +45,14 @@ def test_examples_with_the_oracle_and_resume(tmp_path: Path, env: dict[str, str]
     out = tmp_path / "out.jsonl"
     assert main(["run", str(EXAMPLES), "--agent", "oracle", "-k", "2", "-n", "3", "--out", str(out)]) == 0
     first = lines(out)
-    assert len(first) == 8 and all(rec["result"]["reward"] == 1.0 for rec in first)
-    names = ("fix-median", "fizzbuzz", "hello-file", "word-count")
-    assert {(rec["task_id"], rec["attempt"]) for rec in first} == {(t, a) for t in names for a in (1, 2)}
+    assert len(first) == 2 * len(NAMES) and all(rec["result"]["reward"] == 1.0 for rec in first), first
+    assert {(rec["task_id"], rec["attempt"]) for rec in first} == {(t, a) for t in NAMES for a in (1, 2)}
     printed = capsys.readouterr().out
     assert "pass@2" in printed and "mean reward" in printed
     assert main(["run", str(EXAMPLES), "--agent", "oracle", "-k", "3", "--out", str(out)]) == 0
     second = lines(out)
-    assert second[:8] == first and len(second) == 12 and {rec["attempt"] for rec in second[8:]} == {3}
+    done = len(first)
+    assert second[:done] == first and len(second) == 3 * len(NAMES) and {rec["attempt"] for rec in second[done:]} == {3}
 
 
 def test_bad_entries_are_reported_and_the_rest_run(tmp_path: Path, env: dict[str, str],
@@ -161,7 +163,7 @@ def test_through_a_running_server(tmp_path: Path, env: dict[str, str]) -> None:
         assert main(["run", str(EXAMPLES), "--agent", "oracle", "-n", "2", "--server", f"http://127.0.0.1:{port}",
                      "--out", str(out), "--no-progress"]) == 0
         records = lines(out)
-        assert len(records) == 4 and all(rec["result"]["reward"] == 1.0 for rec in records)
+        assert len(records) == len(NAMES) and all(rec["result"]["reward"] == 1.0 for rec in records), records
     finally:
         server.send_signal(signal.SIGTERM)
         try:

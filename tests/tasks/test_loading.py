@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from coding_agent_env.sandbox.base import SandboxLimits
 from coding_agent_env.tasks import LoadedTask, TaskError, TaskOptions, iter_tasks
 from tests.tasks.harbor_fixtures import make_task
@@ -52,9 +54,11 @@ def test_harbor_mapping(tmp_path: Path) -> None:
     assert request.files == {"src/m.py": "M = 1\n", "top.txt": "top\n"}
     assert set(request.verify_files) == {"test.sh", "test_x.py"} and request.verify_files_root == "/tests"
     assert request.verify == ["bash /tests/test.sh"] and request.reward_file_required
-    assert request.solution and "echo ok > done.txt" in request.solution[0]
+    # The whole solution/ is the oracle's /solution, where solve.sh runs; the workdir is the Dockerfile's.
+    assert request.solution == ["bash /solution/solve.sh"] and "echo ok > done.txt" in request.solution_files["solve.sh"]
+    assert request.workdir == "/app" and (request.agent_user, request.verify_user) == ("root", "root")
     notes = " | ".join(loaded.notes)
-    assert "cpus 64 cut" in notes and "allow_internet" in notes and "workdir /app" in notes
+    assert "cpus 64 cut" in notes and "internet access not honoured" in notes
     # ENV becomes the request's env, expanded as Docker would; HOME is the sandbox's own, so it is left (and noted).
     assert request.env == {"A": "1", "PATH": "/opt/t/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                            "B": "two 1"}
@@ -104,3 +108,43 @@ def test_copies_outside_the_workdir_need_docker(tmp_path: Path) -> None:
     assert isinstance(local, TaskError) and local.unsupported and "--sandbox docker" in local.message
     (docker,) = iter_tasks([task], TaskOptions(sandbox="docker"))
     assert isinstance(docker, LoadedTask) and docker.request.files == {}  # the image holds it
+
+
+def test_harbor_declarations_reach_the_task(tmp_path: Path) -> None:
+    """What a task declares (issue 29) becomes task fields: the workdir (task.toml over WORKDIR), users (the
+    task's, else the Dockerfile's USER, else root), COPYs outside the workdir at their paths, literal env values,
+    steps with their own tests over the task's, the task's solution where a step has none."""
+    toml = ('multi_step_reward_strategy = "final"\n[agent]\nuser = "app"\n[environment]\nworkdir = "/srv/w"\n'
+            'env = { LITERAL = "yes", FROM_HOST = "${HOME}" }\n[verifier]\nenv = { MODE = "strict run" }\n'
+            '[solution]\nenv = { HINT = "1" }\n'
+            '[[steps]]\nname = "one"\nmin_reward = { correctness = 1.0 }\n[[steps]]\nname = "two"\n')
+    task = make_task(tmp_path, "declared", toml=toml, instruction=None,
+                     dockerfile="FROM x\nUSER 1001\nCOPY data/ /data/\nCOPY cfg /etc/cfg\nCMD [\"bash\"]\n",
+                     env_files={"data/a.txt": "a\n", "cfg": "c\n"}, extra_tests={"shared.py": "S = 1\n"})
+    for name, text in {"steps/one/instruction.md": "first", "steps/one/tests/test.sh": "echo one",
+                       "steps/one/workdir/setup.sh": "echo set", "steps/two/instruction.md": "second",
+                       "steps/two/solution/solve.sh": "echo two"}.items():
+        (task / name).parent.mkdir(parents=True, exist_ok=True)
+        (task / name).write_text(text)
+    (refused,) = iter_tasks([task], TaskOptions())
+    assert isinstance(refused, TaskError) and "/etc/cfg" in refused.message and refused.unsupported
+    (loaded,) = iter_tasks([task], TaskOptions(ignore_dockerfile=True))
+    assert isinstance(loaded, LoadedTask), loaded
+    request, notes = loaded.request, " | ".join(loaded.notes)
+    assert request.workdir == "/srv/w" and (request.agent_user, request.verify_user) == ("app", "1001")
+    assert request.outside_files == {"/data/a.txt": "a\n"} and "/etc/cfg" in notes and "CMD (line 5)" in notes
+    assert request.env["LITERAL"] == "yes" and "FROM_HOST" not in request.env and "FROM_HOST" in notes
+    assert request.verify == ["MODE='strict run' bash /tests/test.sh"] and request.solution_env == {"HINT": "1"}
+    one, two = request.steps
+    assert request.instruction == "first" and request.step_reward == "final"
+    assert one.verify_files["test.sh"] == "echo one" and one.verify_files["shared.py"] == "S = 1\n"
+    assert one.setup == ["bash setup.sh"] and one.min_reward == {"correctness": 1.0}
+    assert "echo ok" in one.solution_files["solve.sh"] and two.solution_files["solve.sh"] == "echo two"
+    assert two.verify_files["test.sh"] != "echo one"  # the task's own test.sh
+
+
+@pytest.mark.parametrize("workdir", ["/usr/src/app", "/tmp", "relative"])
+def test_a_workdir_no_sandbox_can_show_refuses_the_task(tmp_path: Path, workdir: str) -> None:
+    task = make_task(tmp_path, "where", toml=f'[environment]\nworkdir = "{workdir}"\n')
+    (refused,) = iter_tasks([task], TaskOptions())
+    assert isinstance(refused, TaskError) and "workdir" in refused.message

@@ -1,0 +1,3 @@
+#!/bin/bash
+mkdir -p /logs/verifier
+[ -f /app/log.txt ] && [ "$(cat /app/log.txt)" = "$(printf 'one\ntwo')" ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt
