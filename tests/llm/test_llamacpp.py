@@ -267,12 +267,15 @@ async def test_terminus_rollout_on_llamacpp(proxy: tuple[str, RecordingProxy], s
     openenv_validates(gen_b, result.training.trace)
 
 
-async def test_pi_streamed_tool_using_rollout_on_llamacpp(
-    proxy: tuple[str, RecordingProxy], settings: Settings, require_agent: Any
+@pytest.mark.parametrize("agent", ["pi", "opencode"])
+async def test_streamed_tool_using_agent_rollout_on_llamacpp(
+    agent: str, proxy: tuple[str, RecordingProxy], settings: Settings, require_agent: Any
 ) -> None:
-    require_agent("pi")
+    """Pi and OpenCode stream with tools (OpenCode's first prompt is about 7.7k tokens: about 2 minutes here)."""
+    require_agent(agent)
     base_url, recorder = proxy
-    result = await run_rollout(rollout_request("pi"), settings=rollout_settings(settings, base_url))
+    result = await run_rollout(rollout_request(agent, agent_timeout_s=400),
+                               settings=rollout_settings(settings, base_url))
     answered = check_rollout(result, recorder)
     assert all(t.stream for t in answered)  # the agent streamed; llama.cpp was called whole (it refuses that)
     assert all(s.request.get("stream") is False for s in recorder.chats())
