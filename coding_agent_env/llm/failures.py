@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from coding_agent_env.llm.trace import CUT_ERRORS
 from coding_agent_env.models import ErrorInfo, Mode, Turn
 
 __all__ = ["llm_failure"]
 
-_NOT_THE_LLM = frozenset({"client disconnected", "lease closed", "call cancelled"})
 _ADDED = ("logprobs", "top_logprobs", "return_token_ids", "return_prompt_token_ids", "return_meta_info",
           "stream_options")
 _MAX_MESSAGE = 500
@@ -52,7 +52,7 @@ def llm_failure(turns: Sequence[Turn], mode: Mode) -> ErrorInfo | None:
 def _failed(turn: Turn) -> bool:
     if turn.upstream_status is not None and turn.upstream_status >= 400:
         return True
-    return turn.error is not None and turn.error not in _NOT_THE_LLM
+    return turn.error is not None and turn.error not in CUT_ERRORS
 
 
 def _message(turn: Turn) -> str:

@@ -10,7 +10,10 @@ Rules (the engine's tokens are the truth; nothing is re-tokenised):
   or `subagent` purpose with logprobs that are present, finite, not positive and aligned with the sampled ids;
 - a call with bad logprobs (missing, misaligned, NaN, positive) stays as context: its logprobs are replaced by
   0.0 placeholders under mask 0 and its `note` says why; nothing raises, and the reward is untouched;
-- `reward` mirrors the rollout's reward and stays null when it was not scored, never 0.
+- `reward` mirrors the rollout's reward and stays null when it was not scored, never 0;
+- a call the relay cut before it was answered (the agent's phase ended, the rollout was cancelled, the agent hung
+  up: `CUT_ERRORS`) is recorded as cut: outside the graph, no purpose, never trainable, its note says so (it
+  is not an agent's restarted conversation, which is what an unanswered call would otherwise look like).
 """
 
 from __future__ import annotations
@@ -22,15 +25,22 @@ from typing import Any
 from coding_agent_env.llm.graph import Node, RolloutGraph, build_graph, full_prompts
 from coding_agent_env.models import TrainingData, TrainingSequence, Turn
 
-__all__ = ["annotate", "trace_entries", "training_data"]
+__all__ = ["CUT_ERRORS", "annotate", "trace_entries", "training_data"]
 
 _TRAINED_PURPOSES = frozenset(("main", "compaction", "subagent"))
+CUT_ERRORS = frozenset(("lease closed", "call cancelled", "client disconnected"))
+"""A turn's `error` when the relay ended the call for the agent's side, not the LLM's."""
 
 
 def annotate(turns: Sequence[Turn], rollout_id: str) -> tuple[list[Turn], RolloutGraph]:
-    """`turns` with `node_id`, `parent`, `purpose`, `trainable` and `note` filled in, and their graph."""
-    graph = build_graph(turns)
-    out = []
+    """`turns` with `node_id`, `parent`, `purpose`, `trainable` and `note` filled in, and their graph (cut calls
+    outside it)."""
+    cut = [turn for turn in turns if turn.error in CUT_ERRORS]
+    graph = build_graph([turn for turn in turns if turn.error not in CUT_ERRORS])
+    out = [turn.model_copy(update={
+        "node_id": f"{rollout_id}:{turn.turn}", "parent": None, "purpose": None, "trainable": False,
+        "note": f"cut: {turn.error} before its answer was whole",
+    }) for turn in cut]
     for node in graph.nodes:
         node.logps_ok = _logps_problem(node.turn) is None
         trainable, note = _trainable(node)
@@ -39,7 +49,7 @@ def annotate(turns: Sequence[Turn], rollout_id: str) -> tuple[list[Turn], Rollou
             "trainable": trainable, "note": note,
         }))
         node.turn = out[-1]
-    return out, graph
+    return sorted(out, key=lambda turn: turn.turn), graph
 
 
 def training_data(graph: RolloutGraph, *, rollout_id: str, task_id: str, reward: float | None) -> TrainingData:
