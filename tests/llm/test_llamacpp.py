@@ -6,6 +6,7 @@ Skips, saying why, until the binary is built (CI builds it in the background; it
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
@@ -297,3 +298,34 @@ async def test_pi_not_told_the_engine_gets_through_and_says_no_error(
     assert [s.status for s in recorder.chats()].count(400) == 1
     check_against_engine(turns, recorder)
     assert result.error is None, result.error
+
+
+@pytest.mark.parametrize(("stream", "tools"), [(False, True), (True, True), (True, False)],
+                         ids=["whole", "buffered", "streamed"])
+async def test_a_call_the_relay_abandons_frees_the_engine_at_once(
+    llama_server: str, tmp_path: Path, stream: bool, tools: bool
+) -> None:
+    """One slot: a long generation the relay abandons (its lease closed: the agent's phase ended) must not keep
+    the engine busy; the next call is answered as soon as its own work is done. Closing the connection is what
+    cancels it: llama.cpp stops a request whose client went away, streamed or not."""
+    async with Relay(Settings(state_dir=tmp_path / "s", relay_read_timeout_s=300)) as relay:
+        lease = await relay.open_lease("r", Upstream(base_url=llama_server + "/v1", api_key=None, model=MODEL_NAME,
+                                                     mode=Mode.TRANSPARENT_PROXY, engine="llamacpp"))
+        long = {"model": "x", "messages": [{"role": "user", "content": "Count from 1 to 1000, one per line."}],
+                "max_tokens": 2000, "stream": stream, "ignore_eos": True, **({"tools": TOOLS} if tools else {})}
+        async with aiohttp.ClientSession() as http:
+            call = asyncio.ensure_future(http.post(lease.base_url + "/chat/completions", json=long,
+                                                   headers={"Authorization": f"Bearer {lease.token}"}))
+            await asyncio.sleep(3)  # generating (2000 tokens: about 2 minutes here)
+            await lease.close()
+            call.cancel()
+            await asyncio.gather(call, return_exceptions=True)
+            started = time.monotonic()
+            async with http.post(llama_server + "/v1/chat/completions", json={
+                "model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+                    timeout=aiohttp.ClientTimeout(total=120)) as reply:
+                assert reply.status == 200
+            waited = time.monotonic() - started
+    [turn] = lease.turns()
+    assert turn.error == "lease closed"
+    assert waited < 15, f"the engine was still busy with the abandoned call: {waited:.0f} s"
