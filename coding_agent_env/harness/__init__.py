@@ -1,35 +1,54 @@
 """Trainer-side sessions: OpenEnv's harness contract (`openenv.core.harness`) served by this server, without a
 runtime dependency on openenv (duck-typed): interactive episodes for white-box training (`EpisodeSessionFactory`:
 the trainer's model acts through the `terminal` tool) and loop-owning rollouts (`RolloutSessionFactory`: a CLI
-agent owns its loop, the trainer reads the training trace back). No server dependencies, so it imports where
-trainers are (openenv 0.10, TRL, mcp 1.x)."""
+agent owns its loop, the trainer reads the training trace back); and TRL's `environment_factory` class
+(`CodingEnvironment`, `AsyncCodingEnvironment`: reset, the `terminal` tool, get_reward). No server dependencies,
+so it imports where trainers are (openenv 0.10, TRL, mcp 1.x)."""
 
 from coding_agent_env.harness.episodes import (
     EpisodeSession,
     EpisodeSessionFactory,
-    HarnessError,
     HarnessTool,
     ToolResult,
     VerifyResult,
 )
+from coding_agent_env.harness.wire import (
+    ConnectionLostError,
+    HarnessError,
+    ServerRefusedError,
+    ServerUnreachableError,
+)
 
 __all__ = [
+    "AsyncCodingEnvironment",
+    "CodingEnvironment",
+    "ConnectionLostError",
     "EpisodeSession",
     "EpisodeSessionFactory",
     "HarnessError",
     "HarnessTool",
     "RolloutSession",
     "RolloutSessionFactory",
+    "ServerRefusedError",
+    "ServerUnreachableError",
     "ToolResult",
     "VerifyResult",
 ]
 
+_LAZY = {
+    "RolloutSession": "rollouts",
+    "RolloutSessionFactory": "rollouts",
+    "CodingEnvironment": "environment",
+    "AsyncCodingEnvironment": "environment",
+}
+
 
 def __getattr__(name: str) -> object:
-    # The rollout sessions need the training trace (and so aiohttp, a base dependency); the episode sessions need
-    # only the standard library and websockets: import the former on first use.
-    if name in ("RolloutSession", "RolloutSessionFactory"):
-        from coding_agent_env.harness import rollouts
+    # The rollout sessions need the training trace (and so aiohttp, a base dependency) and TRL's environments the
+    # task model (pydantic); the episode sessions need only the standard library and websockets: import the
+    # others on first use.
+    if name in _LAZY:
+        import importlib
 
-        return getattr(rollouts, name)
+        return getattr(importlib.import_module(f"coding_agent_env.harness.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

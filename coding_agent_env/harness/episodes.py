@@ -22,32 +22,23 @@ Contract (what openenv's white-box loop relies on):
 - `verify(transcript, final_state=None)`: forwards the reward the environment computed (`None` when the
   episode was never scored); it computes nothing itself.
 - `close()`: ends the episode (the server tears its sandbox down); idempotent.
-Each WebSocket exchange has a deadline (`message_timeout_s`); a dropped connection is a `HarnessError`.
+Each WebSocket exchange has a deadline (`message_timeout_s`); a dropped connection is a `HarnessError`
+(`wire.py` says which: unreachable, lost, refused).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from websockets.exceptions import WebSocketException
-from websockets.sync.client import ClientConnection, connect
+from coding_agent_env.harness.wire import Channel, HarnessError, reply_data
 
-from coding_agent_env.errors import CodingAgentEnvError
-from coding_agent_env.urls import ws_url
-
-__all__ = ["EpisodeSession", "EpisodeSessionFactory", "HarnessError", "HarnessTool", "ToolResult", "VerifyResult"]
+__all__ = ["EpisodeSession", "EpisodeSessionFactory", "HarnessError", "HarnessTool", "ToolResult", "VerifyResult",
+           "reply_data"]
 
 TERMINAL = "terminal"
 RESERVED_TOOL_NAMES = frozenset({"reset", "step", "state", "close"})
-_MAX_FRAME_BYTES = 100 * 1024 * 1024
-
-
-class HarnessError(CodingAgentEnvError):
-    """The server refused the episode, or the connection to it failed."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +89,10 @@ class EpisodeSessionFactory:
         self.connect_timeout_s = connect_timeout_s
 
     def create(self, task: Any, seed: int | None = None, episode_id: str | None = None) -> EpisodeSession:
+        return EpisodeSession(self, self.reset_arguments(task, seed, episode_id))
+
+    def reset_arguments(self, task: Any, seed: int | None = None, episode_id: str | None = None) -> dict[str, Any]:
+        """`reset`'s keyword arguments for `task`: the factory's defaults, then the task's, then seed and id."""
         if not isinstance(task, Mapping):
             raise HarnessError("an episode's task is a mapping of reset keyword arguments (instruction, ...)")
         arguments = {**self.defaults, **task}
@@ -105,23 +100,26 @@ class EpisodeSessionFactory:
             arguments["seed"] = seed
         if episode_id is not None:
             arguments["episode_id"] = episode_id
-        return EpisodeSession(self, arguments)
+        return arguments
+
+    def connect(self) -> Channel:
+        """A new connection to the server (one server session); `ServerUnreachableError` when none can be made."""
+        return Channel(self.base_url, connect_timeout_s=self.connect_timeout_s,
+                       message_timeout_s=self.message_timeout_s)
 
 
 class EpisodeSession:
-    """One interactive episode (openenv's `ResourceSession`); see the module docstring."""
+    """One interactive episode (openenv's `ResourceSession`); see the module docstring.
 
-    def __init__(self, factory: EpisodeSessionFactory, reset_arguments: dict[str, Any]) -> None:
-        self._timeout_s = factory.message_timeout_s
+    With `channel`, the episode is started on that open connection, which the session does not own: its
+    `close()` then leaves the connection open (the next `reset` on it, or its own close, ends the episode);
+    `CodingEnvironment` runs its episodes one after another this way."""
+
+    def __init__(self, factory: EpisodeSessionFactory, reset_arguments: dict[str, Any], *,
+                 channel: Channel | None = None) -> None:
+        self._owns_channel = channel is None
         self._closed = False
-        self._exit = ExitStack()  # the connection is a context (websockets wants one); close() exits it
-        try:
-            self._ws: ClientConnection = self._exit.enter_context(connect(
-                ws_url(factory.base_url), open_timeout=factory.connect_timeout_s, max_size=_MAX_FRAME_BYTES,
-                compression=None,
-            ))
-        except (OSError, WebSocketException, TimeoutError) as exc:
-            raise HarnessError(f"cannot connect to {factory.base_url}: {exc}") from exc
+        self._channel = factory.connect() if channel is None else channel
         try:
             opened = self._ask({"type": "reset", "data": reset_arguments}, "observation")
         except BaseException:
@@ -176,36 +174,22 @@ class EpisodeSession:
                             artifacts={"episode": dict(self.episode)})
 
     def close(self) -> None:
+        """Ends the episode: sends `close` and drops the connection (the server tears the sandbox down); a
+        session on a channel it does not own only stops taking calls. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        try:
-            self._ws.send(json.dumps({"type": "close"}))
-        except (OSError, WebSocketException):
-            pass  # already gone: the server ends the episode on disconnect too
-        finally:
-            self._exit.close()
+        if self._owns_channel:
+            self._channel.close()
 
     def _ask(self, message: dict[str, Any], expect: str) -> dict[str, Any]:
         if self._closed:
             raise HarnessError("the session is closed")
-        try:
-            self._ws.send(json.dumps(message))
-            frame = json.loads(self._ws.recv(timeout=self._timeout_s))
-        except (OSError, WebSocketException, TimeoutError, ValueError) as exc:
-            # A late reply would be paired with the next request: the connection is done for (the server ends
-            # the episode when it drops).
+        if self._channel.closed:
             self.close()
-            raise HarnessError(f"the episode's connection failed: {type(exc).__name__}: {exc}") from exc
-        return reply_data(frame, expect)
-
-
-def reply_data(frame: dict[str, Any], kind: str) -> dict[str, Any]:
-    """The data of a server frame of type `kind`; `HarnessError` for an error frame (its code and message) or a
-    frame of another type."""
-    if frame.get("type") == "error":
-        data = frame.get("data") or {}
-        raise HarnessError(f"{data.get('code', 'ERROR')}: {data.get('message', '')}")
-    if frame.get("type") != kind:
-        raise HarnessError(f"unexpected reply: {str(frame.get('type'))[:50]}")
-    return frame.get("data") or {}
+            raise HarnessError("the session is closed (its connection was closed)")
+        try:
+            return self._channel.ask(message, expect)
+        finally:
+            if self._channel.closed:  # dropped, timed out, or closed by the server: nothing more comes
+                self.close()
