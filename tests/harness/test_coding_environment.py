@@ -6,9 +6,11 @@ instance per concurrent rollout, `reset` before each, `get_reward` after)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import inspect
 import json
+import pickle
 import re
 import socket
 import subprocess
@@ -211,6 +213,38 @@ def test_the_async_variant(live: LiveServer, settings: Settings) -> None:
     for env in envs:
         env.close()
     wait_until(lambda: live.sessions.active == 0 and not leftovers(settings), what="every session closed")
+
+
+def test_trls_pool_and_tool_loop_drive_it(live: LiveServer, settings: Settings) -> None:
+    """TRL 1.16's own steps, re-done: a probe instance at init, the pool grown to the batch, `reset(**row)` per
+    rollout, tools looked up by `__name__` and called with the model's arguments, `str()` of the result, then
+    `get_reward()` per environment; the factory pickles (the async trainer's spawned worker needs that)."""
+    factory = functools.partial(CodingEnvironment, live.http, message_timeout_s=60, sandbox="local")
+    assert pickle.loads(pickle.dumps(factory)).func is CodingEnvironment
+    pool = [factory()]  # grpo_trainer.py: the probe instance seeds the pool
+    solve = {"name": "terminal", "arguments": {"command": "echo 42 > answer.txt"}}
+    miss = {"name": "terminal", "arguments": {"command": "echo 7 > answer.txt"}}
+    hallucinated = {"name": "terminal", "arguments": {"cmd": "ls"}}
+    rewards = []
+    for batch in ([row(), row()], [row(), row(**{**TASK, "task_id": "again"})]):
+        environments = []
+        for index in range(len(batch)):
+            if index == len(pool):
+                pool.append(factory())
+            environments.append(pool[index])
+        tool_dicts = [{tool.__name__: tool for tool in trl_tools(env)} for env in environments]
+        for env, x in zip(environments, batch, strict=True):
+            assert env.reset(**x).startswith(TASK["instruction"])
+        for tools, call in zip(tool_dicts, (solve, miss), strict=True):
+            assert str(tools[call["name"]](**call["arguments"])) == "[exit code 0]"
+        with pytest.raises(TypeError):  # TRL catches this one and shows the model {'error': ...}
+            tool_dicts[0][hallucinated["name"]](**hallucinated["arguments"])
+        rewards.append([env.get_reward() for env in environments])
+    assert rewards == [[1.0, 0.0], [1.0, 0.0]]
+    assert len(pool) == 2 and live.sessions.active == 2  # one server session per pooled instance
+    for env in pool:
+        env.close()
+    wait_until(lambda: live.sessions.active == 0 and not leftovers(settings), what="the pool's sessions closed")
 
 
 # -- what TRL sees -----------------------------------------------------------------------------------------------
