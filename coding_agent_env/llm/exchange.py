@@ -238,8 +238,7 @@ async def _post_whole(
         if upstream.status != 200:
             return await _refusal(call, upstream)
         limit = call.settings.relay_max_response_bytes
-        async with _mapped(call, mid_stream=False):
-            raw = await read_at_most(upstream.content, limit + 1)
+        raw = await read_at_most(upstream.content, limit + 1)
         if len(raw) > limit:
             raise UpstreamResponseTooLargeError(f"upstream response larger than {limit} bytes")
         return raw
@@ -282,11 +281,11 @@ async def _buffered(
     call.assembler.add_response(parsed)
     events = answer.replay(parsed)
     await _prompt_ids(call, session, timeout)  # before the agent has its answer (and may end, closing the lease)
-    if not started:
-        response = web.StreamResponse(headers=_SSE_HEADERS)
-        await response.prepare(request)
-        started.append(response)
     try:
+        if not started:
+            response = web.StreamResponse(headers=_SSE_HEADERS)
+            started.append(response)
+            await response.prepare(request)
         await started[0].write(events)
         await started[0].write_eof()
     except ConnectionResetError:

@@ -253,7 +253,8 @@ async def test_terminus_rollout_on_llamacpp(proxy: tuple[str, RecordingProxy], s
     previous call's prompt and completion (the rollout graph finds its parent by ids), and OpenEnv 0.10's
     TrainingTrace takes the trace unchanged."""
     base_url, recorder = proxy
-    result = await run_rollout(rollout_request("terminus"), settings=rollout_settings(settings, base_url))
+    result = await run_rollout(rollout_request("terminus", agent_timeout_s=100),
+                               settings=rollout_settings(settings, base_url))
     answered = check_rollout(result, recorder)
     assert all(not t.stream for t in answered)
     assert all(t.trainable for t in answered), [t.note for t in answered]
