@@ -79,5 +79,9 @@ cat >"$CACHE/chatml-tools.jinja.tmp" <<'JINJA'
 {%- for message in messages %}{%- if message.role == 'system' and loop.first %}{%- elif message.role == 'user' or message.role == 'system' %}{{- '<|im_start|>' + message.role + '\n' + text(message.content) + '<|im_end|>\n' }}{%- elif message.role == 'assistant' %}{{- '<|im_start|>assistant\n' }}{{- text(message.content) }}{%- if message.tool_calls %}{%- for tc in message.tool_calls %}{%- set f = tc.function if tc.function is defined else tc %}{{- '\n<tool_call>\n{"name": "' + f.name + '", "arguments": ' }}{%- if f.arguments is string %}{{- f.arguments }}{%- else %}{{- f.arguments | tojson }}{%- endif %}{{- '}\n</tool_call>' }}{%- endfor %}{%- endif %}{{- '<|im_end|>\n' }}{%- elif message.role == 'tool' %}{{- '<|im_start|>user\n<tool_response>\n' + text(message.content) + '\n</tool_response><|im_end|>\n' }}{%- endif %}{%- endfor %}
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}
 JINJA
-mv -f "$CACHE/chatml-tools.jinja.tmp" "$CACHE/chatml-tools.jinja"
+if cmp -s "$CACHE/chatml-tools.jinja.tmp" "$CACHE/chatml-tools.jinja"; then
+  rm -f "$CACHE/chatml-tools.jinja.tmp"
+else
+  mv -f "$CACHE/chatml-tools.jinja.tmp" "$CACHE/chatml-tools.jinja"
+fi
 echo "$CACHE/llama-server"
