@@ -288,19 +288,19 @@ class CodingEnvironment(_Environment):
     instruction; `terminal(command)` is the tool; `get_reward()` ends the episode with the final answer and
     returns the verified reward. `close()` (or `with`) ends the server session; collection and interpreter exit
     do too. After `get_reward`, `report` and `reward` hold the episode's report and its reward as scored (None
-    when it never was). See the module docstring for what becomes text and what raises."""
+    when it never was). See the module docstring for what becomes text and what raises.
+
+    The docstring of `terminal` is the model's: transformers' `get_json_schema` makes the tool's schema of it (its
+    first paragraph the description, kept on one line: line breaks would reach the model)."""
 
     def terminal(self, command: str) -> str:
-        """Run one shell command in the task's sandbox and see what it printed. The shell persists between
-        calls: the working directory and exported variables carry over. The output is stdout and stderr together;
-        a very long output keeps its beginning and end with a note of what was left out. The last line says how
-        the command ended: its exit code, or that it timed out and was killed.
+        """Run one shell command in the task's sandbox: a persistent shell, where cd and export carry over.
 
         Args:
             command: The shell command to run, for example `ls -la` or `python3 -m pytest -q`.
 
         Returns:
-            The command's output, then its exit code on a line of its own.
+            Its output (stdout and stderr; a long one cut in the middle), then its exit code or a timeout note.
         """
         return self._terminal(command)
 
@@ -321,16 +321,13 @@ class AsyncCodingEnvironment(_Environment):
     both of its GRPO trainers."""
 
     async def terminal(self, command: str) -> str:
-        """Run one shell command in the task's sandbox and see what it printed. The shell persists between
-        calls: the working directory and exported variables carry over. The output is stdout and stderr together;
-        a very long output keeps its beginning and end with a note of what was left out. The last line says how
-        the command ended: its exit code, or that it timed out and was killed.
+        """Run one shell command in the task's sandbox: a persistent shell, where cd and export carry over.
 
         Args:
             command: The shell command to run, for example `ls -la` or `python3 -m pytest -q`.
 
         Returns:
-            The command's output, then its exit code on a line of its own.
+            Its output (stdout and stderr; a long one cut in the middle), then its exit code or a timeout note.
         """
         return await self._in_thread(self._terminal, command)
 

@@ -321,8 +321,8 @@ def test_the_schema_trl_renders_for_terminal(cls: type) -> None:
     schema = schema_as_transformers_makes_it(terminal)
     function = schema["function"]
     assert function["name"] == "terminal"
-    assert function["description"].startswith("Run one shell command in the task's sandbox")
-    assert "exit code" in function["description"] and "Args:" not in function["description"]
+    assert function["description"] == (
+        "Run one shell command in the task's sandbox: a persistent shell, where cd and export carry over.")
     assert function["parameters"] == {
         "type": "object",
         "properties": {"command": {
@@ -331,8 +331,8 @@ def test_the_schema_trl_renders_for_terminal(cls: type) -> None:
         }},
         "required": ["command"],
     }
-    assert function["return"] == {"type": "string",
-                                  "description": "The command's output, then its exit code on a line of its own."}
+    assert function["return"] == {"type": "string", "description": (
+        "Its output (stdout and stderr; a long one cut in the middle), then its exit code or a timeout note.")}
     try:
         from transformers.utils import get_json_schema  # type: ignore[import-not-found]
     except ImportError:
