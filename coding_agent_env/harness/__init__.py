@@ -12,7 +12,7 @@ from coding_agent_env.harness.episodes import (
     ToolResult,
     VerifyResult,
 )
-from coding_agent_env.harness.wire import (
+from coding_agent_env.harness.channel import (
     ConnectionLostError,
     HarnessError,
     ServerRefusedError,

@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Self, TypeVar
 
 from coding_agent_env.harness.episodes import EpisodeSession, EpisodeSessionFactory
-from coding_agent_env.harness.wire import (
+from coding_agent_env.harness.channel import (
     Channel,
     ConnectionLostError,
     HarnessError,

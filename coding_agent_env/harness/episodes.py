@@ -23,7 +23,7 @@ Contract (what openenv's white-box loop relies on):
   episode was never scored); it computes nothing itself.
 - `close()`: ends the episode (the server tears its sandbox down); idempotent.
 Each WebSocket exchange has a deadline (`message_timeout_s`); a dropped connection is a `HarnessError`
-(`wire.py` says which: unreachable, lost, refused).
+(`channel.py` says which: unreachable, lost, refused).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from coding_agent_env.harness.wire import Channel, HarnessError, reply_data
+from coding_agent_env.harness.channel import Channel, HarnessError, reply_data
 
 __all__ = ["EpisodeSession", "EpisodeSessionFactory", "HarnessError", "HarnessTool", "ToolResult", "VerifyResult",
            "reply_data"]
