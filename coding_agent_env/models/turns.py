@@ -66,6 +66,16 @@ class Turn(WireModel):
         description="The dialect the call went upstream in unchanged (the upstream speaks it natively); null: sent "
         "as chat completions. The message, tool calls, finish reason and usage are read back from that dialect.",
     )
+    engine: str | None = Field(
+        default=None, description="The inference engine of the call (vllm, sglang, llamacpp, openai): the "
+        "endpoint's, or detected from its answers; null when unknown (transparent_proxy only).")
+    upstream_call: str | None = Field(
+        default=None, description="How the relay called the upstream when not as the agent asked: not streamed "
+        "(the engine refuses the streamed form; the relay streamed the answer to the agent), or again after the "
+        "upstream refused what the relay added (its status and message). Null: as asked.")
+    prompt_ids_source: str | None = Field(
+        default=None, description="Where prompt_token_ids came from: 'engine' (in its answer), or how they were "
+        "obtained from it for the exact request sent (e.g. 'llamacpp:/apply-template+/tokenize'), or why not.")
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] = Field(
         default_factory=list, description="The sampled token ids, when the upstream returned them."

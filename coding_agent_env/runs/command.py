@@ -27,7 +27,7 @@ from pydantic import SecretStr
 from rich.console import Console
 
 from coding_agent_env.errors import InvalidTaskError
-from coding_agent_env.models import AGENT_NAMES
+from coding_agent_env.models import AGENT_NAMES, Mode
 from coding_agent_env.runs.batch import BatchPlan, RecordSink, run_batch
 from coding_agent_env.runs.executor import Executor, InProcessExecutor, ServerExecutor
 from coding_agent_env.runs.journal import Journal, Record
@@ -55,6 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="VAR",
                         help="environment variable holding the key for --base-url (default OPENAI_API_KEY); keys are "
                         "never taken from the command line")
+    parser.add_argument("--mode", choices=[mode.value for mode in Mode],
+                        help="black_box (the default) or transparent_proxy (logprobs and token ids for training)")
+    parser.add_argument("--max-tokens-cap", type=int, metavar="N",
+                        help="bound on max_tokens of every LLM call (0: none)")
+    parser.add_argument("--top-logprobs", type=int, metavar="N", help="logprobs per token in transparent_proxy (0-20)")
     parser.add_argument("--endpoint", help="an endpoint of the server's catalog (openai, vllm, hf_router, ...)")
     parser.add_argument("--attempts", "-k", type=int, default=1, help="rollouts per task (pass@k), default 1")
     parser.add_argument("--concurrency", "-n", type=int, default=1, help="rollouts at once, default 1")
@@ -77,6 +82,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     overrides: dict[str, Any] = {key: getattr(args, key) for key in ("agent", "model", "endpoint", "sandbox")
                                  if getattr(args, key)}
+    # Applied to each loaded request as they are (model_copy): each checked here as the request model would.
+    if args.mode:
+        overrides["mode"] = Mode(args.mode)
+    if args.max_tokens_cap is not None:
+        if args.max_tokens_cap < 0:
+            raise InvalidTaskError("--max-tokens-cap must be 0 (no cap) or a positive number of tokens")
+        overrides["max_tokens_cap"] = args.max_tokens_cap or None
+    if args.top_logprobs is not None:
+        if not 0 <= args.top_logprobs <= 20:
+            raise InvalidTaskError("--top-logprobs must be between 0 and 20")
+        overrides["top_logprobs"] = args.top_logprobs
     if args.base_url:
         key = os.environ.get(args.api_key_env)
         if not key:

@@ -134,12 +134,19 @@ def test_an_llm_agent_against_the_fake_llm(agent: str, tmp_path: Path, env: dict
     with FakeLLMServer(FakeLLM(api_key=key)) as fake:
         fake.app.script = _fake_llm_script(agent)
         code = main(["run", str(EXAMPLES / "hello-file"), "--agent", agent, "--base-url", fake.base_url,
-                     "--api-key-env", "BATCH_TEST_KEY", "--model", "fake/coder-1", "--out", str(out), "--no-progress"])
+                     "--api-key-env", "BATCH_TEST_KEY", "--model", "fake/coder-1", "--out", str(out), "--no-progress",
+                     "--mode", "transparent_proxy", "--top-logprobs", "2", "--max-tokens-cap", "64"])
         assert code == 0
         assert fake.app.requests  # the agent really called the LLM
+        # The batch's mode reached the relay: it asked for logprobs, with the cap applied.
+        sent = [seen.body for seen in fake.app.requests]
+        assert all(body.get("logprobs") and body.get("top_logprobs") == 2 for body in sent), sent
+        assert all(body.get("max_tokens", 0) <= 64 for body in sent)
     (record,) = lines(out)
     assert record["result"]["status"] == "completed", record["result"]["error"]
     assert record["result"]["reward"] == 1.0 and record["result"]["proxy_turns"]
+    assert record["result"]["mode"] == "transparent_proxy"
+    assert any(turn["completion_token_ids"] for turn in record["result"]["proxy_turns"])
     assert key not in out.read_text()
     # The hidden tests never reached the agent: not in what it was sent, not in its workspace.
     assert all("reward.txt" not in json.dumps(seen.body) for seen in fake.app.requests)

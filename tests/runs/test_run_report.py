@@ -123,6 +123,11 @@ def test_a_malformed_image_map_is_bad_usage(tmp_path: Path, env: dict[str, str])
     jsonl.write_text(_request("ok") + "\n")
     proc = _run(env, str(jsonl), "--no-store", "--image-map", "python", cwd=tmp_path)
     assert proc.returncode == 2 and "--image-map: image map entry 'python' is not FROM=TO" in proc.stderr
+    for flags, said in ((("--top-logprobs", "21"), "--top-logprobs must be between 0 and 20"),
+                        (("--max-tokens-cap", "-1"), "--max-tokens-cap must be 0"),
+                        (("--mode", "white_box"), "invalid choice")):
+        proc = _run(env, str(jsonl), "--no-store", *flags, cwd=tmp_path)
+        assert proc.returncode == 2 and said in proc.stderr, proc.stderr
     bad_env = {**env, "IMAGE_MAP": "a=b,c"}
     proc = _run(bad_env, str(jsonl), "--no-store", cwd=tmp_path)
     assert proc.returncode == 2 and "IMAGE_MAP" in proc.stderr
