@@ -7,14 +7,9 @@ Skips, saying why, until the binary is built (CI builds it in the background; it
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
-import os
 import secrets
-import signal
-import subprocess
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,73 +27,18 @@ from coding_agent_env.settings import LlmEndpoint, LocalConfig, Settings
 from tests.agents.conftest import installed_agents, require_agent  # noqa: F401 (fixtures)
 from tests.compat.conftest import gen_b  # noqa: F401 (a fixture: OpenEnv 0.10's virtualenv)
 from tests.llm.test_trace import openenv_validates
-from tests.helpers import free_port, wait_until
-
-CACHE = Path(os.environ.get("CAE_LLAMA_CACHE", "/var/cache/cae-llama")) / os.environ.get(
-    "CAE_LLAMA_VERSION", "11434.0.0")
-BINARY = CACHE / "llama-server"
-MODEL = CACHE / "SmolLM2-135M-Instruct.Q4_1.gguf"
-TEMPLATE = CACHE / "chatml-tools.jinja"
-MODEL_NAME = "smollm2-135m"
-TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command.", "parameters": {
-    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
-
-BUILD_WAIT_S = float(os.environ.get("CAE_LLAMA_WAIT_S", "1800"))
-"""How long to wait for a build in progress (scripts/llama_server.sh holds its cache's lock while it builds)."""
-
-
-def _built() -> bool:
-    """Whether the binary, model and template are there, after waiting for a build in progress to end."""
-    lock = CACHE / ".lock"
-    if lock.exists():
-        deadline = time.monotonic() + BUILD_WAIT_S
-        with open(lock, "rb") as held:
-            while True:
-                try:
-                    fcntl.flock(held, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                    fcntl.flock(held, fcntl.LOCK_UN)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        break
-                    time.sleep(2)
-    return BINARY.is_file() and MODEL.is_file() and TEMPLATE.is_file()
+from tests.helpers import free_port
+from tests.llm.llamacpp_server import CACHE, MODEL_NAME, TOOLS, built
+from tests.llm.llamacpp_server import llama_server as start_llama_server
 
 
 @pytest.fixture(scope="session")
 def llama_server() -> Iterator[str]:
     """llama-server on 127.0.0.1 (a free port), one slot, the packaged model; killed by its PID at the end."""
-    if not _built():
+    if not built():
         pytest.skip(f"llama-server not built in {CACHE}: run scripts/llama_server.sh (about 17 minutes on 2 cores)")
-    port = free_port()
-    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"llama-server-{port}.log", "wb")  # noqa: SIM115
-    process = subprocess.Popen(
-        [str(BINARY), "-m", str(MODEL), "--jinja", "--chat-template-file", str(TEMPLATE), "-c", "32768", "-np", "1",
-         "--override-kv", "llama.context_length=int:32768", "--host", "127.0.0.1", "--port", str(port),
-         "-t", str(min(2, os.cpu_count() or 1)), "--alias", MODEL_NAME, "--no-webui"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-    )
-
-    def healthy() -> bool:
-        if process.poll() is not None:
-            raise AssertionError(f"llama-server exited {process.returncode}; see {log.name}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
-                return reply.status == 200
-        except OSError:
-            return False
-
-    try:
-        wait_until(healthy, "llama-server healthy", timeout_s=120, interval_s=0.5)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        log.close()
+    with start_llama_server() as url:
+        yield url
 
 
 @dataclass
