@@ -209,6 +209,25 @@ async def test_terminus_rollout_on_llamacpp(proxy: tuple[str, RecordingProxy], s
     openenv_validates(gen_b, result.training.trace)
 
 
+async def test_mini_swe_agent_rollout_on_llamacpp(
+    proxy: tuple[str, RecordingProxy], settings: Settings, require_agent: Any, gen_b: Path
+) -> None:
+    """mini-swe-agent (LiteLLM, not streamed, one `bash` tool): no upstream 400, every answered call's ids and
+    logprobs the engine's, and OpenEnv 0.10's TrainingTrace takes the trace. Its own step limit is off (the
+    runner's), so the rollout is kept short by the token cap and the agent's deadline. Here SmolLM2 answers in
+    prose, never a tool call: mini-swe-agent gives up after three calls (`RepeatedFormatError`, agent_failed,
+    about 30 s), the model's own behaviour, not an LLM error."""
+    require_agent("mini-swe-agent")
+    base_url, recorder = proxy
+    result = await run_rollout(rollout_request("mini-swe-agent", agent_timeout_s=45, max_tokens_cap=24),
+                               settings=rollout_settings(settings, base_url))
+    answered = check_rollout(result, recorder)
+    assert all(not t.stream for t in answered)
+    assert all(s.request.get("tools") and not s.request.get("stream") for s in recorder.chats())
+    assert result.training is not None
+    openenv_validates(gen_b, result.training.trace)
+
+
 @pytest.mark.parametrize("agent", ["pi", "opencode"])
 async def test_streamed_tool_using_agent_rollout_on_llamacpp(
     agent: str, proxy: tuple[str, RecordingProxy], settings: Settings, require_agent: Any
