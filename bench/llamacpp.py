@@ -23,8 +23,9 @@ Interleaved: each repetition runs every call every way, the ways in a rotated or
 puts the prompt in llama.cpp's cache (one slot), so every measured call finds it there. Reported per call and way:
 time to the first token (streamed: the first SSE event with content or a tool call; buffered: the answer's first
 byte) and to the end, p50 and p90, completion tokens per second of wall time (median), and the ratios to
-`direct` (and of `transparent_proxy` to `direct+lp`). Figures, never assertions: CPU shared with anything else
-running moves them.
+`direct` (and of `transparent_proxy` to `direct+lp`); then what `transparent_proxy` recorded (turns with ids, where
+their prompt ids came from). Calls are 10 ms apart (untimed; see `GAP_S`), a refused call is made again and
+counted. Figures, never assertions: CPU shared with anything else running moves them.
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ async def call(http: aiohttp.ClientSession, way: Way, body: dict[str, Any], fail
         except (Refused, aiohttp.ClientError) as exc:
             failures.append(f"{way.name}: {exc}"[:200])
             if attempt == 2:
-                raise SystemExit(f"{way.name}: {body.get('stream') and 'streamed' or 'buffered'} call failed 3 times: {exc}")
+                kind = "streamed" if body.get("stream") else "buffered"
+                raise SystemExit(f"{way.name}: a {kind} call failed 3 times: {exc}")
     raise AssertionError
 
 
@@ -233,7 +235,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=10, help="repetitions of each call each way (default 10)")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1,
-                        help="llama-server -t (default 1: on 2 cores the engine has one, the relay and client the other)")
+                        help="llama-server -t (default 1: on 2 cores, one for the engine, one for relay and client)")
     args = parser.parse_args()
     if not built(wait_s=0):
         print(f"llama-server and its model are not in {CACHE} (or are being built): build them with\n"
