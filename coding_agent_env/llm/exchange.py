@@ -221,7 +221,12 @@ async def _direct(
                 return None
             return answer.refused(refusal)
         if answer.streams(upstream):
-            return await _stream(request, call, upstream, answer.stream(), session, timeout)
+            try:
+                return await _stream(request, call, upstream, answer.stream(), session, timeout)
+            finally:
+                # Never back into the pool: llama-server closes the connection after a streamed answer while its
+                # reply says keep-alive, and a call sent on it next would fail (a 502, or prompt ids lost).
+                upstream.close()
         response = await _whole(call, upstream, answer)
     await _prompt_ids(call, session, timeout)
     return response
@@ -323,17 +328,26 @@ async def _prompt_ids(call: RelayedCall, session: aiohttp.ClientSession, timeout
     root = root[:-3] if root.endswith("/v1") else root
     body = {k: v for k, v in call.body.items() if k not in ("stream", "stream_options")}
     headers = {k: v for k, v in call.headers().items() if k != "Accept"}
+
+    async def ask(path: str, payload: dict[str, Any], key: str) -> Any:
+        # Both are reads: one broken pooled connection (llama-server may close one it said it would keep) is
+        # tried again once, on a fresh one.
+        for attempt in (1, 2):
+            try:
+                async with session.post(root + path, data=_payload(payload), headers=headers, timeout=timeout,
+                                        allow_redirects=False) as reply:
+                    return (await reply.json(content_type=None)).get(key) if reply.status == 200 else None
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                if attempt == 2:
+                    raise
+        return None
+
     try:
-        async with session.post(root + "/apply-template", data=_payload(body), headers=headers, timeout=timeout,
-                                allow_redirects=False) as reply:
-            prompt = (await reply.json(content_type=None)).get("prompt") if reply.status == 200 else None
+        prompt = await ask("/apply-template", body, "prompt")
         if not isinstance(prompt, str):
             call.prompt_ids_source = f"{source}: no prompt from /apply-template"
             return
-        tokenize = {"content": prompt, "add_special": True, "parse_special": True}
-        async with session.post(root + "/tokenize", data=_payload(tokenize), headers=headers, timeout=timeout,
-                                allow_redirects=False) as reply:
-            tokens = (await reply.json(content_type=None)).get("tokens") if reply.status == 200 else None
+        tokens = await ask("/tokenize", {"content": prompt, "add_special": True, "parse_special": True}, "tokens")
     except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as exc:
         call.prompt_ids_source = f"{source}: failed ({type(exc).__name__})"
         return
