@@ -56,6 +56,7 @@ __all__ = ["is_harbor_task", "load_harbor_task"]
 VERIFY = ["bash /tests/test.sh"]
 VERIFIER_TIMEOUT_S = 600.0
 """Harbor's `[verifier] timeout_sec` when a task gives none."""
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TEMPLATE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*(:-[^}]*)?\}")
 DEFAULT_USER = "root"
 """Who Harbor runs the agent and the verifier as when neither the task nor the image names a user."""
@@ -156,6 +157,9 @@ def _literal_env(value: Any, section: str, notes: list[str]) -> dict[str, str]:
     operator's environment, which a task may not read here: left out, with a note naming it (not its value)."""
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise _Refused(f"malformed task.toml: [{section}].env must map names to strings")
+    bad = sorted(name for name in value if not _ENV_NAME.fullmatch(name))
+    if bad:  # a name reaches a shell command (verify's): only variable names
+        raise _Refused(f"malformed task.toml: [{section}].env name {bad[0][:40]!r} is not a variable name")
     templated = sorted(name for name, text in value.items() if _TEMPLATE.fullmatch(text.strip()))
     own = sorted(name for name in value if name in SANDBOX_OWN_ENV)
     if templated:
@@ -206,7 +210,7 @@ def _steps(task: TaskDir, config: dict[str, Any], steps: Any, fields: dict[str, 
         if "test.sh" not in tests:
             raise _Refused(f"{base}/tests/test.sh is missing (and the task has no tests/test.sh)")
         entry: dict[str, Any] = {"name": name, "instruction": task.read_text(f"{base}/instruction.md"),
-                                 "verify_files": tests, "verify": VERIFY}
+                                 "verify_files": tests, "verify": fields["verify"]}
         if task.is_dir(f"{base}/workdir"):
             entry["files"] = task.text_tree(f"{base}/workdir")
             if "setup.sh" in entry["files"]:

@@ -143,6 +143,13 @@ def test_harbor_declarations_reach_the_task(tmp_path: Path) -> None:
     assert two.verify_files["test.sh"] != "echo one"  # the task's own test.sh
 
 
+def test_an_env_name_that_is_not_a_variable_name_refuses_the_task(tmp_path: Path) -> None:
+    """[verifier].env reaches verify's shell command: a name that is not a variable name never does."""
+    task = make_task(tmp_path, "inject", toml='[verifier]\nenv = { "A;touch /x;B" = "1" }\n')
+    (refused,) = iter_tasks([task], TaskOptions())
+    assert isinstance(refused, TaskError) and "not a variable name" in refused.message
+
+
 @pytest.mark.parametrize("workdir", ["/usr/src/app", "/tmp", "relative"])
 def test_a_workdir_no_sandbox_can_show_refuses_the_task(tmp_path: Path, workdir: str) -> None:
     task = make_task(tmp_path, "where", toml=f'[environment]\nworkdir = "{workdir}"\n')
