@@ -227,14 +227,15 @@ async def test_mini_swe_agent_rollout_on_llamacpp(
     openenv_validates(gen_b, result.training.trace)
 
 
-@pytest.mark.parametrize("agent", ["pi", "opencode"])
+@pytest.mark.parametrize("agent", ["pi", "opencode", "claude-code"])
 async def test_streamed_tool_using_agent_rollout_on_llamacpp(
     agent: str, proxy: tuple[str, RecordingProxy], settings: Settings, require_agent: Any
 ) -> None:
-    """Pi and OpenCode stream with tools (OpenCode's first prompt is about 7.7k tokens: about 2 minutes here)."""
+    """Pi, OpenCode and Claude Code stream with tools; llama.cpp is called whole. Their first prompts are long
+    (OpenCode about 7.7k tokens, Claude Code more, with its tools): about 2 minutes each here, 2 cores."""
     require_agent(agent)
     base_url, recorder = proxy
-    result = await run_rollout(rollout_request(agent, agent_timeout_s=400),
+    result = await run_rollout(rollout_request(agent, agent_timeout_s=900),
                                settings=rollout_settings(settings, base_url))
     answered = check_rollout(result, recorder)
     assert all(t.stream for t in answered)  # the agent streamed; llama.cpp was called whole (it refuses that)
