@@ -1,4 +1,5 @@
-"""`coding-agent-env serve [ENV_DIR] [--host H] [--port P] [--reload]`: what `openenv serve` was meant to be.
+"""`coding-agent-env serve [ENV_DIR] [--host H] [--port P] [--reload] [--tasks SOURCE...]`: what `openenv serve` was
+meant to be.
 
 Without ENV_DIR it serves this package's app (`build_app(Settings.from_env())`). With ENV_DIR it serves any
 OpenEnv environment directory from its `openenv.yaml`: `app` (`module:attr`, imported with ENV_DIR as the
@@ -7,12 +8,15 @@ app dir, so uvicorn's reloader subprocess can import it too), `port`, `runtime` 
 Port: `--port`, else the manifest's `port` (or the PORT setting without ENV_DIR), else 8000. Host: 127.0.0.1
 unless `--host` is given; all interfaces is allowed but warned about. Every invalid input raises
 `ServeError` with a one-line message (the CLI prints it, exit 2). This module never changes the caller's
-cwd, `sys.path` or environment; uvicorn receives the app dir instead.
+cwd or `sys.path`; uvicorn receives the app dir instead. `--tasks` (this package's app only) is the `TASKS`
+setting: `serve` puts it in its own environment just before serving, so the app factory (and a reloader's
+subprocess) reads it as every other setting; each source must exist.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -51,6 +55,8 @@ class LaunchPlan:
     factory: bool = False
     app_dir: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    environ: dict[str, str] = field(default_factory=dict)
+    """Settings the flags set, put in the server's environment before it starts (`--tasks`: TASKS)."""
 
     def uvicorn_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"host": self.host, "port": self.port, "reload": self.reload, "factory": self.factory}
@@ -73,6 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help=f"interface to bind (default {DEFAULT_HOST}; 0.0.0.0 = all, explicitly)")
     parser.add_argument("--port", help=f"port (default: the manifest's, else {DEFAULT_PORT})")
     parser.add_argument("--reload", action="store_true", help="restart when source files change")
+    parser.add_argument("--tasks", nargs="+", metavar="SOURCE",
+                        help="serve a task set (Task API, reset(split=, index=)): Harbor task directories, a directory "
+                             "of split directories, JSONL or request files; SPLIT=PATH names the split")
 
 
 def _port(value: Any, where: str) -> int:
@@ -85,6 +94,19 @@ def _port(value: Any, where: str) -> int:
     if not 1 <= port <= 65535:
         raise ServeError(f"{where} must be an integer in 1-65535, got {value!r}")
     return port
+
+
+def _tasks_environ(sources: list[str] | None) -> dict[str, str]:
+    if not sources:
+        return {}
+    for source in sources:
+        if "," in source:
+            raise ServeError(f"--tasks {source}: a path with a comma cannot be served (TASKS is comma-separated)")
+        name, sep, rest = source.partition("=")
+        path = Path(rest if sep and not Path(source).exists() else source)
+        if not path.exists():
+            raise ServeError(f"--tasks {source}: no such file or directory")
+    return {"TASKS": ",".join(sources)}
 
 
 def read_manifest(env_dir: Path) -> dict[str, Any]:
@@ -115,7 +137,10 @@ def plan(args: argparse.Namespace, settings: Settings | None = None) -> LaunchPl
             "ws_max_size": settings.ws_max_message_bytes,
             "ws_per_message_deflate": settings.ws_compression,
         }
-        return LaunchPlan(app=OWN_APP_FACTORY, host=host, port=port, reload=args.reload, factory=True, extra=extra)
+        return LaunchPlan(app=OWN_APP_FACTORY, host=host, port=port, reload=args.reload, factory=True, extra=extra,
+                          environ=_tasks_environ(getattr(args, "tasks", None)))
+    if getattr(args, "tasks", None):
+        raise ServeError("--tasks serves this package's task set; an OpenEnv environment directory has its own")
     env_dir = Path(args.env_dir).resolve()
     manifest = read_manifest(env_dir)
     runtime = manifest.get("runtime", "fastapi")
@@ -144,6 +169,7 @@ def serve(args: argparse.Namespace, runner: Runner | None = None) -> int:
               "from other machines", file=sys.stderr)
     if runner is None:
         runner = server_runner()
+    os.environ.update(launch.environ)
     runner(launch.app, **launch.uvicorn_kwargs())
     return 0
 

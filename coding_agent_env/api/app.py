@@ -10,7 +10,8 @@ With `settings.enable_web_interface` (the default) the Gradio tab is served at `
 built in the background once the server is up (`api.ui.gate`): until then `/web` answers 503 "starting" (never
 404); without the `ui` extra (gradio) it answers 503 saying which extra to install. The relay's public route for
 remote sandboxes is mounted at `/llm` (`api.relay_route`); task image builds, when the operator allows them, at
-`/images` (`api.images`).
+`/images` (`api.images`). With a task set (`settings.tasks`, `serve --tasks`) OpenEnv's Task API serves it
+(`api.protocols.task_api`; without one its routes answer 501 as openenv's do).
 
 The rooms: `api.protocols` (the doors: WS, JSON-RPC, MCP, HTTP), `api.tools` (the one table of tools they share),
 `api.ui` (the Gradio tab); this module only composes them.
@@ -29,7 +30,8 @@ from coding_agent_env.aio_watchdog import LoopWatchdog
 from coding_agent_env.api import heap
 from coding_agent_env.api.images import IMAGES_PATH, ImageBuildRoute
 from coding_agent_env.api.protocols.mcp_door import McpDispatcher
-from coding_agent_env.api.protocols.http import ENV_DESCRIPTION, build_router
+from coding_agent_env.api.protocols.http import ENV_DESCRIPTION, ENV_NAME, build_router
+from coding_agent_env.api.protocols.task_api import build_task_router
 from coding_agent_env.api.protocols.mcp import McpEndpoint
 from coding_agent_env.api.protocols.ws import serve_ws, serve_ws_mcp
 from coding_agent_env.api.relay_route import PublicRelayRoute
@@ -38,7 +40,10 @@ from coding_agent_env.api.ui.gate import WEB_PATH, WebGate
 from coding_agent_env.runs.recorder import ServerRecorder
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.session import SessionManager
+from coding_agent_env.sandbox.base import SandboxLimits
 from coding_agent_env.settings import PUBLIC_RELAY_PATH, Settings
+from coding_agent_env.tasks.base import TaskOptions
+from coding_agent_env.tasks.catalog import TaskCatalog
 
 __all__ = ["HTTP_API_VERSION", "build_app"]
 
@@ -52,7 +57,7 @@ def build_app(settings: Settings | None = None) -> FastAPI:
     """A complete app. Each call builds independent state (sandbox backends, sessions, MCP server)."""
     settings = settings or Settings.from_env()
     backends = Backends(settings)
-    manager = SessionManager(settings, backends)
+    manager = SessionManager(settings, backends, load_catalog(settings))
     mcp = McpEndpoint(manager, settings)
     on_shutdown: list[Callable[[], Awaitable[None]]] = []
     on_startup: list[Callable[[], None]] = []
@@ -93,6 +98,7 @@ def build_app(settings: Settings | None = None) -> FastAPI:
     app.state.sessions = manager
     app.state.loop_watchdog = watchdog
     app.include_router(build_router(manager, watchdog))
+    app.include_router(build_task_router(manager.catalog, ENV_NAME))
     app.add_route("/mcp", McpDispatcher(manager, mcp, settings), methods=["GET", "POST", "DELETE"], include_in_schema=False)
 
     images = ImageBuildRoute(backends, settings)
@@ -116,6 +122,16 @@ def build_app(settings: Settings | None = None) -> FastAPI:
         on_startup.append(web.start)
         on_shutdown.append(web.stop)
     return app
+
+
+def load_catalog(settings: Settings) -> TaskCatalog:
+    """The task set of `settings.tasks`, laid out for the default sandbox backend and clamped to its limits;
+    `CatalogSourceError` stops startup when a source is missing or loads nothing."""
+    if not settings.tasks:
+        return TaskCatalog()
+    options = TaskOptions(sandbox=settings.default_backend, caps=SandboxLimits.from_settings(settings),
+                          image_map=settings.image_map)
+    return TaskCatalog.load(settings.tasks, options)
 
 
 def _watchdog(settings: Settings) -> LoopWatchdog | None:

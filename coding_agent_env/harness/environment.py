@@ -61,7 +61,10 @@ UPSTREAM_ALIASES = frozenset({"setup_scripts", "verify_scripts", "sandbox_backen
 """Upstream `terminus_env`'s names for setup, verify and sandbox, which the server takes too."""
 TASK_KEYS = frozenset(Task.model_fields) - AGENT_RUN_FIELDS | UPSTREAM_ALIASES
 """The columns that make a task: any one of them in a row (or the defaults) starts an episode."""
-ROW_KEYS = TASK_KEYS | {"seed", "episode_id"}
+SET_KEYS = frozenset({"split", "index"})
+"""Columns naming a task of the server's task set (`serve --tasks`): `split` with `index`, or with `seed` for a
+group (every member passing the same seed gets the same task); a `task_id` column alone names one too."""
+ROW_KEYS = TASK_KEYS | SET_KEYS | {"seed", "episode_id"}
 """The row's columns `reset` sends; every other column (`prompt`, TRL's own, the dataset's) is ignored."""
 
 
@@ -153,7 +156,9 @@ class _Environment:
         then how setup went. The task is the row's task columns over the instance's defaults: `Task`'s fields
         (`instruction`, `files`, `setup`, `verify`, `sandbox`, `limits`, ...; not the agent-run ones such as
         `solution`), upstream `terminus_env`'s `setup_scripts` / `verify_scripts` / `sandbox_backend`, and `seed` /
-        `episode_id`. Every other column (`prompt`, ...) is ignored, and so is a column whose value is None (a
+        `episode_id`; or a task of the server's task set: `split` and `index` (or `seed`, the same task for a
+        whole group), or `task_id` alone (the defaults' task fields are then left out; the row's own are refused
+        by the server). Every other column (`prompt`, ...) is ignored, and so is a column whose value is None (a
         Hugging Face dataset fills a missing column, or a missing key of a mapping column, with None).
 
         A task the server refuses (invalid fields, capacity, a sandbox backend it lacks) or a setup that fails is
@@ -161,8 +166,12 @@ class _Environment:
         gives the unscored reward), logged as a warning. `ServerUnreachableError` when the server cannot be
         reached."""
         self._episode, self._scored, self.report, self.reward = None, None, None, None
-        arguments = {**self._link.factory.defaults, **_clean({k: v for k, v in row.items() if k in ROW_KEYS})}
-        if not TASK_KEYS & arguments.keys():
+        given = _clean({k: v for k, v in row.items() if k in ROW_KEYS})
+        arguments = {**self._link.factory.defaults, **given}
+        if SET_KEYS & arguments.keys():  # a task of the set runs as the set holds it: no task fields beside it
+            arguments = {k: v for k, v in arguments.items() if k in SET_KEYS | {"seed", "episode_id"}
+                         or (k in given and k in TASK_KEYS)}
+        if not (TASK_KEYS | SET_KEYS) & arguments.keys():
             self._no_episode = "the row names no task (no instruction, files, setup or verify column)"
             self._ask_bare_reset()  # ends the previous episode; the session stays
             logger.warning("CodingEnvironment.reset: %s; row columns: %s", self._no_episode, sorted(row)[:20])

@@ -27,6 +27,7 @@ from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.session.errors import CapacityError, SessionAttachedError, UnknownSessionError
 from coding_agent_env.session.session import Session, SessionKind
 from coding_agent_env.settings import Settings
+from coding_agent_env.tasks.catalog import TaskCatalog
 
 __all__ = ["SessionManager"]
 
@@ -40,10 +41,11 @@ rollout is never idle; one holding an interactive episode whose browser went awa
 class SessionManager:
     """Owns every live session of one app."""
 
-    def __init__(self, settings: Settings, backends: Backends | None = None) -> None:
+    def __init__(self, settings: Settings, backends: Backends | None = None, catalog: TaskCatalog | None = None) -> None:
         """`backends`: the app's sandbox backends (it closes them); without them the manager builds its own
-        and closes them in `stop()`."""
+        and closes them in `stop()`. `catalog`: the server's task set (`tasks.catalog`), shared by every session."""
         self.settings = settings
+        self.catalog = catalog if catalog is not None else TaskCatalog()
         self._sessions: dict[str, Session] = {}
         self._reaper: asyncio.Task[None] | None = None
         self.relay = SharedRelay(settings)
@@ -64,7 +66,8 @@ class SessionManager:
         """Take a slot for a new session, or raise CapacityError."""
         if self.active >= self.capacity:
             raise CapacityError(self.active, self.capacity)
-        session = Session(kind, self.settings, relay=self.relay, backends=self.backends, on_result=self.on_result)
+        session = Session(kind, self.settings, relay=self.relay, backends=self.backends, on_result=self.on_result,
+                          catalog=self.catalog)
         self._sessions[session.id] = session
         log.info("session %s (%s) created: %d/%d", session.id, kind.value, self.active, self.capacity)
         return session

@@ -38,6 +38,7 @@ from coding_agent_env.rollout.events import Emit
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.session.errors import SessionBusyError, SessionClosedError
 from coding_agent_env.settings import Settings
+from coding_agent_env.tasks.catalog import TaskCatalog
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +79,10 @@ class Session:
         relay: SharedRelay | None = None,
         backends: Backends | None = None,
         on_result: Callable[[RolloutResult], None] | None = None,
+        catalog: TaskCatalog | None = None,
     ) -> None:
-        """`on_result` hears every rollout this session finishes (the results store, by setting)."""
+        """`on_result` hears every rollout this session finishes (the results store, by setting); `catalog`: the
+        server's task set, which `reset(split=, index=)` and `run_rollout(split=, index=)` pick from."""
         self.id = session_id or str(uuid.uuid4())
         self.kind = kind
         self.settings = settings
@@ -96,6 +99,7 @@ class Session:
         self._relay = relay
         self._backends = backends
         self._on_result = on_result
+        self.catalog = catalog if catalog is not None else TaskCatalog()
 
     # -- episode ---------------------------------------------------------------------------------------
 

@@ -268,6 +268,18 @@ class Settings(BaseModel):
 
         return parse_image_map(value)
 
+    tasks: tuple[str, ...] = ()
+    """The server's task set (`tasks.catalog`): sources `PATH` or `SPLIT=PATH` (Harbor task directories, a directory
+    of split directories, JSONL or request files), served through OpenEnv's Task API and runnable by
+    `reset(split=, index=)`; env TASKS, comma-separated; `serve --tasks` sets it."""
+
+    @field_validator("tasks", mode="before")
+    @classmethod
+    def _parse_tasks(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
     results_max_rollouts: int = Field(default=100_000, ge=0)
     """Retention: the newest this many rollouts are kept (0: no cap)."""
 

@@ -55,6 +55,9 @@ class LoadedTask:
     notes: tuple[str, ...] = ()
     """What of the task could not be honoured on this backend (e.g. `allow_internet`, a workdir)."""
     environment: DockerEnvironment | None = None
+    split: str | None = None
+    """The split a JSONL line or request file names (its `split` field), for a server's task set
+    (`tasks.catalog`); a batch run ignores it."""
 
     @property
     def task_id(self) -> str:

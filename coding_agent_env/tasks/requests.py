@@ -17,14 +17,19 @@ __all__ = ["load_request_file", "parse_request", "read_jsonl"]
 
 
 def parse_request(data: Any, source: str) -> LoadedTask | TaskError:
-    """A request from decoded data; a `TaskError` naming the bad fields (never their values) otherwise."""
+    """A request from decoded data (its optional `split` kept beside it); a `TaskError` naming the bad fields (never
+    their values) otherwise."""
     if not isinstance(data, dict):
         return TaskError(source, "not a mapping of RolloutRequest fields")
+    data = dict(data)
+    split = data.pop("split", None)  # where a server's task set files it (`tasks.catalog`), not a request field
+    if split is not None and not isinstance(split, str):
+        return TaskError(source, "split must be a string")
     try:
         request = RolloutRequest.model_validate(data)
     except ValidationError as exc:
         return TaskError(source, f"invalid request: {validation_summary(exc)}")
-    return LoadedTask(request, source)
+    return LoadedTask(request, source, split=split)
 
 
 def load_request_file(path: Path) -> LoadedTask | TaskError:

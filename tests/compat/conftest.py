@@ -53,12 +53,13 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def launch_server(cwd: Path, env: dict[str, str] | None = None, port: int | None = None) -> Iterator[str]:
-    """`coding-agent-env serve` on `port` (default: a free loopback port) with `env` added to ours; killed (by
-    process group) afterwards. Yields its URL once `/health` answers."""
+def launch_server(cwd: Path, env: dict[str, str] | None = None, port: int | None = None,
+                  args: tuple[str, ...] = ()) -> Iterator[str]:
+    """`coding-agent-env serve [ARGS]` on `port` (default: a free loopback port) with `env` added to ours; killed
+    (by process group) afterwards. Yields its URL once `/health` answers."""
     port = port or _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "coding_agent_env.cli", "serve", "--port", str(port)],
+        [sys.executable, "-m", "coding_agent_env.cli", "serve", "--port", str(port), *args],
         cwd=cwd, start_new_session=True, env={**os.environ, **(env or {})},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )

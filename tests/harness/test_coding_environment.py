@@ -345,11 +345,13 @@ def test_the_schema_trl_renders_for_terminal(cls: type) -> None:
 
 def test_the_row_columns_are_the_servers_task_fields() -> None:
     from coding_agent_env.api.protocols.step import RESET_KEYS
+    from coding_agent_env.api.tools.task_set import REF_KEYS
     from coding_agent_env.episode.task import AGENT_RUN_FIELDS, TASK_FIELDS, UPSTREAM_ALIASES
 
     assert environment_module.AGENT_RUN_FIELDS == AGENT_RUN_FIELDS
     assert environment_module.TASK_KEYS == TASK_FIELDS | UPSTREAM_ALIASES.keys()
-    assert environment_module.ROW_KEYS == environment_module.TASK_KEYS | RESET_KEYS
+    assert environment_module.SET_KEYS == REF_KEYS
+    assert environment_module.ROW_KEYS == environment_module.TASK_KEYS | RESET_KEYS | REF_KEYS
 
 
 def test_it_imports_with_the_harness_dependencies_only() -> None:

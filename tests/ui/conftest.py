@@ -80,7 +80,8 @@ def ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiServer]:
     os.chmod(state, 0o711)
     uid_base = 300_000 + secrets.randbelow(20_000) * 64  # suites may run side by side: a uid range of our own
     server = UiServer(state, tmp_path_factory.mktemp("ui-server") / "server.log", MAX_CONCURRENT_ENVS="2",
-                      SANDBOX_UID_BASE=str(uid_base), SANDBOX_UID_COUNT="64")
+                      SANDBOX_UID_BASE=str(uid_base), SANDBOX_UID_COUNT="64",
+                      TASKS=str(ROOT / "examples" / "tasks" / "hello-file"))  # a task set: the tab offers it
     try:
         yield server.wait_healthy()
     finally:

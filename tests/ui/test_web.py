@@ -74,6 +74,16 @@ def test_preset_passes_with_the_oracle(page, ui_server: UiServer, tmp_path: Path
     assert SECRET not in ui_server.log_path.read_text(errors="replace")
 
 
+def test_a_task_of_the_servers_task_set_runs_from_the_tab(page, ui_server: UiServer) -> None:  # noqa: ANN001
+    """`serve --tasks` (TASKS): the tab offers each task as `<split>/<id>` and runs it as the set holds it (a Harbor
+    task: its workdir, users and tests), here with its own solution by the oracle."""
+    _open(page, ui_server)
+    _pick(page, "preset", "train/hello-file")
+    expect(page.locator("#instruction textarea")).to_have_value(re.compile("hello.txt"))
+    assert _run(page) == "PASS"
+    assert "reward 1" in page.locator("#notice").inner_text()
+
+
 def test_failing_preset_shows_fail(page, ui_server: UiServer) -> None:  # noqa: ANN001
     _open(page, ui_server)
     _pick(page, "preset", "failing")

@@ -2,7 +2,8 @@
 (PROTOCOL.md §3.5).
 
 Tools come from the table (`api.tools`): `run_rollout` always, `terminal` while the session's interactive
-episode lives; a `reset` with task fields starts that episode (`start_episode`'s job on MCP).
+episode lives; a `reset` with task fields starts that episode (`start_episode`'s job on MCP), as does a `reset`
+naming a task of the server's task set (`split` and `index`, `split` and `seed`, or `task_id`: `api.tools.task_set`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from coding_agent_env.api.protocols.shapes import (
     observation_payload,
 )
 from coding_agent_env.api.tools import START_EPISODE, ToolCallFailed, listing, openenv_tool
+from coding_agent_env.api.tools.task_set import TaskRef, episode_task
 from coding_agent_env.episode import is_task
 from coding_agent_env.session import Session
 
@@ -37,11 +39,17 @@ def parse_action(data: dict[str, Any]) -> ListToolsAction | CallToolAction:
 
 async def reset(session: Session, data: dict[str, Any]) -> dict[str, Any]:
     """`reset`: with task arguments, start an interactive episode (ending the session's previous one) and
-    return its opening observation; bare (only `seed` / `episode_id`), a new empty episode as before.
+    return its opening observation; naming a task of the set, that task's episode (its observation also has
+    the task's public part, `task`); bare (only `seed` / `episode_id`), a new empty episode as before.
     `RequestError`s (bad task arguments, a task this server will not run) and `SessionClosedError` raise."""
     episode_id = data.get("episode_id")
     episode_id = None if episode_id is None else str(episode_id)
     task = {key: value for key, value in data.items() if key not in RESET_KEYS}
+    ref = TaskRef.of(data, session.catalog, extra=RESET_KEYS)
+    if ref is not None:
+        chosen = ref.pick(session.catalog)
+        reply = await START_EPISODE.start(session, episode_task(chosen), episode_id)
+        return {"observation": {**reply.data, "task": chosen.public()}, "reward": None, "done": reply.done}
     if is_task(task):
         reply = await START_EPISODE.start(session, START_EPISODE.validate(task), episode_id)
         return {"observation": reply.data, "reward": None, "done": reply.done}

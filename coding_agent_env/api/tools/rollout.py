@@ -2,20 +2,24 @@
 
 Its input schema is `RolloutRequest`'s (same field names, defaults and descriptions); its arguments are
 validated by that model and `check_writable` (file texts a file can hold); its result is the `RolloutResult`,
-serialised once (`ToolReply.of`), whose JSON is also its text.
+serialised once (`ToolReply.of`), whose JSON is also its text. Arguments with `split` (and `index`, or `seed`
+for a group) run that task of the server's task set with the call's agent fields (`api.tools.task_set`).
 """
 
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
 from coding_agent_env.api.tools.base import ArgumentsError, Tool
 from coding_agent_env.api.tools.reply import ToolReply
+from coding_agent_env.api.tools.task_set import AGENT_FIELDS, REF_KEYS, TaskRef, rollout_request
 from coding_agent_env.models import RolloutRequest, RolloutResult, request_fields_schema, validation_summary
 from coding_agent_env.session import Session
+from coding_agent_env.tasks.catalog import TaskCatalog
 from coding_agent_env.workspace.writable import check_writable
 
 __all__ = ["TOOL_DESCRIPTION", "TOOL_NAME", "RunRollout"]
@@ -28,7 +32,15 @@ TOOL_DESCRIPTION = (
 )
 
 
-class RunRollout(Tool[RolloutRequest]):
+@dataclass(frozen=True)
+class SetRollout:
+    """A rollout of a task of the server's set: which task, and the call's agent fields."""
+
+    ref: TaskRef
+    agent_fields: dict[str, Any]
+
+
+class RunRollout(Tool[RolloutRequest | SetRollout]):
     name = TOOL_NAME
     description = TOOL_DESCRIPTION
     output_model = RolloutResult
@@ -36,9 +48,15 @@ class RunRollout(Tool[RolloutRequest]):
     def schema(self) -> dict[str, Any]:
         return request_fields_schema()
 
-    def validate(self, arguments: Any) -> RolloutRequest:
+    def validate(self, arguments: Any) -> RolloutRequest | SetRollout:
         if not isinstance(arguments, dict):
             raise ArgumentsError("arguments must be an object")
+        given = {key: value for key, value in arguments.items() if value is not None}  # MCP fills in None
+        if REF_KEYS & set(given):
+            agent = {key: value for key, value in given.items() if key in AGENT_FIELDS}
+            ref = TaskRef.of(given, TaskCatalog(), extra=frozenset(agent))
+            assert ref is not None  # REF_KEYS make one
+            return SetRollout(ref, agent)
         try:
             request = RolloutRequest.model_validate(arguments)
         except ValidationError as exc:
@@ -46,7 +64,9 @@ class RunRollout(Tool[RolloutRequest]):
         check_writable(request)  # InvalidTaskError: a RequestError naming the file
         return request
 
-    async def run(self, session: Session, arguments: RolloutRequest) -> ToolReply:
+    async def run(self, session: Session, arguments: RolloutRequest | SetRollout) -> ToolReply:
+        if isinstance(arguments, SetRollout):
+            arguments = rollout_request(arguments.ref.pick(session.catalog), arguments.agent_fields)
         result = await session.run(arguments)
         return ToolReply.of(result, reward=result.reward)
 

@@ -13,6 +13,7 @@ Contracts:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,7 @@ from pydantic import SecretStr
 
 from coding_agent_env.agents.registry import available_agents, get_agent
 from coding_agent_env.api.tools import ROLLOUT
-from coding_agent_env.api.ui.presets import PRESETS
+from coding_agent_env.api.ui.presets import PRESETS, Preset
 from coding_agent_env.errors import CodingAgentEnvError, RequestError
 from coding_agent_env.llm import catalog
 from coding_agent_env.models import AGENT_NAMES, RolloutRequest, Task
@@ -163,18 +164,18 @@ def _tunables(form: Form) -> dict[str, Any]:
     return {name: value for name, value in values.items() if value is not None}
 
 
-def _preset_fields(name: str | None) -> dict[str, Any]:
+def _preset_fields(name: str | None, presets: Mapping[str, Preset]) -> dict[str, Any]:
     """The selected preset's task fields that no editor or run option of the form holds."""
-    preset = PRESETS.get(name or "")
+    preset = presets.get(name or "")
     if preset is None:
         return {}
     return preset.task_fields(set(Task.model_fields) - set(Form.__dataclass_fields__))
 
 
-def build_request(form: Form) -> RolloutRequest:
-    """The request the form describes, or FormError (value-free message)."""
+def build_request(form: Form, presets: Mapping[str, Preset] = PRESETS) -> RolloutRequest:
+    """The request the form describes (`presets`: what its preset names), or FormError (value-free message)."""
     fields: dict[str, Any] = {
-        **_preset_fields(form.preset),
+        **_preset_fields(form.preset, presets),
         "instruction": form.instruction or "",
         "files": _files(form.files),
         "setup": _strings(form.setup, "setup"),

@@ -7,11 +7,13 @@ full, no episode, an ended one, a bad command) are shown as a banner; the episod
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import gradio as gr
 
 from coding_agent_env.api.ui import render
 from coding_agent_env.api.ui.episodes import UiEpisode, UiEpisodes
-from coding_agent_env.api.ui.presets import PRESETS
+from coding_agent_env.api.ui.presets import PRESETS, Preset
 from coding_agent_env.episode import EpisodeReport
 from coding_agent_env.episode.task import TASK_FIELDS
 from coding_agent_env.errors import RequestError
@@ -37,13 +39,16 @@ def report_html(report: EpisodeReport | None) -> str:
             f"verify commands passed · verify in the {(report.verify_context or 'workspace').replace('_', ' ')}</div>")
 
 
-def interactive_tab(episodes: UiEpisodes, sandboxes: list[tuple[str, str]]) -> None:
-    """The tab's components and events (call inside a `gr.Tab`)."""
-    first = next(iter(PRESETS))
+def interactive_tab(episodes: UiEpisodes, sandboxes: list[tuple[str, str]],
+                    presets: Mapping[str, Preset] = PRESETS) -> None:
+    """The tab's components and events (call inside a `gr.Tab`). `presets`: the tasks it offers, but multi-step
+    ones (a rollout's, not an episode's)."""
+    presets = {name: preset for name, preset in presets.items() if not preset.steps}
+    first = next(iter(presets))
     with gr.Row():
-        preset = gr.Dropdown(list(PRESETS), value=first, label="Preset", elem_id="ep-preset")
+        preset = gr.Dropdown(list(presets), value=first, label="Preset", elem_id="ep-preset")
         sandbox = gr.Dropdown(sandboxes, value=sandboxes[0][1], label="Sandbox", elem_id="ep-sandbox")
-    instruction = gr.Textbox(PRESETS[first].instruction, label="Instruction", lines=3, interactive=False,
+    instruction = gr.Textbox(presets[first].instruction, label="Instruction", lines=3, interactive=False,
                              elem_id="ep-instruction")
     with gr.Row():
         start_btn = gr.Button("Start episode", variant="primary", elem_id="ep-start")
@@ -59,10 +64,10 @@ def interactive_tab(episodes: UiEpisodes, sandboxes: list[tuple[str, str]]) -> N
                             elem_id="ep-answer")
         submit_btn = gr.Button("Submit final answer", scale=1, elem_id="ep-submit")
 
-    preset.change(lambda name: PRESETS[name].instruction, inputs=preset, outputs=instruction)
+    preset.change(lambda name: presets[name].instruction, inputs=preset, outputs=instruction)
 
     async def start(name: str, backend: str, request: gr.Request) -> tuple[str, str]:
-        task = PRESETS[name].task_fields(TASK_FIELDS)  # every field an episode takes that the preset sets
+        task = presets[name].task_fields(TASK_FIELDS)  # every field an episode takes that the preset sets
         try:
             view = await episodes.start(_owner(request), {**task, "sandbox": backend})
         except RequestError as exc:

@@ -20,8 +20,9 @@ from typing import Any
 from pydantic import ConfigDict, Field
 
 from coding_agent_env.models import Task
+from coding_agent_env.tasks.catalog import TaskCatalog
 
-__all__ = ["PRESETS", "Preset"]
+__all__ = ["PRESETS", "Preset", "with_task_set"]
 
 _PRESET_ONLY = frozenset({"name", "description"})
 
@@ -219,3 +220,18 @@ PRESETS: dict[str, Preset] = {preset.name: preset for preset in (
     ),
 )}
 """Preset name -> preset; the first is the tab's initial selection."""
+
+
+def with_task_set(catalog: TaskCatalog) -> dict[str, Preset]:
+    """The built-in presets, then every task of the server's task set (`serve --tasks`) as `<split>/<id>`: the tab
+    is the operator's, so a task shows whole (its tests and solution too). Tasks whose Docker image must be built
+    first are left out (the tab cannot build them)."""
+    presets = dict(PRESETS)
+    for split in catalog.split_names():
+        for task in catalog.tasks(split):
+            if task.loaded.environment is not None and task.loaded.request.image is None:
+                continue
+            fields = task.loaded.request.model_dump(exclude_unset=True, include=set(Task.model_fields))
+            name = f"{split}/{task.id}"
+            presets[name] = Preset.model_validate({**fields, "name": name, "description": f"task {task.index} of {split}"})
+    return presets

@@ -10,7 +10,7 @@ tab carries it, errors about the form never quote values, and the pipeline redac
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,7 @@ from coding_agent_env.api.ui.form import (
 )
 from coding_agent_env.api.ui.gate import WEB_PATH
 from coding_agent_env.api.ui.interactive_tab import interactive_tab
-from coding_agent_env.api.ui.presets import PRESETS
+from coding_agent_env.api.ui.presets import PRESETS, Preset, with_task_set
 from coding_agent_env.api.ui.result_view import result_tabs
 from coding_agent_env.api.ui.rollouts import Progress, UiRuns
 from coding_agent_env.api.ui.runs_tab import runs_tab
@@ -87,7 +87,7 @@ def build_web(manager: SessionManager) -> tuple[WebTab, FastAPI, ASGIApp]:
     holder = FastAPI()
 
     def mount() -> None:
-        blocks = build_blocks(runs, manager.settings, manager.backends, episodes)
+        blocks = build_blocks(runs, manager.settings, manager.backends, episodes, with_task_set(manager.catalog))
         gr.mount_gradio_app(
             holder, blocks, path=WEB_PATH, ssr_mode=False, mcp_server=False, footer_links=[], theme=_THEME, css=_CSS
         )
@@ -147,30 +147,32 @@ def _sandbox_choices(backends: Backends) -> list[tuple[str, str]]:
 
 
 def build_blocks(
-    runs: UiRuns, settings: Settings, backends: Backends, episodes: UiEpisodes | None = None
+    runs: UiRuns, settings: Settings, backends: Backends, episodes: UiEpisodes | None = None,
+    presets: Mapping[str, Preset] = PRESETS,
 ) -> gr.Blocks:
     """Two tabs: "Rollout" (preset -> editors, Run (streaming), Cancel) and, with `episodes`, "Interactive"
-    (`ui.interactive_tab`), then "Runs" (the results store, `ui.runs_tab`)."""
+    (`ui.interactive_tab`), then "Runs" (the results store, `ui.runs_tab`). `presets`: the tasks both offer (the
+    built-in ones and the server's task set: `presets.with_task_set`)."""
     with gr.Blocks(title="coding-agent-env", analytics_enabled=False) as blocks:
         gr.Markdown("# coding-agent-env")
         warning = isolation_warning(backends)
         if warning is not None:
             gr.HTML(render.message_html(warning, kind="warning"), elem_id="isolation-warning")
         with gr.Tab("Rollout", elem_id="tab-rollout"):
-            _rollout_tab(runs, settings, backends)
+            _rollout_tab(runs, settings, backends, presets)
         if episodes is not None:
             with gr.Tab("Interactive", elem_id="tab-interactive"):
                 gr.Markdown(
                     "Be the agent: start an episode from a preset, run commands in its sandbox (a persistent "
                     "shell), then submit a final answer to verify and score it."
                 )
-                interactive_tab(episodes, _sandbox_choices(backends))
+                interactive_tab(episodes, _sandbox_choices(backends), presets)
         with gr.Tab("Runs", elem_id="tab-runs"):
             runs_tab(settings)
     return blocks
 
 
-def _rollout_tab(runs: UiRuns, settings: Settings, backends: Backends) -> None:
+def _rollout_tab(runs: UiRuns, settings: Settings, backends: Backends, presets: Mapping[str, Preset]) -> None:
     """The rollout tab's layout and its three events: preset -> editors, Run (streaming), Cancel."""
     gr.Markdown(
         "Run one coding-agent rollout: sandbox → setup → agent → verify → reward. "
@@ -178,7 +180,7 @@ def _rollout_tab(runs: UiRuns, settings: Settings, backends: Backends) -> None:
     )
     with gr.Row():
         with gr.Column(scale=3):
-            form = _task_editors()
+            form = _task_editors(presets)
         with gr.Column(scale=2):
             form.update(_run_options(settings, backends))
     with gr.Row():
@@ -187,13 +189,13 @@ def _rollout_tab(runs: UiRuns, settings: Settings, backends: Backends) -> None:
     out = _result_view()
     editors = [form[name] for name in EDITORS]
     form["preset"].change(
-        lambda name: list(preset_texts(PRESETS[name]).values()), inputs=form["preset"], outputs=editors
+        lambda name: list(preset_texts(presets[name]).values()), inputs=form["preset"], outputs=editors
     )
     inputs = {form[name] for name in _FORM_FIELDS}
 
     async def run(values: dict[gr.components.Component, Any], request: gr.Request) -> AsyncIterator[dict[Any, Any]]:
         by_name = {name: values[form[name]] for name in _FORM_FIELDS}
-        async for update in _run_updates(runs, request.session_hash or "", by_name, out):
+        async for update in _run_updates(runs, request.session_hash or "", by_name, out, presets):
             yield update
 
     async def cancel(request: gr.Request) -> str:
@@ -205,11 +207,11 @@ def _rollout_tab(runs: UiRuns, settings: Settings, backends: Backends) -> None:
     cancel_btn.click(cancel, outputs=out["cancel_note"], concurrency_limit=None, queue=False)
 
 
-def _task_editors() -> dict[str, Any]:
-    first = next(iter(PRESETS))
-    text = preset_texts(PRESETS[first])
+def _task_editors(presets: Mapping[str, Preset]) -> dict[str, Any]:
+    first = next(iter(presets))
+    text = preset_texts(presets[first])
     editors = {
-        "preset": gr.Dropdown(list(PRESETS), value=first, label="Preset", elem_id="preset"),
+        "preset": gr.Dropdown(list(presets), value=first, label="Preset", elem_id="preset"),
         "instruction": gr.Textbox(text["instruction"], label="Instruction", lines=4, elem_id="instruction"),
         "files": gr.Code(text["files"], language="yaml", label="Files (YAML: path: text)", elem_id="files"),
         "setup": gr.Code(text["setup"], language="yaml", label="Setup commands (YAML list)", elem_id="setup"),
@@ -273,11 +275,11 @@ def _result_view() -> dict[str, Any]:
 
 
 async def _run_updates(
-    runs: UiRuns, owner: str, values: dict[str, Any], out: dict[str, Any]
+    runs: UiRuns, owner: str, values: dict[str, Any], out: dict[str, Any], presets: Mapping[str, Preset] = PRESETS
 ) -> AsyncIterator[dict[Any, Any]]:
     """Validate the form, run, and turn each `Progress` into component updates."""
     try:
-        request = build_request(Form(**values))
+        request = build_request(Form(**values), presets)
     except FormError as exc:
         yield {out["notice"]: render.message_html(f"Invalid form: {exc}")}
         return

@@ -1,0 +1,99 @@
+"""OpenEnv 0.10's Task API over the server's task set (`tasks.catalog`), answering as openenv's own server does.
+
+    GET  /list_environments          -> ["coding_agent_env"]
+    GET  /{env}/splits               -> [{"name", "type", "num_tasks"}]
+    POST /{env}/tasks      {split}   -> {"tasks": [...], "env_name": "coding_agent_env"}
+    POST /{env}/num_tasks  {split}   -> {"num_tasks": n}
+    POST /{env}/task       {split, index}        -> {"task": {...}}
+    POST /{env}/task_range {split, start?, stop?} -> {"tasks": [...]}   (Python slice bounds)
+
+As openenv 0.10 (`openenv/core/env_server/http_server.py`, checked against its source): `{env}` is matched
+case-insensitively, else 404 `unknown environment 'x'`; a body with a missing or extra field is FastAPI's 422;
+an index out of range is 400 `Invalid task index`; a server without a task set answers 501 `<method> is not
+supported for this environment`. Where openenv leaves the answer to the environment (an unknown split: its own
+Harbor environment raises a bare error, a 500) this server says 404 `unknown split 'x'; this server's splits
+are [...]`. Tasks are their public part only (`CatalogTask.public`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, status
+from pydantic import BaseModel, ConfigDict, Field
+
+from coding_agent_env.tasks.catalog import NoTaskSetError, TaskCatalog, TaskIndexError, UnknownSplitError
+
+__all__ = ["build_task_router"]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SplitBody(_Body):
+    split: str = Field(description="Task split name")
+
+
+class TaskBody(_Body):
+    split: str = Field(description="Task split name")
+    index: int = Field(description="Task index within the split")
+
+
+class RangeBody(_Body):
+    split: str = Field(description="Task split name")
+    start: int | None = Field(default=None, description="Inclusive start index")
+    stop: int | None = Field(default=None, description="Exclusive stop index")
+
+
+def build_task_router(catalog: TaskCatalog, env_name: str) -> APIRouter:
+    router = APIRouter(tags=["Task API"])
+
+    def check(name: str, method: str) -> None:
+        if name.lower() != env_name.lower():
+            raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"unknown environment {name!r}")
+        if not catalog:
+            raise HTTPException(status.HTTP_501_NOT_IMPLEMENTED, detail=f"{method} is not supported for this environment")
+
+    def tasks_of(split: str) -> list[Any]:
+        try:
+            return list(catalog.tasks(split))
+        except UnknownSplitError as exc:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, detail=str(exc)) from None
+        except NoTaskSetError as exc:  # checked above; kept so a change there cannot turn into a 500
+            raise HTTPException(status.HTTP_501_NOT_IMPLEMENTED, detail=str(exc)) from None
+
+    @router.get("/list_environments")
+    async def list_environments() -> list[str]:
+        return [env_name]
+
+    @router.get("/{env}/splits")
+    async def splits(env: str) -> list[dict[str, Any]]:
+        check(env, "list_splits")
+        return catalog.splits()
+
+    @router.post("/{env}/tasks")
+    async def list_tasks(env: str, body: SplitBody) -> dict[str, Any]:
+        check(env, "list_tasks")
+        return {"tasks": [task.public() for task in tasks_of(body.split)], "env_name": env_name}
+
+    @router.post("/{env}/num_tasks")
+    async def num_tasks(env: str, body: SplitBody) -> dict[str, Any]:
+        check(env, "num_tasks")
+        return {"num_tasks": len(tasks_of(body.split))}
+
+    @router.post("/{env}/task")
+    async def get_task(env: str, body: TaskBody) -> dict[str, Any]:
+        check(env, "get_task")
+        tasks_of(body.split)  # an unknown split is 404 before the index is looked at
+        try:
+            return {"task": catalog.get(body.split, body.index).public()}
+        except TaskIndexError:
+            raise HTTPException(status.HTTP_400_BAD_REQUEST, detail="Invalid task index") from None
+
+    @router.post("/{env}/task_range")
+    async def get_task_range(env: str, body: RangeBody) -> dict[str, Any]:
+        check(env, "get_task_range")
+        return {"tasks": [task.public() for task in tasks_of(body.split)[body.start:body.stop]]}
+
+    return router
