@@ -101,3 +101,21 @@ def test_missing_directory_and_bad_port_flag(tmp_path: Path) -> None:
     for bad in ("abc", "0", "65536"):
         with pytest.raises(serve.ServeError, match="--port must be an integer"):
             serve.serve(parse("--port", bad), StubRunner())
+
+
+def test_tasks_flag_becomes_the_tasks_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--tasks` is TASKS in the server's environment (the app factory reads it as any setting); each source must
+    exist, a `SPLIT=PATH` too; an OpenEnv directory has no task set of ours."""
+    monkeypatch.setenv("TASKS", "")  # recorded: `serve` sets it below, and the test's end restores it
+    (tmp_path / "a.jsonl").write_text("{}\n")
+    launch = serve.plan(parse("--tasks", str(tmp_path / "a.jsonl"), f"test={tmp_path}"))
+    assert launch.environ == {"TASKS": f"{tmp_path / 'a.jsonl'},test={tmp_path}"}
+    runner = StubRunner()
+    assert serve.serve(parse("--tasks", str(tmp_path / "a.jsonl")), runner) == 0
+    assert os.environ["TASKS"] == str(tmp_path / "a.jsonl")
+    with pytest.raises(serve.ServeError, match="no such file"):
+        serve.plan(parse("--tasks", f"train={tmp_path / 'absent'}"))
+    with pytest.raises(serve.ServeError, match="comma"):
+        serve.plan(parse("--tasks", f"{tmp_path},x"))
+    with pytest.raises(serve.ServeError, match="OpenEnv environment directory"):
+        serve.plan(parse(str(env_dir(tmp_path, "app: m:app\n")), "--tasks", str(tmp_path)))
