@@ -101,6 +101,18 @@ def episode_generic(url: str) -> dict[str, Any]:
             "reward": final.reward, "done": final.done, "state_episode": state["episode"]}
 
 
+def task_set_episode(url: str) -> dict[str, Any]:
+    """An episode of a task the server holds (`serve --tasks`), named by split and index in `reset`; the task
+    (test split, index 1) is "write 4 into n.txt"."""
+    from openenv.core.mcp_client import MCPToolClient
+
+    with MCPToolClient(base_url=url, message_timeout_s=TIMEOUT_S).sync() as env:
+        opened = env.reset(split="test", index=1)
+        env.call_tool("terminal", command="echo 4 > n.txt", final_answer="")
+        final = env.call_tool("terminal", command="", final_answer="done")
+    return {"opened_done": opened.done, "final": final}
+
+
 def main() -> None:
     mode, url = sys.argv[1], sys.argv[2]
     if mode == "mcp-production":
@@ -117,6 +129,8 @@ def main() -> None:
         out = episode_mcp_tool_client(url, production=False)
     elif mode == "episode-generic":
         out = episode_generic(url)
+    elif mode == "task-set-episode":
+        out = task_set_episode(url)
     else:
         raise SystemExit(f"unknown mode {mode}")
     print(json.dumps(out))

@@ -118,3 +118,14 @@ def test_an_unknown_split_is_named(ours: str, reference: str) -> None:
     assert mine.status_code == 404 and "unknown split 'nope'" in mine.json()["detail"]
     assert "'train'" in mine.json()["detail"]
     assert httpx.post(f"{reference}/{ENV}/num_tasks", json={"split": "nope"}).status_code == 500
+
+
+def test_openenvs_released_client_runs_task_i_by_split_and_index(ours: str, gen_b: Path) -> None:
+    """openenv 0.10's `MCPToolClient`: `reset(split="test", index=1)` over its WebSocket starts task 1 of the test
+    split, and the episode ends with that task's reward (its verify: `grep -qx 4 n.txt`)."""
+    done = subprocess.run([str(gen_b), str(HERE / "drivers.py"), "task-set-episode", ours], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["opened_done"] is False
+    assert (out["final"]["status"], out["final"]["reward"]) == ("completed", 1.0), out["final"]
