@@ -24,6 +24,10 @@ INSTALL_TIMEOUT_S = 900
 GEN_A = "openenv-core==0.3.0"
 GEN_B = "openenv==0.10.0"
 TRAINER = "trainer-openenv-0.10.0"
+TRL_TRAINER = "trl-1.16"
+TRL_SPECS = ("torch>=2.6,<3", "trl>=1.16,<2", "transformers>=5,<6", "gguf>=0.17,<1", "datasets>=4,<6")
+"""What `examples/trl_grpo.py` needs beside this package: TRL's GRPOTrainer on CPU, and a GGUF model loaded by
+transformers (torch comes from PyPI with its CUDA wheels, ~6 GB; it runs on CPU)."""
 _UNREACHABLE = ("NewConnectionError", "Max retries exceeded", "Temporary failure in name resolution",
                 "Network is unreachable", "No matching distribution found")
 
@@ -62,6 +66,21 @@ def trainer(reinstall: bool = True) -> Path:
     return venv / "bin" / "python"
 
 
+def trl_trainer(reinstall: bool = True) -> Path:
+    """Python of a TRL trainer's environment: `TRL_SPECS` and this checkout (editable) without its server extra,
+    resolved together by pip (created once); with `reinstall`, this checkout is installed again when the
+    environment already existed, as for `trainer`."""
+    venv = VENVS / TRL_TRAINER
+    with _locked(venv):
+        if not (venv / ".ready").exists():
+            _create(venv)
+            _pip(venv, *TRL_SPECS, "-e", str(ROOT))
+            (venv / ".ready").touch()
+        elif reinstall:
+            _pip(venv, "-e", str(ROOT))
+    return venv / "bin" / "python"
+
+
 @contextmanager
 def _locked(venv: Path) -> Iterator[None]:
     VENVS.mkdir(parents=True, exist_ok=True)
@@ -85,7 +104,8 @@ def _pip(venv: Path, *args: str) -> None:
 
 if __name__ == "__main__":
     try:
-        for made in (released_client(GEN_A), released_client(GEN_B), trainer(reinstall=False)):
+        for made in (released_client(GEN_A), released_client(GEN_B), trainer(reinstall=False),
+                     trl_trainer(reinstall=False)):
             print(made)
     except (IndexUnreachable, InstallFailed, subprocess.SubprocessError) as exc:
         sys.exit(f"{type(exc).__name__}: {exc}")
