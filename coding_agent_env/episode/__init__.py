@@ -9,15 +9,25 @@ from coding_agent_env.episode.errors import (
     EpisodeBusyError,
     EpisodeDoneError,
     EpisodeError,
+    KeystrokesUnsupportedError,
     TaskArgumentsError,
     TerminalArgumentsError,
 )
 from coding_agent_env.episode.report import CommandRecord, EpisodeReport, EpisodeStatus, TerminalResult
 from coding_agent_env.episode.task import is_task, parse_task
-from coding_agent_env.episode.terminal import TERMINAL_TOOL, TerminalCall, parse_terminal
+from coding_agent_env.episode.terminal import (
+    KEYSTROKES_TOOL,
+    TERMINAL_TOOL,
+    KeystrokesCall,
+    TerminalCall,
+    parse_keystrokes,
+    parse_terminal,
+)
 
 __all__ = [
+    "KEYSTROKES_TOOL",
     "TERMINAL_TOOL",
+    "KeystrokesCall",
     "CommandRecord",
     "Episode",
     "EpisodeBusyError",
@@ -25,11 +35,13 @@ __all__ = [
     "EpisodeError",
     "EpisodeReport",
     "EpisodeStatus",
+    "KeystrokesUnsupportedError",
     "TaskArgumentsError",
     "TerminalArgumentsError",
     "TerminalCall",
     "TerminalResult",
     "is_task",
+    "parse_keystrokes",
     "parse_task",
     "parse_terminal",
 ]

@@ -1,19 +1,24 @@
 """One interactive episode: reset(task) -> terminal commands in a persistent shell -> final answer -> verify.
 
-    start:        provision -> files -> setup          (first setup failure: setup_failed, torn down)
-    terminal:     one command in the persistent shell  (cwd and exported variables kept between commands)
-    final_answer: answer to $FINAL_ANSWER_FILE -> verify -> score -> teardown
+    start:        provision -> files -> setup -> shell   (first setup failure: setup_failed, torn down)
+    terminal:     one command in the episode's shell     (its state and background jobs kept between commands)
+    keystrokes:   keys typed into a live shell           (a REPL, a prompt), and the output after `duration`
+    final_answer: every process ended -> answer to $FINAL_ANSWER_FILE -> verify -> score -> teardown
 
 Contract:
 - `Episode.start` raises `RequestError` only for a task this server will not run (unknown backend, limits over
   the caps), before anything is made. Whatever goes wrong after that is the episode's status and `error`.
-- Each command is one sandbox exec of the sandbox's shell (`sandbox.shell.sandboxed`), as the sandbox's
-  user, under the task's `command_timeout_s` (its whole tree killed at it), its output bounded in the sandbox
-  (`episode_max_output_bytes`). Processes a command leaves in the background end with it, so between calls no
-  process of the episode is alive: the final answer's verify runs after every process the episode started is
-  dead, in a fresh context, with the reward file cleared first, through the workspace lifecycle a rollout
-  uses (`workspace.lifecycle`: hidden verify files, the clean room when artifacts are declared, the same reward
-  rule). The answer is written where verify reads it, `$FINAL_ANSWER_FILE`.
+- Where the backend can hold a process (`Sandbox.attach`: the local backend), commands run in one live shell
+  (`sandbox.shell.live`) started after setup, as the task's agent user: everything a shell keeps carries over,
+  background jobs live until the episode ends, a command's `command_timeout_s` interrupts its foreground job only
+  (the result's `note` says how), and `keystrokes` reaches interactive programs. Elsewhere each command is one
+  sandbox exec (`sandbox.shell.sandboxed`; the working directory and exported variables carry over, background
+  processes end with their command) and `keystrokes` is refused. The report's `shell` says which. Output is
+  bounded in the sandbox either way (`episode_max_output_bytes`). The final answer first ends the shell and
+  every process it left, so verify runs after every process the episode started is dead, in a fresh context,
+  with the reward file cleared first, through the workspace lifecycle a rollout uses (`workspace.lifecycle`:
+  hidden verify files, the clean room when artifacts are declared, the same reward rule). The answer is written
+  where verify reads it, `$FINAL_ANSWER_FILE`.
 - Calls run one at a time (`EpisodeBusyError`); after the episode ended each is refused (`EpisodeDoneError`).
 - Deadlines: the episode's total (`episode_timeout_s`, from start) bounds every stage and command; a watchdog
   ends it at that deadline or after `episode_idle_timeout_s` without a call (`expired`). Provision, setup and
@@ -34,15 +39,16 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from coding_agent_env.aio import shielded
-from coding_agent_env.episode.errors import EpisodeBusyError, EpisodeDoneError
+from coding_agent_env.episode.errors import EpisodeBusyError, EpisodeDoneError, KeystrokesUnsupportedError
 from coding_agent_env.episode.report import CommandRecord, EpisodeReport, EpisodeStatus, TerminalResult
-from coding_agent_env.errors import SandboxError
+from coding_agent_env.errors import SandboxError, SandboxUnsupportedError
 from coding_agent_env.models import ErrorInfo, Task
 from coding_agent_env.sandbox.base import Sandbox, SandboxSpec
 from coding_agent_env.sandbox.registry import Backends
+from coding_agent_env.sandbox.shell.live import LiveShell
 from coding_agent_env.sandbox.shell.sandboxed import SandboxShell
 from coding_agent_env.settings import Settings
 from coding_agent_env.workspace.budget import Budget
@@ -80,7 +86,9 @@ class Episode:
         self.status = EpisodeStatus.RUNNING
         self.error: ErrorInfo | None = None
         self.step_count = 0
-        self.shell: SandboxShell | None = None
+        self.shell: LiveShell | SandboxShell | None = None
+        self.shell_kind: Literal["live", "per_command"] | None = None
+        self._shell_dir = ""
         self.history: deque[CommandRecord] = deque(maxlen=settings.episode_max_history)
         self.commands_run = 0
         self._call: asyncio.Task[object] | None = None
@@ -154,17 +162,29 @@ class Episode:
         its deadline passes during the command), `EpisodeBusyError` if a call is running."""
         return await self._exclusive(self._terminal(command))
 
+    async def keystrokes(self, keys: str, duration_s: float) -> TerminalResult:
+        """Type `keys` into the live shell and return the output after `duration_s`; `KeystrokesUnsupportedError`
+        where the episode's shell is one exec per command. Refused as `terminal` is when ended or busy."""
+        if not isinstance(self.shell, LiveShell) and not self.done:
+            raise KeystrokesUnsupportedError(self.sandbox.backend if self.sandbox else "?")
+        return await self._exclusive(self._terminal(keys, duration_s=duration_s))
+
     async def final_answer(self, answer: str) -> EpisodeReport:
         """End the agent's phase with `answer`, verify, score and tear down; the report (done, with the
         reward, or null when verify could not score it)."""
         return await self._exclusive(self._final_answer(answer))
 
-    async def _terminal(self, command: str) -> TerminalResult:
+    async def _terminal(self, command: str, *, duration_s: float | None = None) -> TerminalResult:
+        """A command (or, with `duration_s`, keystrokes) in the shell, under the episode's deadline."""
         assert self.shell is not None, "a running episode has a shell"
         started = time.monotonic()
         try:
             async with asyncio.timeout_at(self.deadline):
-                outcome = await self.shell.run(command, timeout_s=self.task.command_timeout_s)
+                if duration_s is not None:
+                    assert isinstance(self.shell, LiveShell)
+                    outcome = await self.shell.keys(command, duration_s=duration_s)
+                else:
+                    outcome = await self.shell.run(command, timeout_s=self.task.command_timeout_s)
         except TimeoutError:
             await self._end(EpisodeStatus.EXPIRED, "terminal", "EpisodeTimeout", "the episode's deadline passed")
             raise EpisodeDoneError(self.id, self.status.value, "its deadline passed during the command") from None
@@ -180,11 +200,12 @@ class Episode:
         self.history.append(CommandRecord(command=self.redact.text(shown), exit_code=outcome.exit_code,
                                           timed_out=outcome.timed_out))
         return TerminalResult(output=self.redact.text(outcome.output), exit_code=outcome.exit_code,
-                              timed_out=outcome.timed_out,
-                              duration_s=round(time.monotonic() - started, 6))
+                              timed_out=outcome.timed_out, duration_s=round(time.monotonic() - started, 6),
+                              note=getattr(outcome, "note", None))
 
     async def _final_answer(self, answer: str) -> EpisodeReport:
         answer_path = f"{self.workspace.open_sandbox().paths.logs}/final_answer.txt"
+        await self._end_shell()  # its background jobs too: verify starts after every process the episode made
 
         async def write_answer(target: Sandbox) -> None:
             await target.remove(answer_path)
@@ -252,13 +273,32 @@ class Episode:
         sandbox = await self.workspace.provision(spec)
         shell_dir = f"{sandbox.paths.logs}/agent"
         await sandbox.mkdir(shell_dir)
+        self._shell_dir = shell_dir
         self.shell = SandboxShell(sandbox, shell_dir, max_output_bytes=self.settings.episode_max_output_bytes,
                                   user=self.task.agent_user)
+        self.shell_kind = "per_command"
 
     async def _setup(self) -> None:
         failure = await self.workspace.set_up()
         if failure is not None:
             await self._end(EpisodeStatus.SETUP_FAILED, "setup", "SetupCommandFailed", failure.message)
+            return
+        await self._start_shell()
+
+    async def _start_shell(self) -> None:
+        """The live shell, after setup (so nothing of setup runs in it), where the backend can attach one."""
+        sandbox = self.workspace.open_sandbox()
+        live = LiveShell(sandbox, self._shell_dir, max_output_bytes=self.settings.episode_max_output_bytes,
+                         user=self.task.agent_user)
+        try:
+            await live.start()
+        except SandboxUnsupportedError:
+            return  # one exec per command: the report's `shell` says so
+        self.shell, self.shell_kind = live, "live"
+
+    async def _end_shell(self) -> None:
+        if isinstance(self.shell, LiveShell):
+            await self.shell.close()
 
     # -- ending ----------------------------------------------------------------------------------------
 
@@ -299,6 +339,10 @@ class Episode:
         watchdog = self._watchdog
         if watchdog is not None and watchdog is not asyncio.current_task():
             watchdog.cancel()
+        try:
+            await self._end_shell()
+        except Exception:  # noqa: BLE001 - closing the sandbox below ends whatever the shell left
+            log.exception("episode %s: closing the live shell failed", self.id)
         failure = await self.workspace.close()
         if failure is not None and self.error is None:
             self.error = failure
@@ -309,7 +353,7 @@ class Episode:
         sandbox, verification = self.sandbox, self.workspace.verification
         return EpisodeReport(
             **self.workspace.report_fields(),
-            episode_id=self.id, task_id=self.task.task_id, status=self.status, done=self.done,
+            episode_id=self.id, task_id=self.task.task_id, shell=self.shell_kind, status=self.status, done=self.done,
             step_count=self.step_count, sandbox_id=sandbox.id if sandbox else None,
             reward=verification.reward if self.status is EpisodeStatus.COMPLETED else None,
             reward_note=verification.reward_note,

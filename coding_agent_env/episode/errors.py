@@ -15,7 +15,10 @@ from __future__ import annotations
 
 from coding_agent_env.errors import RequestError
 
-__all__ = ["EpisodeBusyError", "EpisodeDoneError", "EpisodeError", "TaskArgumentsError", "TerminalArgumentsError"]
+__all__ = [
+    "EpisodeBusyError", "EpisodeDoneError", "EpisodeError", "KeystrokesUnsupportedError", "TaskArgumentsError",
+    "TerminalArgumentsError",
+]
 
 
 class EpisodeError(RequestError):
@@ -45,3 +48,11 @@ class EpisodeDoneError(EpisodeError):
         why = f": {reason}" if reason else ""
         super().__init__(f"episode {episode_id} has ended ({status}{why}); start a new one with reset")
         self.status = status
+
+
+class KeystrokesUnsupportedError(EpisodeError):
+    """`keystrokes` in an episode whose shell is one exec per command (its backend cannot hold a process)."""
+
+    def __init__(self, backend: str) -> None:
+        super().__init__(f"keystrokes need a live shell, and sandbox backend {backend!r} runs one exec per command: "
+                         "use terminal")

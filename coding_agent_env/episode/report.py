@@ -4,6 +4,7 @@ what its reset and final answer return). Never contains a secret."""
 from __future__ import annotations
 
 from enum import Enum
+from typing import Literal
 
 from pydantic import Field
 
@@ -32,9 +33,12 @@ class TerminalResult(WireModel):
     halves of `EPISODE_MAX_OUTPUT_BYTES` with a note of how much was left out) and exit code."""
 
     output: str
-    exit_code: int | None = Field(description="Null when the command timed out (its whole tree was killed).")
+    exit_code: int | None = Field(description="Null when the command timed out (its foreground job was ended), and "
+                                              "for keystrokes.")
     timed_out: bool
     duration_s: float
+    note: str | None = Field(default=None, description="What happened to the shell beyond the command's own output "
+                             "(a timeout's interrupt, a shell that exited and was restarted).")
 
 
 class CommandRecord(WireModel):
@@ -50,6 +54,10 @@ class EpisodeReport(WorkspaceReport):
 
     episode_id: str
     task_id: str | None = None
+    shell: Literal["live", "per_command"] | None = Field(
+        default=None, description="`live`: one shell for the whole episode (background jobs and all shell state "
+        "carry over, `keystrokes` works); `per_command`: one sandbox exec per command (the backend cannot hold a "
+        "process: the working directory and exported variables carry over).")
     status: EpisodeStatus
     done: bool
     step_count: int = Field(description="terminal calls that ran (commands and the final answer).")

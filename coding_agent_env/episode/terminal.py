@@ -1,4 +1,4 @@
-"""The `terminal` tool: its descriptor and its arguments.
+"""The `terminal` tool (and `keystrokes`, for a live shell): descriptors and arguments.
 
 Upstream's shape: `{"command": str, "final_answer": str}`, where a client sends both keys and leaves one
 empty. Exactly one must be non-blank: a command runs in the episode's persistent shell; a final answer ends
@@ -16,13 +16,16 @@ from typing import Any
 from coding_agent_env.episode.errors import TerminalArgumentsError
 from coding_agent_env.settings import WireLimits
 
-__all__ = ["TERMINAL_DESCRIPTION", "TERMINAL_SCHEMA", "TERMINAL_TOOL", "TerminalCall", "parse_terminal"]
+__all__ = [
+    "KEYSTROKES_DESCRIPTION", "KEYSTROKES_SCHEMA", "KEYSTROKES_TOOL", "TERMINAL_DESCRIPTION", "TERMINAL_SCHEMA",
+    "TERMINAL_TOOL", "KeystrokesCall", "TerminalCall", "parse_keystrokes", "parse_terminal",
+]
 
 TERMINAL_TOOL = "terminal"
 TERMINAL_DESCRIPTION = (
-    "Run one shell command in the episode's sandbox (a persistent shell: the working directory and exported "
-    "variables carry over between commands), or end the episode with a final answer, which is then verified "
-    "and scored. Give exactly one of `command` and `final_answer`."
+    "Run one shell command in the episode's sandbox (a persistent shell: the working directory, variables, "
+    "functions and background jobs carry over between commands), or end the episode with a final answer, which "
+    "is then verified and scored. Give exactly one of `command` and `final_answer`."
 )
 TERMINAL_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -82,3 +85,48 @@ def _text(arguments: dict[str, Any], key: str, max_bytes: int) -> str:
     if size > max_bytes:
         raise TerminalArgumentsError(f"{key} longer than {max_bytes} bytes (UTF-8)")
     return value
+
+
+KEYSTROKES_TOOL = "keystrokes"
+KEYSTROKES_DESCRIPTION = (
+    "Type into the episode's terminal, as Terminus-2 does: the keys go to the live shell's input (a command line "
+    "it runs, or what its foreground program reads, e.g. a `python3 -i` REPL or a prompt waiting for `y`), then "
+    "wait `duration` seconds and return the output since the last call. End a line with \\n to submit it; `C-c` "
+    "alone interrupts the foreground program. Needs a live shell (the local backend)."
+)
+MAX_KEYS_BYTES = 64 * 1024
+MAX_DURATION_S = 60.0
+KEYSTROKES_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "keystrokes": {"type": "string", "description": "The keys to type (\\n submits a line; `C-c` interrupts)."},
+        "duration": {"type": "number", "default": 1.0, "minimum": 0, "maximum": MAX_DURATION_S,
+                     "description": "Seconds to wait for output before returning."},
+    },
+    "required": ["keystrokes"],
+    "additionalProperties": False,
+}
+
+
+@dataclass(frozen=True)
+class KeystrokesCall:
+    """Keys to type (`\\x03` for an interrupt) and how long to wait for their output."""
+
+    keys: str
+    duration_s: float
+
+
+def parse_keystrokes(arguments: Any) -> KeystrokesCall:
+    """`TerminalArgumentsError` for anything but `{"keystrokes": text, "duration": seconds}` within the limits."""
+    if not isinstance(arguments, dict):
+        raise TerminalArgumentsError("keystrokes arguments must be an object with keystrokes and duration")
+    unknown = sorted(str(key) for key in arguments if key not in ("keystrokes", "duration"))
+    if unknown:
+        raise TerminalArgumentsError(f"unknown keystrokes argument(s): {', '.join(unknown[:5])}")
+    keys = _text(arguments, "keystrokes", MAX_KEYS_BYTES)
+    if not keys:
+        raise TerminalArgumentsError("keystrokes is empty")
+    duration = arguments.get("duration", 1.0)
+    if isinstance(duration, bool) or not isinstance(duration, int | float) or not 0 <= duration <= MAX_DURATION_S:
+        raise TerminalArgumentsError(f"duration must be a number of seconds from 0 to {MAX_DURATION_S:g}")
+    return KeystrokesCall("\x03" if keys.strip() == "C-c" else keys, float(duration))

@@ -16,6 +16,7 @@ everything it made; `close()` is idempotent and safe after cancellation. Any use
 from __future__ import annotations
 
 import abc
+import asyncio
 import enum
 import math
 import socket
@@ -24,11 +25,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-from coding_agent_env.errors import SandboxClosedError, SandboxFileError
+from coding_agent_env.errors import SandboxClosedError, SandboxFileError, SandboxUnsupportedError
 from coding_agent_env.models import SANDBOX_OWN_ENV
 from coding_agent_env.settings import Settings, SettingsSection
 
 __all__ = [
+    "Attached",
     "BackendStatus",
     "ExecResult",
     "FileEntry",
@@ -234,6 +236,31 @@ class Process(abc.ABC):
         """Kill the whole process tree and reap it. Idempotent; safe when it already exited."""
 
 
+@dataclass
+class Attached:
+    """A process started by `Sandbox.attach`, with a pipe to its stdin and one from its stdout and stderr
+    (merged). Whatever it writes is the sandbox's (untrusted): read it bounded. `close()` kills the whole tree
+    and closes both pipes; idempotent."""
+
+    process: Process
+    reader: asyncio.StreamReader
+    reading: asyncio.BaseTransport
+    """The transport `reader` is fed by (closed by `close()`)."""
+    writer: asyncio.WriteTransport
+
+    async def write(self, data: bytes) -> None:
+        """Queue `data` for the process's stdin (a pipe: the transport buffers it; a dead reader is ignored)."""
+        if not self.writer.is_closing():
+            self.writer.write(data)
+
+    async def close(self) -> None:
+        try:
+            await self.process.kill()
+        finally:
+            self.writer.close()
+            self.reading.close()
+
+
 STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -358,6 +385,19 @@ class Sandbox(abc.ABC):
     ) -> Process:
         """Start argv in the background, its stdout and stderr appended to `log_path` (a sandbox path) or
         discarded. The caller owns the returned process and must `kill()` it; `close()` kills it too."""
+
+    async def attach(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+    ) -> Attached:
+        """Start argv in the background with pipes to its stdin and from its stdout and stderr (a live shell,
+        `sandbox.shell.live`). The caller owns it and must `close()` it; the sandbox's `close()` kills it too.
+        `SandboxUnsupportedError` where the backend cannot hold such a process (the caller falls back)."""
+        raise SandboxUnsupportedError(self.backend, "live shell", "this backend cannot attach to a process")
 
     @abc.abstractmethod
     async def read_bytes(self, path: str, *, max_bytes: int | None = None, tail: bool = False) -> bytes:

@@ -27,6 +27,7 @@ from coding_agent_env.episode import (
     Episode,
     EpisodeError,
     EpisodeReport,
+    KeystrokesCall,
     TerminalCall,
     TerminalResult,
     parse_task,
@@ -234,6 +235,17 @@ class Session:
             self.touch()
         self.last_reward, self.last_status = report.reward, report.status.value
         return report
+
+    async def keystrokes(self, call: KeystrokesCall) -> TerminalResult:
+        """One validated `keystrokes` call in this session's episode (see `Episode.keystrokes`)."""
+        self._check_open()
+        if self.episode is None:
+            raise NoEpisodeError()
+        self.touch()
+        try:
+            return await self.episode.keystrokes(call.keys, call.duration_s)
+        finally:
+            self.touch()
 
     async def end_episode(self) -> None:
         """Close this session's episode, if any (torn down; idempotent)."""

@@ -60,7 +60,7 @@ def test_openenv_validate_url(gen_b: Path, live_url: str) -> None:
 def test_an_interactive_episode_through_mcp_tool_client(request: pytest.FixtureRequest, live_url: str,
                                                          client: str, mode: str) -> None:
     out = drive(request.getfixturevalue(client), mode, live_url)
-    assert out["opened_done"] is False and out["names"] == ["run_rollout", "terminal"]
+    assert out["opened_done"] is False and out["names"] == ["run_rollout", "terminal", "keystrokes"]
     assert (out["ran"]["output"], out["ran"]["exit_code"]) == ("/workspace/work\n", 0)
     final = out["final"]
     assert (final["status"], final["reward"], final["done"], final["step_count"]) == ("completed", 1.0, True, 2)

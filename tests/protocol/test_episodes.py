@@ -51,9 +51,9 @@ def test_an_episode_over_ws(live: LiveServer, settings: Settings) -> None:
         assert observation["instruction"] == TASK["instruction"]
         assert observation["episode"]["status"] == "running" and observation["episode"]["episode_id"] == "ep-7"
         assert [r["cmd"] for r in observation["episode"]["setup_results"]] == ["mkdir -p work"]
-        assert [t["name"] for t in observation["tools"]] == ["run_rollout", "terminal"]
+        assert [t["name"] for t in observation["tools"]] == ["run_rollout", "terminal", "keystrokes"]
         assert observation["text"].startswith(TASK["instruction"])
-        assert tool_names(ws) == ["run_rollout", "terminal"]
+        assert tool_names(ws) == ["run_rollout", "terminal", "keystrokes"]
         step = ask(ws, terminal("cd work && echo 42 > answer.txt && export X=7"))["data"]
         assert step["done"] is False and step["observation"]["error"] is None
         result = step["observation"]["result"]
@@ -142,7 +142,7 @@ def test_gen_b_attached_jsonrpc(live: LiveServer, settings: Settings) -> None:
             assert [t["name"] for t in rpc("tools/list", session_id=session_id)["result"]["tools"]] == ["run_rollout"]
             ask(ws, {"type": "reset", "data": TASK})
             tools = rpc("tools/list", session_id=session_id)["result"]["tools"]
-            assert [t["name"] for t in tools] == ["run_rollout", "terminal"] and "inputSchema" in tools[1]
+            assert [t["name"] for t in tools] == ["run_rollout", "terminal", "keystrokes"] and "inputSchema" in tools[1]
             ran = rpc("tools/call", session_id=session_id, name="terminal",
                       arguments={"command": "echo 42 > work/answer.txt; echo done", "final_answer": ""})
             assert ran["result"]["data"]["output"] == "done\n"
@@ -235,7 +235,7 @@ def test_an_episode_holds_its_sessions_slot(make_server: Callable[..., LiveServe
         assert httpx.post(f"{server.http}/mcp", json=create).json()["error"]["code"] == -32000
         # Over the same socket's `mcp` envelope, the episode's terminal is a tool of this session.
         listed = ask(ws, {"type": "mcp", "data": {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}})
-        assert [t["name"] for t in listed["data"]["result"]["tools"]] == ["run_rollout", "terminal"]
+        assert [t["name"] for t in listed["data"]["result"]["tools"]] == ["run_rollout", "terminal", "keystrokes"]
         call = {"name": "terminal", "arguments": {"command": "echo via-mcp"}}
         ran = ask(ws, {"type": "mcp", "data": {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": call}})
         assert ran["data"]["result"]["data"]["output"] == "via-mcp\n"

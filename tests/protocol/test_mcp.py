@@ -16,7 +16,7 @@ from tests.protocol.live import LiveServer
 async def test_official_client_lists_the_tools_and_runs_a_rollout(server: LiveServer, oracle_task: dict) -> None:
     async with Client(f"{server.http}/mcp") as client:
         tools = (await client.list_tools()).tools
-        assert [tool.name for tool in tools] == ["run_rollout", "start_episode", "terminal"]
+        assert [tool.name for tool in tools] == ["run_rollout", "start_episode", "terminal", "keystrokes"]
         schema = tools[0].input_schema
         assert schema["properties"].keys() == RolloutRequest.model_json_schema()["properties"].keys()
         assert schema["properties"]["agent"]["default"] is None  # the server's DEFAULT_AGENT
@@ -44,7 +44,7 @@ async def test_mcp_sessions_count_against_capacity(make_server: Any) -> None:
     close = {"jsonrpc": "2.0", "method": "openenv/session/close", "params": {"session_id": session_id}, "id": 2}
     httpx.post(f"{server.http}/mcp", json=close)
     async with Client(f"{server.http}/mcp") as client:
-        assert len((await client.list_tools()).tools) == 3
+        assert len((await client.list_tools()).tools) == 4
 
 
 def test_unknown_mcp_session_is_404(server: LiveServer) -> None:

@@ -36,7 +36,8 @@ async def test_an_episode_from_the_tab(settings: Settings, assert_no_leftovers: 
         assert (await episodes.run("b", command)).exit_code == 0
     out = await episodes.run("b", "python3 fizzbuzz.py | head -3; exit 2")
     assert out.output == "1\n2\nFizz\n" and out.exit_code == 2
-    assert "$ python3 fizzbuzz.py | head -3; exit 2\n1\n2\nFizz\n[exit code 2]" in view.text()
+    # `exit` ends the live shell: a new one takes over, and the transcript says so
+    assert "$ python3 fizzbuzz.py | head -3; exit 2\n1\n2\nFizz\n[exit code 2; the shell exited" in view.text()
     report = await episodes.answer("b", "done")
     assert report.reward == 1.0 and report.verify_context == "clean_room"
     assert manager.active == 0  # the slot is given back; the report and transcript stay

@@ -3,6 +3,7 @@
     run_rollout     always                       RolloutRequest -> RolloutResult
     start_episode   MCP only (reset elsewhere)   reset's task fields -> the episode's opening observation
     terminal        while the episode lives      TerminalCall -> TerminalResult | EpisodeReport
+    keystrokes      while the episode lives      KeystrokesCall -> TerminalResult (a live shell's)
 
 A new tool is one module (a `Tool`) and one line in `TOOLS`; each door adapts a `ToolReply` in one place.
 """
@@ -14,13 +15,15 @@ from typing import Any
 
 from coding_agent_env.api.tools.base import Tool
 from coding_agent_env.api.tools.episode import StartEpisode
+from coding_agent_env.api.tools.keystrokes import Keystrokes
 from coding_agent_env.api.tools.rollout import RunRollout
 from coding_agent_env.api.tools.terminal import Terminal
 
-__all__ = ["ROLLOUT", "START_EPISODE", "TERMINAL", "TOOLS", "listing", "openenv_tool"]
+__all__ = ["KEYSTROKES", "ROLLOUT", "START_EPISODE", "TERMINAL", "TOOLS", "listing", "openenv_tool"]
 
 ROLLOUT = RunRollout()
 TERMINAL = Terminal()
+KEYSTROKES = Keystrokes()
 
 
 @functools.cache
@@ -31,8 +34,8 @@ def listing(schema_key: str, live_episode: bool) -> list[dict[str, Any]]:
 
 
 START_EPISODE = StartEpisode(lambda live: listing("input_schema", live))
-TOOLS: tuple[Tool[Any], ...] = (ROLLOUT, START_EPISODE, TERMINAL)
-"""In the order MCP lists them (OpenEnv's paths list run_rollout, then terminal)."""
+TOOLS: tuple[Tool[Any], ...] = (ROLLOUT, START_EPISODE, TERMINAL, KEYSTROKES)
+"""In the order MCP lists them (OpenEnv's paths list run_rollout, then terminal and keystrokes)."""
 
 
 def openenv_tool(name: str) -> Tool[Any] | None:

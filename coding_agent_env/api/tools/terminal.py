@@ -42,7 +42,9 @@ class Terminal(Tool[TerminalCall]):
 
 def command_text(result: TerminalResult) -> str:
     """The output, then on a line of its own how the command ended."""
-    if result.timed_out:
+    if result.note is not None:
+        end = f"[{result.note}]" if result.exit_code is None else f"[exit code {result.exit_code}; {result.note}]"
+    elif result.timed_out:
         end = "[timed out: the command and its processes were killed]"
     else:
         end = f"[exit code {result.exit_code}]"

@@ -153,6 +153,7 @@ def start(
     stdout: int,
     stderr: int,
     pass_fds: Sequence[int] = (),
+    stdin: int = subprocess.DEVNULL,
 ) -> Child:
     """Start argv in a new session (with `pass_fds` inherited at their numbers). Without credentials to change,
     Python can spawn it with vfork."""
@@ -163,7 +164,7 @@ def start(
         extra["pass_fds"] = tuple(pass_fds)
     popen = subprocess.Popen(
         list(argv),
-        stdin=subprocess.DEVNULL,
+        stdin=stdin,
         stdout=stdout,
         stderr=stderr,
         env=dict(env),
@@ -204,6 +205,13 @@ async def _pipe_reader(
         raise
     transports.append(transport)
     return reader
+
+
+async def pipe_reader(loop: asyncio.AbstractEventLoop, read_fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
+    """A stream over the read end of a pipe, and its transport (which owns `read_fd`: close it to free it)."""
+    transports: list[asyncio.BaseTransport] = []
+    reader = await _pipe_reader(loop, read_fd, transports)
+    return reader, transports[0]
 
 
 async def _start_piped(

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from coding_agent_env.errors import SandboxError, SandboxUnsupportedError
-from coding_agent_env.sandbox.base import ExecResult, FileEntry, Process, RelayEndpoint, Sandbox
+from coding_agent_env.sandbox.base import Attached, ExecResult, FileEntry, Process, RelayEndpoint, Sandbox
 from coding_agent_env.sandbox.highwater import HIGH_WATER
 from coding_agent_env.sandbox.launcher.inside.treeops import remove_tree
 from coding_agent_env.sandbox.local import proc
@@ -240,6 +240,51 @@ class LocalSandbox(Sandbox):
                 await served.stop()
 
         return proc.HostProcess(child, self._children, on_exit=exited)
+
+    async def attach(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+    ) -> Attached:
+        self._check_open()
+        argv, who = self._who(argv, user)
+        command = self._launch.command(self._box, argv, cwd or self.paths.workdir, fresh=False, netns=self._netns,
+                                       who=who)
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        try:
+            child = proc.start(command.argv, env=self._env(env, None), cwd=command.cwd, creds=command.creds,
+                               stdin=stdin_r, stdout=stdout_w, stderr=stdout_w, pass_fds=command.pass_fds)
+        except OSError as exc:
+            for fd in (stdin_w, stdout_r):
+                os.close(fd)
+            raise SandboxError(f"cannot start process: {exc.strerror}") from exc
+        finally:
+            os.close(stdin_r)
+            os.close(stdout_w)
+        self._children[child.pid] = child
+        self._sampled()
+        process = proc.HostProcess(child, self._children, on_exit=self._attached_exited)
+        loop = asyncio.get_running_loop()
+        stdin = os.fdopen(stdin_w, "wb", buffering=0)  # owns the fd from here: closed with it
+        try:
+            reader, reading = await proc.pipe_reader(loop, stdout_r)
+            try:
+                writer, _ = await loop.connect_write_pipe(asyncio.Protocol, stdin)
+            except BaseException:
+                reading.close()
+                raise
+        except BaseException:
+            stdin.close()
+            await asyncio.shield(process.kill())
+            raise
+        return Attached(process, reader, reading, writer)  # type: ignore[arg-type]
+
+    async def _attached_exited(self) -> None:
+        self._unsampled()
 
     def _open_log(self, log_path: str) -> int:
         """The spawned command's log, opened for appending; on a tmpfs root its first `_LOG_RESERVE` bytes are
