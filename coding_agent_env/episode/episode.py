@@ -8,12 +8,14 @@
 Contract:
 - `Episode.start` raises `RequestError` only for a task this server will not run (unknown backend, limits over
   the caps), before anything is made. Whatever goes wrong after that is the episode's status and `error`.
-- Where the backend can hold a process (`Sandbox.attach`: the local backend), commands run in one live shell
-  (`sandbox.shell.live`) started after setup, as the task's agent user: everything a shell keeps carries over,
-  background jobs live until the episode ends, a command's `command_timeout_s` interrupts its foreground job only
-  (the result's `note` says how), and `keystrokes` reaches interactive programs. Elsewhere each command is one
-  sandbox exec (`sandbox.shell.sandboxed`; the working directory and exported variables carry over, background
-  processes end with their command) and `keystrokes` is refused. The report's `shell` says which. Output is
+- Commands run in one live shell (`sandbox.shell.live`) started after setup, as the task's agent user:
+  everything a shell keeps carries over, background jobs live until the episode ends, a command's
+  `command_timeout_s` interrupts its foreground job only (the result's `note` says how), and `keystrokes`
+  reaches interactive programs. Attached with pipes where the backend can (local: a command is a pipe round
+  trip), else on FIFOs with one exec per request (Docker, the remote backends). Where no live shell can start,
+  each command is one sandbox exec (`sandbox.shell.sandboxed`; the working directory and exported variables
+  carry over, background processes end with their command) and `keystrokes` is refused. The report's `shell`
+  says which. Output is
   bounded in the sandbox either way (`episode_max_output_bytes`). The final answer first ends the shell and
   every process it left, so verify runs after every process the episode started is dead, in a fresh context,
   with the reward file cleared first, through the workspace lifecycle a rollout uses (`workspace.lifecycle`:
@@ -48,7 +50,7 @@ from coding_agent_env.errors import SandboxError, SandboxUnsupportedError
 from coding_agent_env.models import ErrorInfo, Task
 from coding_agent_env.sandbox.base import Sandbox, SandboxSpec
 from coding_agent_env.sandbox.registry import Backends
-from coding_agent_env.sandbox.shell.live import LiveShell
+from coding_agent_env.sandbox.shell.live import LiveShell, LiveShellError
 from coding_agent_env.sandbox.shell.sandboxed import SandboxShell
 from coding_agent_env.settings import Settings
 from coding_agent_env.workspace.budget import Budget
@@ -286,14 +288,16 @@ class Episode:
         await self._start_shell()
 
     async def _start_shell(self) -> None:
-        """The live shell, after setup (so nothing of setup runs in it), where the backend can attach one."""
+        """The live shell, after setup (so nothing of setup runs in it). Where it cannot start (an image without
+        `mkfifo`, a backend that cannot keep a process), one exec per command: the report's `shell` says so."""
         sandbox = self.workspace.open_sandbox()
         live = LiveShell(sandbox, self._shell_dir, max_output_bytes=self.settings.episode_max_output_bytes,
                          user=self.task.agent_user)
         try:
             await live.start()
-        except SandboxUnsupportedError:
-            return  # one exec per command: the report's `shell` says so
+        except (LiveShellError, SandboxUnsupportedError) as exc:
+            log.warning("episode %s: no live shell (%s); one exec per command", self.id, exc)
+            return
         self.shell, self.shell_kind = live, "live"
 
     async def _end_shell(self) -> None:

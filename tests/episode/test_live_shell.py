@@ -116,9 +116,28 @@ async def test_nothing_is_left_however_the_episode_ends(ending: str, backend_for
         assert episode.report().status is EpisodeStatus.EXPIRED
 
 
-async def test_a_backend_without_a_live_shell_refuses_keystrokes(backend_for: Callable[[str], Target],
+@pytest.mark.parametrize("kind", ["docker", "e2b-fake"])
+async def test_backends_without_pipes_run_the_live_shell_on_fifos(kind: str, backend_for: Callable[[str], Target],
                                                                  start: Starter) -> None:
-    episode = await start(backend_for("docker"), LIVE)
+    """Docker and the remote backends cannot attach to a process: the same shell runs behind FIFOs, one exec per
+    request, with the same state, background jobs, timeouts and keystrokes."""
+    episode = await start(backend_for(kind), LIVE)
+    assert episode.report().shell == "live"
+    await episode.terminal("cd work; greet() { echo hi; }; sleep 300 &")
+    slow = await episode.terminal("sleep 60")
+    assert slow.timed_out and "interrupted (SIGINT)" in slow.note
+    assert (await episode.terminal("greet; jobs -p | wc -l")).output.split() == ["hi", "1"]
+    assert (await episode.keystrokes("printf 'ok? '; read a; echo got $a\n", 0.5)).output == "ok? "
+    assert (await episode.keystrokes("y\n", 0.5)).output == "got y\n"
+    await episode.close()  # before the backend's own leftover check (the fixture's close comes after it)
+
+
+async def test_without_a_live_shell_keystrokes_are_refused(backend_for: Callable[[str], Target],
+                                                           start: Starter) -> None:
+    """Where no live shell can start (here no program on the task's PATH: not even `bash` for a supervisor), one
+    exec per command, and keystrokes are refused saying why."""
+    episode = await start(backend_for("local"), {**LIVE, "setup_scripts": [], "verify_scripts": ["true"],
+                                                 "env": {"PATH": "/nonexistent"}})
     assert episode.report().shell == "per_command"
     with pytest.raises(KeystrokesUnsupportedError, match="use terminal"):
         await episode.keystrokes("ls\n", 0.1)

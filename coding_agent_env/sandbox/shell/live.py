@@ -41,12 +41,13 @@ editor does not).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import secrets
 from dataclasses import dataclass
 
-from coding_agent_env.errors import SandboxError
-from coding_agent_env.sandbox.base import Attached, Sandbox
+from coding_agent_env.errors import SandboxError, SandboxUnsupportedError
+from coding_agent_env.sandbox.base import Attached, Process, Sandbox
 
 __all__ = ["BOOT", "SUPERVISOR", "LiveOutcome", "LiveShell", "LiveShellError"]
 
@@ -268,17 +269,149 @@ _NOTES = {
 }
 
 
+CLIENT = r"""
+export LC_ALL=C
+d=$1 nonce=$2
+case $3 in
+  env) printf '%s' "$CAE_LIVE_REQUEST" >"$d/live-requests" ;;
+  file) cat -- "$d/live-request" >"$d/live-requests" ;;
+esac
+while IFS= read -r -d $'\037' chunk; do
+  printf '%s\037' "$chunk"
+  case $chunk in *$'\036'"$nonce "*) exit 0 ;; esac
+done <"$d/live-answers"
+exit 3
+"""
+"""One request where the supervisor cannot be attached to: write it to the supervisor's request FIFO (from the
+environment, or from a file when too long for one), then print its answers up to this request's marker."""
+
+FIFOS = r"""rm -f -- "$1/live-requests" "$1/live-answers" && mkfifo -m 600 -- "$1/live-requests" "$1/live-answers"
+"""
+"""Made before the supervisor starts, so a request's exec never looks for them before they exist."""
+
+SPAWN = r"""d=$1
+exec 0<>"$d/live-requests" 1<>"$d/live-answers"
+exec bash --noprofile --norc "$d/live-supervisor.sh" "$d" "$2"
+"""
+"""The supervisor as a background process whose stdin and stdout are FIFOs (held open both ways by itself, so
+neither ends when a request's exec does)."""
+
+_ENV_REQUEST_MAX = 96 * 1024
+"""Longest request passed in the exec's environment (the kernel caps one variable at 128 KiB)."""
+
+
+class _Channel(abc.ABC):
+    """How requests reach the supervisor and its answers come back."""
+
+    @abc.abstractmethod
+    async def open(self, argv: list[str]) -> None:
+        """Start the supervisor (`argv` runs it with its stdin and stdout as the channel)."""
+
+    @abc.abstractmethod
+    async def ask(self, nonce: str, request: bytes, timeout_s: float) -> bytes:
+        """Send `request` (empty: none, only read) and return what came back up to and with `\\x1eNONCE ...\\x1f`.
+        `LiveShellError` if the supervisor is gone, `TimeoutError` past `timeout_s`."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Kill the supervisor, its shell and everything they started. Idempotent."""
+
+
+class _Attached(_Channel):
+    """The supervisor attached with pipes (`Sandbox.attach`): a request is a pipe round trip."""
+
+    def __init__(self, sandbox: Sandbox, user: str | None, cap: int) -> None:
+        self.sandbox, self.user, self.cap = sandbox, user, cap
+        self._attached: Attached | None = None
+        self._buffer = bytearray()
+
+    async def open(self, argv: list[str]) -> None:
+        self._attached = await self.sandbox.attach(argv, user=self.user)
+        self._buffer.clear()
+
+    async def ask(self, nonce: str, request: bytes, timeout_s: float) -> bytes:
+        attached = self._attached
+        if attached is None or attached.process.returncode is not None:
+            raise LiveShellError("the live shell's supervisor ended")
+        if request:
+            await attached.write(request)
+        mark = b"\x1e" + nonce.encode() + b" "
+        async with asyncio.timeout(timeout_s):
+            while True:
+                at = self._buffer.find(mark)
+                end = self._buffer.find(b"\x1f", at) if at >= 0 else -1
+                if end >= 0:
+                    answer = bytes(self._buffer[:end + 1])
+                    del self._buffer[:end + 1]
+                    return answer
+                chunk = await attached.reader.read(64 * 1024)
+                if not chunk:
+                    raise LiveShellError("the live shell's supervisor ended")
+                self._buffer += chunk
+                if len(self._buffer) > 2 * self.cap:  # keep the tail: the marker comes last
+                    del self._buffer[:len(self._buffer) - 2 * self.cap]
+
+    async def close(self) -> None:
+        attached, self._attached = self._attached, None
+        if attached is not None:
+            await asyncio.shield(attached.close())
+
+
+class _Fifos(_Channel):
+    """The supervisor as a background process (`Sandbox.spawn`) on two FIFOs, each request one exec (`CLIENT`):
+    for backends that cannot attach (Docker, the remote ones). Its launcher kills every descendant on `kill()`."""
+
+    def __init__(self, sandbox: Sandbox, directory: str, user: str | None, cap: int) -> None:
+        self.sandbox, self.directory, self.user, self.cap = sandbox, directory, user, cap
+        self._process: Process | None = None
+
+    async def open(self, argv: list[str]) -> None:
+        made = await self.sandbox.exec(["bash", "--noprofile", "--norc", "-c", FIFOS, "cae-live-fifos", self.directory],
+                                       timeout=START_TIMEOUT_S, max_output_bytes=4096, user=self.user)
+        if made.exit_code != 0:
+            raise LiveShellError(f"cannot make the live shell's FIFOs: {made.stderr.decode('utf-8', 'replace')[:200]}")
+        self._process = await self.sandbox.spawn(["bash", "--noprofile", "--norc", "-c", SPAWN, "cae-live-spawn",
+                                                  *argv[-2:]], user=self.user)
+
+    async def ask(self, nonce: str, request: bytes, timeout_s: float) -> bytes:
+        if self._process is None or self._process.returncode is not None:
+            raise LiveShellError("the live shell's supervisor ended")
+        env: dict[str, str] = {}
+        how = "none"
+        if request and len(request) <= _ENV_REQUEST_MAX:
+            env, how = {"CAE_LIVE_REQUEST": request.decode("utf-8", "surrogateescape")}, "env"
+        elif request:
+            await self.sandbox.write_bytes(f"{self.directory}/live-request", request, mode=0o600)
+            how = "file"
+        done = await self.sandbox.exec(["bash", "--noprofile", "--norc", "-c", CLIENT, "cae-live", self.directory,
+                                        nonce, how], timeout=timeout_s, env=env, max_output_bytes=2 * self.cap,
+                                       user=self.user)
+        if done.timed_out:
+            raise TimeoutError
+        if done.exit_code != 0:
+            raise LiveShellError(f"the live shell's request failed (exit {done.exit_code})")
+        return done.stdout
+
+    async def close(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            await asyncio.shield(process.kill())
+
+
 class LiveShell:
     """See the module docstring. One request at a time (the episode serialises its calls); `close()` kills every
-    process of the shell (its background jobs too) and is idempotent."""
+    process of the shell (its background jobs too) and is idempotent. Attached with pipes where the backend can
+    (a request is a pipe round trip), else on FIFOs with one exec per request (the same shell, at an exec's
+    cost)."""
 
     def __init__(self, sandbox: Sandbox, directory: str, *, max_output_bytes: int, user: str | None = None) -> None:
         self.sandbox = sandbox
         self.directory = directory
         self.user = user
         self.keep = max(max_output_bytes // 2, 1)
-        self._attached: Attached | None = None
-        self._buffer = bytearray()
+        self._channel: _Channel | None = None
+        self.attached = True
+        """Whether the supervisor is attached with pipes (else on FIFOs, one exec per request)."""
 
     @property
     def cap(self) -> int:
@@ -286,16 +419,22 @@ class LiveShell:
         return 2 * self.keep + NOTE_BYTES
 
     async def start(self) -> None:
-        """Start the supervisor and its shell; `SandboxUnsupportedError` where the backend cannot attach,
-        `LiveShellError` when it did not come up in time."""
+        """Start the supervisor and its shell; `LiveShellError` when it did not come up in time."""
         # The scripts as files, not arguments: a `ps` in the sandbox shows one short line.
         await self.sandbox.write_text(f"{self.directory}/live-supervisor.sh", SUPERVISOR)
         await self.sandbox.write_text(f"{self.directory}/live-boot.sh", BOOT)
         argv = ["bash", "--noprofile", "--norc", f"{self.directory}/live-supervisor.sh", self.directory, str(self.keep)]
-        self._attached = await self.sandbox.attach(argv, user=self.user)
-        self._buffer.clear()
+        channel: _Channel = _Attached(self.sandbox, self.user, self.cap) if self.attached else \
+            _Fifos(self.sandbox, self.directory, self.user, self.cap)
         try:
-            status, _, _ = await self._answer("-", START_TIMEOUT_S)
+            await channel.open(argv)
+        except SandboxUnsupportedError:
+            self.attached = False
+            channel = _Fifos(self.sandbox, self.directory, self.user, self.cap)
+            await channel.open(argv)
+        self._channel = channel
+        try:
+            status, _, _ = _parse(await channel.ask("-", b"", START_TIMEOUT_S), "-", self.cap)
         except (LiveShellError, TimeoutError) as exc:
             await self.close()
             raise LiveShellError(f"the live shell did not start: {exc or 'no answer in time'}") from None
@@ -326,48 +465,35 @@ class LiveShell:
         return LiveOutcome(None, output, False, _NOTES.get(status))
 
     async def close(self) -> None:
-        attached, self._attached = self._attached, None
-        if attached is not None:
-            await asyncio.shield(attached.close())
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            await channel.close()
 
     async def _request(self, op: str, arg_ms: int, payload: bytes, budget_s: float) -> tuple[str, str, str]:
-        if self._attached is None or self._attached.process.returncode is not None:
+        if self._channel is None:
             await self._replace()
             return "lost", "", ""
         nonce = secrets.token_hex(16)
-        assert self._attached is not None
-        await self._attached.write(f"{op} {nonce} {arg_ms} {len(payload)}\n".encode() + payload)
+        request = f"{op} {nonce} {arg_ms} {len(payload)}\n".encode() + payload
         try:
-            status, rc, output = await self._answer(nonce, budget_s + ANSWER_GRACE_S)
+            return _parse(await self._channel.ask(nonce, request, budget_s + ANSWER_GRACE_S), nonce, self.cap)
         except (LiveShellError, TimeoutError):
             await self._replace()
             return "lost", "", ""
-        return status, rc, output
 
     async def _replace(self) -> None:
         """A new supervisor and shell (from the saved state) for one that died or stopped answering."""
         await self.close()
         await self.start()
 
-    async def _answer(self, nonce: str, timeout_s: float) -> tuple[str, str, str]:
-        """Read up to `\\x1eNONCE STATUS RC\\x1f`: (status, rc, the output before it, bounded). `LiveShellError` if
-        the supervisor's output ended; `TimeoutError` past `timeout_s`."""
-        assert self._attached is not None
-        reader = self._attached.reader
-        mark = b"\x1e" + nonce.encode() + b" "
-        async with asyncio.timeout(timeout_s):
-            while True:
-                at = self._buffer.find(mark)
-                end = self._buffer.find(b"\x1f", at) if at >= 0 else -1
-                if end >= 0:
-                    output = bytes(self._buffer[:at])
-                    fields = bytes(self._buffer[at + len(mark):end]).decode("ascii", "replace").split(" ")
-                    del self._buffer[:end + 1]
-                    status, rc = (fields + ["", ""])[:2]
-                    return status, rc, output[-self.cap:].decode("utf-8", "replace")
-                chunk = await reader.read(64 * 1024)
-                if not chunk:
-                    raise LiveShellError("the live shell's supervisor ended")
-                self._buffer += chunk
-                if len(self._buffer) > 2 * self.cap:  # keep the tail: the marker comes last
-                    del self._buffer[:len(self._buffer) - 2 * self.cap]
+
+def _parse(answer: bytes, nonce: str, cap: int) -> tuple[str, str, str]:
+    """(status, rc, output) of an answer ending in `\\x1eNONCE STATUS RC\\x1f`; the output is what came before the
+    marker, its last `cap` bytes at most. `LiveShellError` without the marker."""
+    mark = b"\x1e" + nonce.encode() + b" "
+    at = answer.rfind(mark)
+    end = answer.find(b"\x1f", at) if at >= 0 else -1
+    if end < 0:
+        raise LiveShellError("the live shell's answer has no end marker")
+    status, rc = (answer[at + len(mark):end].decode("ascii", "replace").split(" ") + ["", ""])[:2]
+    return status, rc, answer[:at][-cap:].decode("utf-8", "replace")
