@@ -207,7 +207,11 @@ class Episode:
 
     async def _final_answer(self, answer: str) -> EpisodeReport:
         answer_path = f"{self.workspace.open_sandbox().paths.logs}/final_answer.txt"
-        await self._end_shell()  # its background jobs too: verify starts after every process the episode made
+        try:
+            await self._end_shell()  # its background jobs too: verify starts after every process the episode made
+        except _INFRA_ERRORS as exc:
+            await self._end(EpisodeStatus.INFRA_ERROR, "verify", type(exc).__name__, str(exc))
+            return self.report()
 
         async def write_answer(target: Sandbox) -> None:
             await target.remove(answer_path)
