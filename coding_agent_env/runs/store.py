@@ -188,6 +188,17 @@ class ResultsStore:
             rows = self._db.execute(query, (*values, limit, offset)).fetchall()
         return [RolloutRow(*row[:11], json.loads(row[11])) for row in rows]
 
+    def measures(self, filters: Filters | None = None, limit: int = 2000) -> list[tuple[RolloutRow, dict[str, Any]]]:
+        """The newest `limit` rollouts matching, each with its result's `timings` and `limits_hit` (read from the
+        stored JSON by SQLite, not parsed whole here): what the Runs view's charts plot."""
+        where, values = (filters or Filters()).where()
+        query = (f"SELECT {_COLUMNS}, json_extract(result, '$.timings'), json_extract(result, '$.limits_hit') "
+                 f"FROM rollouts{where} ORDER BY finished DESC LIMIT ?")
+        with self._lock:
+            rows = self._db.execute(query, (*values, limit)).fetchall()
+        return [(RolloutRow(*row[:11], json.loads(row[11])),
+                 {"timings": json.loads(row[12] or "{}"), "limits_hit": json.loads(row[13] or "[]")}) for row in rows]
+
     def result(self, rollout_id: str) -> RolloutResult | None:
         with self._lock:
             row = self._db.execute("SELECT result FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone()

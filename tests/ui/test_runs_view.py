@@ -45,6 +45,9 @@ def test_runs_view_lists_filters_and_opens_a_rollout(page, ui_server: UiServer, 
     table = page.locator("#runs-rollouts")
     expect(table).to_contain_text("hello-file")
     expect(table).to_contain_text("word-count")
+    for chart in ("pass", "rewards", "phases", "throughput"):  # drawn by the browser, from this batch's rollouts
+        expect(page.locator(f"#runs-chart-{chart} canvas, #runs-chart-{chart} svg").first).to_be_visible()
+    expect(page.locator("#runs-chart-pass")).to_contain_text("fizzbuzz")
     page.locator("#runs-task textarea").fill("fizz")
     page.locator("#runs-min-reward textarea").fill("1")
     page.locator("#runs-refresh").click()

@@ -1,6 +1,8 @@
 """The web tab's "Runs" view: what the results store holds (batches, and the server's own rollouts when
-`RESULTS_FROM_SERVER` is on), filtered by task, agent, status and reward, and one rollout's page: its verdict,
-commands and outputs, files, LLM turns, timings and raw result.
+`RESULTS_FROM_SERVER` is on), filtered by task, agent, status and reward; charts of the rollouts the filters
+select (`runs.charts`: pass rate and mean reward per task, the reward distribution, phase times, throughput per
+minute, limits hit); and one rollout's page: its verdict, commands and outputs, files, LLM turns, timings and
+raw result.
 
 Reads only; the store is opened per action (it may be written by other processes meanwhile: SQLite WAL), and
 the handlers are plain functions, which Gradio runs on its worker threads, off the server's event loop.
@@ -14,9 +16,12 @@ from typing import Any
 
 import gradio as gr
 
+import pandas as pd
+
 from coding_agent_env.api.ui import render
 from coding_agent_env.api.ui.result_view import result_tabs
 from coding_agent_env.models import AGENT_NAMES, RolloutStatus
+from coding_agent_env.runs import charts
 from coding_agent_env.runs.store import Filters, ResultsStore, default_path
 from coding_agent_env.settings import Settings
 
@@ -25,6 +30,9 @@ __all__ = ["ROLLOUT_COLUMNS", "runs_tab"]
 ROLLOUT_COLUMNS = ["rollout_id", "finished", "task", "attempt", "agent", "sandbox", "status", "reward", "seconds"]
 RUN_COLUMNS = ["run", "started", "origin", "rollouts", "mean reward", "command"]
 _LIST_LIMIT = 500
+_CHART_LIMIT = 5000
+"""Rollouts the charts read at most (the newest matching the filters)."""
+CHARTS = ("pass", "rewards", "phases", "throughput", "limits")
 
 
 def _when(stamp: float) -> str:
@@ -60,6 +68,28 @@ def list_rows(settings: Settings, task: str, agent: str, status: str, min_reward
     run_rows = [[r.run_id, _when(r.started), r.origin, r.rollouts,
                  "" if r.mean_reward is None else round(r.mean_reward, 4), r.description] for r in runs]
     return rollouts, run_rows, f"{len(rollouts)} rollouts shown (newest first, at most {_LIST_LIMIT})."
+
+
+def chart_tables(settings: Settings, task: str, agent: str, status: str, min_reward: str, max_reward: str,
+                 run_id: str) -> dict[str, pd.DataFrame]:
+    """Each chart's table (`CHARTS`) for the filters as the form gives them; empty tables without a store."""
+    store = _open(settings)
+    measured: list[Any] = []
+    if store is not None:
+        with store:
+            filters = Filters(run_id or None, task or None, agent or None, status or None, _bound(min_reward),
+                              _bound(max_reward))
+            measured = store.measures(filters, _CHART_LIMIT)
+    rows = [row for row, _ in measured]
+    tables = {"pass": charts.per_task(rows), "rewards": charts.reward_histogram(rows),
+              "phases": charts.phase_times(measured), "throughput": charts.throughput(rows),
+              "limits": charts.limits(measured)}
+    columns = {"pass": ["task", "rollouts", "pass rate", "mean reward"], "rewards": ["reward", "rollouts"],
+               "phases": ["phase", "p50 s", "p90 s"], "throughput": ["minute", "rollouts"],
+               "limits": ["limit", "rollouts"]}
+    frames = {name: pd.DataFrame(table, columns=columns[name]) for name, table in tables.items()}
+    frames["throughput"]["minute"] = pd.to_datetime(frames["throughput"]["minute"])  # a time axis, not labels
+    return frames
 
 
 def timings_html(result: Any) -> str:
@@ -98,6 +128,17 @@ def runs_tab(settings: Settings) -> None:
                             interactive=False, elem_id="runs-rollouts")
     with gr.Accordion("Runs", open=False):
         runs = gr.Dataframe(headers=RUN_COLUMNS, label="Runs", wrap=True, interactive=False, elem_id="runs-runs")
+    with gr.Accordion("Charts (the rollouts the filters select)", open=True):
+        with gr.Row():
+            plots = {"pass": gr.BarPlot(x="task", y="pass rate", label="Pass rate per task", y_lim=[0, 1],
+                                        elem_id="runs-chart-pass"),
+                     "rewards": gr.BarPlot(x="reward", y="rollouts", label="Reward distribution",
+                                           elem_id="runs-chart-rewards")}
+        with gr.Row():
+            plots["phases"] = gr.BarPlot(x="phase", y="p50 s", label="Phase time p50 (s)", elem_id="runs-chart-phases")
+            plots["throughput"] = gr.LinePlot(x="minute", y="rollouts", label="Rollouts finished per minute",
+                                              elem_id="runs-chart-throughput")
+            plots["limits"] = gr.BarPlot(x="limit", y="rollouts", label="Limits hit", elem_id="runs-chart-limits")
     with gr.Row():
         chosen = gr.Textbox(label="rollout id", elem_id="runs-rollout-id")
         open_button = gr.Button("Open", elem_id="runs-open")
@@ -105,7 +146,8 @@ def runs_tab(settings: Settings) -> None:
     page.update(result_tabs({"verify": "runs-verify", "files": "runs-files", "turns": "runs-turns"}))
 
     def refreshed(*values: Any) -> tuple[Any, ...]:
-        return list_rows(settings, *values)
+        tables = chart_tables(settings, *values)
+        return (*list_rows(settings, *values), *(tables[name] for name in CHARTS))
 
     def opened(rollout_id: str) -> dict[Any, Any]:
         parts = rollout_page(settings, rollout_id)
@@ -119,6 +161,6 @@ def runs_tab(settings: Settings) -> None:
             return ""
 
     filters = [task, agent, status, min_reward, max_reward, run_id]
-    refresh.click(refreshed, filters, [rollouts, runs, note])
+    refresh.click(refreshed, filters, [rollouts, runs, note, *(plots[name] for name in CHARTS)])
     open_button.click(opened, [chosen], list(page.values()))
     rollouts.select(selected, [rollouts], [chosen]).then(opened, [chosen], list(page.values()))

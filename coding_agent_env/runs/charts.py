@@ -1,0 +1,81 @@
+"""What the Runs view plots, as plain tables (lists of row dicts), from the results store's rollouts: pure
+functions, no plotting library (the tab hands them to its charts).
+
+- `per_task`: each task's rollouts, pass rate (reward 1 among scored rollouts) and mean reward;
+- `reward_histogram`: scored rollouts by reward, in ten bins of 0.1 (1.0 in the last);
+- `phase_times`: p50 and p90 seconds of each phase (provision, setup, agent, verify, collect, teardown);
+- `throughput`: rollouts finished per minute, oldest first;
+- `limits`: limits hit, by kind (memory, disk, pids, cpu, file size, other).
+Rollouts without a reward (infra errors, cancelled) count in `per_task`'s rollouts and in throughput, never in
+a pass rate or a reward bin.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from coding_agent_env.runs.stats import percentile
+from coding_agent_env.runs.store import RolloutRow
+
+__all__ = ["PHASES", "limit_kind", "limits", "per_task", "phase_times", "reward_histogram", "throughput"]
+
+PHASES = ("provision", "setup", "agent", "verify", "collect", "teardown")
+_MAX_TASKS = 40
+
+Measured = tuple[RolloutRow, dict[str, Any]]
+
+
+def per_task(rows: Iterable[RolloutRow]) -> list[dict[str, Any]]:
+    """The most-run tasks (at most 40), most rollouts first."""
+    rollouts: Counter[str] = Counter()
+    scored: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        rollouts[row.task_id] += 1
+        if row.reward is not None:
+            scored[row.task_id].append(row.reward)
+    table = []
+    for task, count in rollouts.most_common(_MAX_TASKS):
+        rewards = scored.get(task, [])
+        table.append({"task": task or "(no id)", "rollouts": count,
+                      "pass rate": round(sum(r >= 1.0 for r in rewards) / len(rewards), 4) if rewards else None,
+                      "mean reward": round(sum(rewards) / len(rewards), 4) if rewards else None})
+    return table
+
+
+def reward_histogram(rows: Iterable[RolloutRow]) -> list[dict[str, Any]]:
+    bins = Counter(min(int(row.reward * 10), 9) for row in rows if row.reward is not None and 0 <= row.reward <= 1)
+    return [{"reward": f"{i / 10:.1f}-{(i + 1) / 10:.1f}", "rollouts": bins.get(i, 0)} for i in range(10)]
+
+
+def phase_times(measured: Sequence[Measured]) -> list[dict[str, Any]]:
+    table = []
+    for phase in PHASES:
+        values = [float(m.get("timings", {}).get(f"{phase}_s") or 0.0) for _, m in measured]
+        values = [v for v in values if v > 0]
+        table.append({"phase": phase, "p50 s": round(percentile(values, 0.5), 3) if values else 0.0,
+                      "p90 s": round(percentile(values, 0.9), 3) if values else 0.0})
+    return table
+
+
+def throughput(rows: Iterable[RolloutRow]) -> list[dict[str, Any]]:
+    minutes = Counter(int(row.finished // 60) for row in rows)
+    return [{"minute": time.strftime("%Y-%m-%d %H:%M", time.localtime(minute * 60)), "rollouts": count}
+            for minute, count in sorted(minutes.items())]
+
+
+def limit_kind(text: str) -> str:
+    """The kind of a `limits_hit` entry (its text names the limit; see the backends' `limits_hit`)."""
+    lowered = text.lower()
+    for kind, words in (("memory", ("memory", "oom")), ("disk", ("disk",)), ("pids", ("process", "pids", "fork")),
+                        ("cpu", ("cpu",)), ("file size", ("file size", "fsize"))):
+        if any(word in lowered for word in words):
+            return kind
+    return "other"
+
+
+def limits(measured: Sequence[Measured]) -> list[dict[str, Any]]:
+    kinds = Counter(limit_kind(str(text)) for _, m in measured for text in m.get("limits_hit") or [])
+    return [{"limit": kind, "rollouts": count} for kind, count in kinds.most_common()]
