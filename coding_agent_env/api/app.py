@@ -13,18 +13,27 @@ remote sandboxes is mounted at `/llm` (`api.relay_route`); task image builds, wh
 `/images` (`api.images`). With a task set (`settings.tasks`, `serve --tasks`) OpenEnv's Task API serves it
 (`api.protocols.task_api`; without one its routes answer 501 as openenv's do).
 
+Metrics (`observe.metrics`): one `ServerMetrics` per app, its own registry, fed by the session manager (its live
+sessions and episodes at each scrape, every finished rollout through `on_result`, every episode call and end), the
+Task API's routes and `/images`; served at `GET /metrics` in Prometheus's text format unless
+`settings.metrics_enabled` is off (404), and only to `Authorization: Bearer <settings.metrics_token>` when that is
+set (401 otherwise; compared in constant time).
+
 The rooms: `api.protocols` (the doors: WS, JSON-RPC, MCP, HTTP), `api.tools` (the one table of tools they share),
 `api.ui` (the Gradio tab); this module only composes them.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import RedirectResponse
+from starlette.requests import Request
+from starlette.responses import Response
 
 from coding_agent_env.aio_watchdog import LoopWatchdog
 from coding_agent_env.api import heap
@@ -37,12 +46,15 @@ from coding_agent_env.api.protocols.ws import serve_ws, serve_ws_mcp
 from coding_agent_env.api.relay_route import PublicRelayRoute
 from coding_agent_env.api.startup import check_backends
 from coding_agent_env.api.ui.gate import WEB_PATH, WebGate
+from coding_agent_env.models import RolloutResult
+from coding_agent_env.observe.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from coding_agent_env.runs.recorder import ServerRecorder
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.session import SessionManager
 from coding_agent_env.sandbox.base import SandboxLimits
 from coding_agent_env.settings import PUBLIC_RELAY_PATH, Settings
 from coding_agent_env.tasks.base import TaskOptions
+from coding_agent_env.errors import RequestError
 from coding_agent_env.tasks.catalog import TaskCatalog
 
 __all__ = ["HTTP_API_VERSION", "build_app"]
@@ -57,13 +69,17 @@ def build_app(settings: Settings | None = None) -> FastAPI:
     """A complete app. Each call builds independent state (sandbox backends, sessions, MCP server)."""
     settings = settings or Settings.from_env()
     backends = Backends(settings)
-    manager = SessionManager(settings, backends, load_catalog(settings))
+    catalog = load_catalog(settings)
+    metrics = ServerMetrics(backends=settings.sandbox_backends, task_sets=[s["name"] for s in catalog.splits()])
+    manager = SessionManager(settings, backends, catalog, metrics=metrics)
+    metrics.watch(manager.live_counts)
+    manager.on_result.append(lambda result: metrics.rollout_finished(result, task_set_of(catalog, result)))
     mcp = McpEndpoint(manager, settings)
     on_shutdown: list[Callable[[], Awaitable[None]]] = []
     on_startup: list[Callable[[], None]] = []
     if settings.results_from_server:
         recorder = ServerRecorder(settings)
-        manager.on_result = recorder
+        manager.on_result.append(recorder)
         on_shutdown.append(recorder.aclose)
 
     watchdog = _watchdog(settings)
@@ -97,11 +113,13 @@ def build_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.sessions = manager
     app.state.loop_watchdog = watchdog
+    app.state.metrics = metrics
     app.include_router(build_router(manager, watchdog))
-    app.include_router(build_task_router(manager.catalog, ENV_NAME))
+    app.include_router(build_task_router(manager.catalog, ENV_NAME, metrics))
+    app.add_route("/metrics", _metrics_route(metrics, settings), methods=["GET"], include_in_schema=False)
     app.add_route("/mcp", McpDispatcher(manager, mcp, settings), methods=["GET", "POST", "DELETE"], include_in_schema=False)
 
-    images = ImageBuildRoute(backends, settings)
+    images = ImageBuildRoute(backends, settings, metrics)
     app.add_route(IMAGES_PATH, images.handle, methods=["POST"], include_in_schema=False)
 
     relay_route = PublicRelayRoute(manager.relay, settings)
@@ -132,6 +150,35 @@ def load_catalog(settings: Settings) -> TaskCatalog:
     options = TaskOptions(sandbox=settings.default_backend, caps=SandboxLimits.from_settings(settings),
                           image_map=settings.image_map)
     return TaskCatalog.load(settings.tasks, options)
+
+
+def task_set_of(catalog: TaskCatalog, result: RolloutResult) -> str | None:
+    """The split of the server's task set a finished rollout ran a task of, told by its `task_id` (a task of the
+    set runs under the set's id for it); None for any other rollout, counted as `adhoc`. A request sending its own
+    task under an id the set uses counts as that split: the result does not say how the task was named."""
+    if not catalog or not result.task_id:
+        return None
+    try:
+        return catalog.by_id(result.task_id).split
+    except RequestError:
+        return None
+
+
+def _metrics_route(metrics: ServerMetrics, settings: Settings) -> Callable[[Request], Awaitable[Response]]:
+    """`GET /metrics`: 404 when metrics are off, 401 without the token when one is set, else the exposition."""
+    token = settings.metrics_token.get_secret_value().encode() if settings.metrics_token is not None else None
+
+    async def serve(request: Request) -> Response:
+        if not settings.metrics_enabled:
+            return Response("Not Found", status_code=404, media_type="text/plain")
+        if token is not None:
+            scheme, _, given = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token):
+                return Response("Unauthorized", status_code=401, media_type="text/plain",
+                                headers={"WWW-Authenticate": "Bearer"})
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    return serve
 
 
 def _watchdog(settings: Settings) -> LoopWatchdog | None:

@@ -12,12 +12,15 @@ image map (`IMAGE_MAP`; `tasks.images`) rewrites the Dockerfile's base images in
 hashed (so the tag names the mapped build), each rewrite listed in `mapped`. Refusals, each with a message:
 403 when the operator has not enabled builds (`IMAGE_BUILDS=true`), 409 without a Docker backend, 413 for a
 context over a cap (sent or unpacked size, entries, compression ratio), 400 for an archive that is not a clean
-build context or has no Dockerfile, 422 when the build fails (the engine's last lines).
+build context or has no Dockerfile, 422 when the build fails (the engine's last lines). With the server's metrics
+each request is counted by its outcome (`coding_agent_env_image_build_requests_total`): `built`, `present` (the
+image existed), or the refusal's (`_REFUSALS`), `error` for one that raised.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import shutil
 import tempfile
@@ -28,6 +31,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
 from coding_agent_env.errors import SandboxError, UnknownBackendError
+from coding_agent_env.observe.metrics import ServerMetrics
 from coding_agent_env.runs.images import ImageBuilds
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.settings import Settings
@@ -46,6 +50,9 @@ __all__ = ["IMAGES_PATH", "ImageBuildRoute"]
 
 log = logging.getLogger(__name__)
 
+_REFUSALS = {403: "disabled", 409: "no_docker", 413: "too_large", 400: "bad_context", 422: "build_failed"}
+"""The outcome a refusal is counted as, by its status."""
+
 
 def _refusal(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "code": status}}, status_code=status)
@@ -54,12 +61,29 @@ def _refusal(status: int, message: str) -> JSONResponse:
 class ImageBuildRoute:
     """The route (`handle`); one per app, its builds shared by every client."""
 
-    def __init__(self, backends: Backends, settings: Settings) -> None:
+    def __init__(self, backends: Backends, settings: Settings, metrics: ServerMetrics | None = None) -> None:
+        """`metrics`: where each request's outcome is counted (None: nowhere)."""
         self._settings = settings
+        self._metrics = metrics
         self._builds = ImageBuilds(backends, image_map={})  # mapped here, before the tag is computed
         self._backends = backends
 
     async def handle(self, request: Request) -> JSONResponse:
+        if self._metrics is None:
+            return await self._serve(request)
+        try:
+            response = await self._serve(request)
+        except Exception:
+            self._metrics.image_build("error")
+            raise
+        if response.status_code == 200:
+            outcome = "built" if json.loads(response.body).get("built") else "present"
+        else:
+            outcome = _REFUSALS.get(response.status_code, "other")
+        self._metrics.image_build(outcome)
+        return response
+
+    async def _serve(self, request: Request) -> JSONResponse:
         if not self._settings.image_builds:
             return _refusal(403, "image builds are off on this server (its operator enables them with "
                                  "IMAGE_BUILDS=true)")

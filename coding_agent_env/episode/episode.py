@@ -25,6 +25,8 @@ Contract:
 - Deadlines: the episode's total (`episode_timeout_s`, from start) bounds every stage and command; a watchdog
   ends it at that deadline or after `episode_idle_timeout_s` without a call (`expired`). Provision, setup and
   verify each also have their own stage budget (`workspace.budget`).
+- `on_end(status)` (given to `start`) hears how the episode ended, once, when it ends (whatever ends it); one
+  that raises is logged and ignored.
 - Teardown (the sandbox closed) runs once, shielded from cancellation, bounded by `teardown_timeout_s`;
   `close()` cancels a call in flight first and is idempotent.
 - Nothing the episode's commands leave raises out of it (DESIGN.md, "Everything a sandbox produces is
@@ -72,8 +74,10 @@ _SHOWN_COMMAND_CHARS = 200
 class Episode:
     """See the module docstring. Lives on one event loop; build it with `Episode.start`."""
 
-    def __init__(self, task: Task, *, settings: Settings, backends: Backends, episode_id: str | None) -> None:
+    def __init__(self, task: Task, *, settings: Settings, backends: Backends, episode_id: str | None,
+                 on_end: Callable[[str], None] | None = None) -> None:
         self.task = task
+        self._on_end = on_end
         self.settings = settings
         self.backends = backends
         self.backend = backends.resolve(task.sandbox)
@@ -116,11 +120,13 @@ class Episode:
 
     @classmethod
     async def start(
-        cls, task: Task, *, settings: Settings, backends: Backends, episode_id: str | None = None
+        cls, task: Task, *, settings: Settings, backends: Backends, episode_id: str | None = None,
+        on_end: Callable[[str], None] | None = None,
     ) -> Episode:
         """Provision, write the files, run setup. The returned episode is running, or done (setup_failed,
-        infra_error) with its sandbox gone. Cancelled meanwhile, it tears down and re-raises."""
-        episode = cls(task, settings=settings, backends=backends, episode_id=episode_id)
+        infra_error) with its sandbox gone. Cancelled meanwhile, it tears down and re-raises. `on_end` hears the
+        status it ends with (an `EpisodeStatus` value), once."""
+        episode = cls(task, settings=settings, backends=backends, episode_id=episode_id, on_end=on_end)
         await backends.check_usable(episode.backend)
         try:
             await episode._stage(episode.budget.provision_s, episode._provision())
@@ -339,6 +345,11 @@ class Episode:
             if status is not EpisodeStatus.COMPLETED:
                 self.workspace.verification.reward = None
             log.info("episode %s ended: %s", self.id, status.value)
+            if self._on_end is not None:
+                try:
+                    self._on_end(status.value)
+                except Exception:  # noqa: BLE001 - a listener never changes how the episode ends
+                    log.exception("episode %s: its end listener failed", self.id)
         if self._teardown_task is None:
             self._teardown_task = asyncio.ensure_future(self._teardown())
         await shielded(self._teardown_task)

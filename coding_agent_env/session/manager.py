@@ -9,6 +9,9 @@ Contract:
   `detach` unbinds it, closing the session if an `openenv/session/close` arrived meanwhile.
 - `reap_idle()` closes HTTP-created, MCP and UI sessions idle longer than `settings.session_idle_timeout_s`;
   `start()` runs it periodically until `stop()`, which also closes every session.
+- `on_result` is a list of listeners every session's finished rollout goes to, in order (the results store, the
+  metrics); `metrics` (the app's `observe.metrics.ServerMetrics`) is handed to every session, and `live_counts()`
+  is what its live gauges read.
 
 All methods run on the server's event loop; the table is only touched there, between awaits.
 """
@@ -23,6 +26,7 @@ from collections.abc import Callable
 
 from coding_agent_env.llm import SharedRelay
 from coding_agent_env.models import RolloutResult
+from coding_agent_env.observe.metrics import LiveCounts, ServerMetrics
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.session.errors import CapacityError, SessionAttachedError, UnknownSessionError
 from coding_agent_env.session.session import Session, SessionKind
@@ -41,9 +45,11 @@ rollout is never idle; one holding an interactive episode whose browser went awa
 class SessionManager:
     """Owns every live session of one app."""
 
-    def __init__(self, settings: Settings, backends: Backends | None = None, catalog: TaskCatalog | None = None) -> None:
+    def __init__(self, settings: Settings, backends: Backends | None = None, catalog: TaskCatalog | None = None,
+                 metrics: ServerMetrics | None = None) -> None:
         """`backends`: the app's sandbox backends (it closes them); without them the manager builds its own
-        and closes them in `stop()`. `catalog`: the server's task set (`tasks.catalog`), shared by every session."""
+        and closes them in `stop()`. `catalog`: the server's task set (`tasks.catalog`), shared by every session.
+        `metrics`: where the sessions count episode calls and ends (None: nowhere)."""
         self.settings = settings
         self.catalog = catalog if catalog is not None else TaskCatalog()
         self._sessions: dict[str, Session] = {}
@@ -51,8 +57,10 @@ class SessionManager:
         self.relay = SharedRelay(settings)
         self._own_backends = backends is None
         self.backends = Backends(settings) if backends is None else backends
-        self.on_result: Callable[[RolloutResult], None] | None = None
-        """Hears every rollout a session of this manager finishes (set before sessions are made)."""
+        self.metrics = metrics
+        self.on_result: list[Callable[[RolloutResult], None]] = []
+        """Listeners that hear every rollout a session of this manager finishes (added before sessions are made;
+        each session reads this one list)."""
 
     @property
     def active(self) -> int:
@@ -67,10 +75,18 @@ class SessionManager:
         if self.active >= self.capacity:
             raise CapacityError(self.active, self.capacity)
         session = Session(kind, self.settings, relay=self.relay, backends=self.backends, on_result=self.on_result,
-                          catalog=self.catalog)
+                          catalog=self.catalog, metrics=self.metrics)
         self._sessions[session.id] = session
         log.info("session %s (%s) created: %d/%d", session.id, kind.value, self.active, self.capacity)
         return session
+
+    def live_counts(self) -> LiveCounts:
+        """Sessions by kind, live episodes and the capacity, now (on the event loop, as every method)."""
+        kinds: dict[str, int] = {}
+        for session in self._sessions.values():
+            kinds[session.kind.value] = kinds.get(session.kind.value, 0) + 1
+        episodes = sum(1 for session in self._sessions.values() if session.live_episode is not None)
+        return LiveCounts(sessions=kinds, episodes=episodes, capacity=self.capacity)
 
     def get(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)

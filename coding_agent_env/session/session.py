@@ -10,6 +10,10 @@ Lifecycle: OPEN -> (CLOSING ->) CLOSED. Only an OPEN session runs a rollout; `ru
 `SessionClosedError`, so a reference kept past a close (a WebSocket at shutdown, a call racing a close)
 cannot start one. CLOSING is a close asked for while a WebSocket is attached: the manager closes the session
 when it detaches, and meanwhile it runs nothing new.
+
+Observed (`observe.metrics`, when the manager hands the server's metrics down): every episode call is counted and
+timed here, the one place every door's `terminal` and `keystrokes` pass, and every episode's end is counted by
+the hook the session gives it (whatever ends it: a final answer, a timeout, a close).
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ import logging
 import time
 import uuid
 from enum import Enum
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from coding_agent_env.env_state import EnvState
 from coding_agent_env.episode import (
@@ -34,6 +38,7 @@ from coding_agent_env.episode import (
 )
 from coding_agent_env.llm import SharedRelay
 from coding_agent_env.models import RolloutRequest, RolloutResult
+from coding_agent_env.observe.metrics import ServerMetrics
 from coding_agent_env.rollout import run_rollout
 from coding_agent_env.rollout.events import Emit
 from coding_agent_env.sandbox.registry import Backends
@@ -44,6 +49,8 @@ from coding_agent_env.tasks.catalog import TaskCatalog
 log = logging.getLogger(__name__)
 
 __all__ = ["NoEpisodeError", "Session", "SessionKind", "SessionState"]
+
+T = TypeVar("T")
 
 
 class NoEpisodeError(EpisodeError):
@@ -79,11 +86,14 @@ class Session:
         session_id: str | None = None,
         relay: SharedRelay | None = None,
         backends: Backends | None = None,
-        on_result: Callable[[RolloutResult], None] | None = None,
+        on_result: Sequence[Callable[[RolloutResult], None]] = (),
         catalog: TaskCatalog | None = None,
+        metrics: ServerMetrics | None = None,
     ) -> None:
-        """`on_result` hears every rollout this session finishes (the results store, by setting); `catalog`: the
-        server's task set, which `reset(split=, index=)` and `run_rollout(split=, index=)` pick from."""
+        """`on_result`: listeners that hear every rollout this session finishes, in order (the results store, by
+        setting; the metrics); one that raises is logged and the next still hears it. `catalog`: the server's
+        task set, which `reset(split=, index=)` and `run_rollout(split=, index=)` pick from. `metrics`: where
+        episode calls and ends are counted (None: nowhere)."""
         self.id = session_id or str(uuid.uuid4())
         self.kind = kind
         self.settings = settings
@@ -100,6 +110,7 @@ class Session:
         self._relay = relay
         self._backends = backends
         self._on_result = on_result
+        self._metrics = metrics
         self.catalog = catalog if catalog is not None else TaskCatalog()
 
     # -- episode ---------------------------------------------------------------------------------------
@@ -187,9 +198,9 @@ class Session:
         self.rollouts_completed += 1
         self.last_reward = result.reward
         self.last_status = result.status.value
-        if self._on_result is not None:
+        for listener in self._on_result:
             try:
-                self._on_result(result)
+                listener(result)
             except Exception:  # keeping a record must never cost the caller its result
                 log.exception("session %s: recording rollout %s failed", self.id, result.rollout_id)
         return result
@@ -213,7 +224,9 @@ class Session:
         Episode.check(task, settings=self.settings, backends=backends)  # a refused task leaves the live one be
         await self.end_episode()
         self.reset(episode_id)
-        episode = await Episode.start(task, settings=self.settings, backends=backends, episode_id=self.episode_id)
+        on_end = None if self._metrics is None else self._metrics.episode_finished
+        episode = await Episode.start(task, settings=self.settings, backends=backends, episode_id=self.episode_id,
+                                      on_end=on_end)
         self.episode = episode
         self.touch()
         return episode
@@ -228,9 +241,9 @@ class Session:
         self.touch()
         try:
             if call.command is not None:
-                return await self.episode.terminal(call.command)
+                return await self._timed("terminal", self.episode.terminal(call.command))
             assert call.final_answer is not None
-            report = await self.episode.final_answer(call.final_answer)
+            report = await self._timed("final_answer", self.episode.final_answer(call.final_answer))
         finally:
             self.touch()
         self.last_reward, self.last_status = report.reward, report.status.value
@@ -243,9 +256,22 @@ class Session:
             raise NoEpisodeError()
         self.touch()
         try:
-            return await self.episode.keystrokes(call.keys, call.duration_s)
+            return await self._timed("keystrokes", self.episode.keystrokes(call.keys, call.duration_s))
         finally:
             self.touch()
+
+    async def _timed(self, name: str, call: Awaitable[T]) -> T:
+        """Await one episode call, counting it (a failure when it raises, cancellation included) and its time."""
+        if self._metrics is None:
+            return await call
+        started = time.monotonic()
+        failed = True
+        try:
+            result = await call
+            failed = False
+            return result
+        finally:
+            self._metrics.episode_call(name, time.monotonic() - started, failed=failed)
 
     async def end_episode(self) -> None:
         """Close this session's episode, if any (torn down; idempotent)."""

@@ -302,6 +302,13 @@ class Settings(BaseModel):
     loop_stall_warn_ms: float = Field(default=250.0, gt=0)
     """A loop held this long or longer is a stall: counted, and logged once with what held it."""
 
+    metrics_enabled: bool = True
+    """Serve the server's Prometheus metrics at `GET /metrics` (`observe.metrics`); off: it answers 404."""
+
+    metrics_token: SecretStr | None = None
+    """When set (env METRICS_TOKEN), `GET /metrics` answers only a request carrying `Authorization: Bearer
+    <token>` (401 otherwise); unset: anyone who reaches the server may scrape it."""
+
     ws_max_message_bytes: int = 16 * _MIB
     """Largest WebSocket frame or /mcp request body accepted; a larger frame closes the connection (1009)."""
 

@@ -26,7 +26,9 @@ ALLOWED = {
     "agents": LEAVES | {"sandbox", "llm"},
     "rollout": LEAVES | {"sandbox", "llm", "agents", "workspace"},
     "episode": LEAVES | {"sandbox", "workspace"},  # its shell is the sandbox's (sandbox.shell), not an agent's
-    "session": LEAVES | {"rollout", "episode", "llm", "sandbox", "tasks"},  # it hands the app's relay, sandbox backends and task set down
+    # it hands the app's relay, sandbox backends, task set and metrics down
+    "session": LEAVES | {"rollout", "episode", "llm", "sandbox", "tasks", "observe"},
+    "observe": LEAVES,  # metrics of what the server does: below session and api, above only the wire models
     "tasks": LEAVES | {"sandbox", "rollout"},
     "runs": LEAVES | {"tasks", "rollout", "workspace", "sandbox", "client"},  # `run --server` drives a server over the client; workspace: the redactor
 }

@@ -13,15 +13,25 @@ an index out of range is 400 `Invalid task index`; a server without a task set a
 supported for this environment`. Where openenv leaves the answer to the environment (an unknown split: its own
 Harbor environment raises a bare error, a 500) this server says 404 `unknown split 'x'; this server's splits
 are [...]`. Tasks are their public part only (`CatalogTask.public`).
+
+With the server's metrics every request is counted by its route (the path template, never the path sent) and
+the status code it was answered with (`coding_agent_env_task_api_requests_total`), the 422s FastAPI answers for a
+bad body included.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import Response
 
+from coding_agent_env.observe.metrics import ServerMetrics
 from coding_agent_env.tasks.catalog import NoTaskSetError, TaskCatalog, TaskIndexError, UnknownSplitError
 
 __all__ = ["build_task_router"]
@@ -46,8 +56,40 @@ class RangeBody(_Body):
     stop: int | None = Field(default=None, description="Exclusive stop index")
 
 
-def build_task_router(catalog: TaskCatalog, env_name: str) -> APIRouter:
-    router = APIRouter(tags=["Task API"])
+def _counted_route(metrics: ServerMetrics) -> type[APIRoute]:
+    """A route class counting each request by its path template and the status it was answered with (an
+    `HTTPException`'s, 422 for a body FastAPI refuses, 500 for anything else raised)."""
+
+    class CountedRoute(APIRoute):
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            handler = super().get_route_handler()
+            route = self.path
+
+            async def counted(request: Request) -> Response:
+                code = 500
+                try:
+                    response = await handler(request)
+                    code = response.status_code
+                    return response
+                except HTTPException as exc:
+                    code = exc.status_code
+                    raise
+                except RequestValidationError:
+                    code = 422
+                    raise
+                finally:
+                    metrics.task_api_request(route, code)
+
+            return counted
+
+    return CountedRoute
+
+
+def build_task_router(catalog: TaskCatalog, env_name: str,
+                      metrics: ServerMetrics | None = None) -> APIRouter:
+    """The Task API's routes; with `metrics`, each request counted (module docstring)."""
+    router = APIRouter(tags=["Task API"]) if metrics is None else \
+        APIRouter(tags=["Task API"], route_class=_counted_route(metrics))
 
     def check(name: str, method: str) -> None:
         if name.lower() != env_name.lower():
