@@ -227,3 +227,40 @@ def test_each_app_has_its_own_registry(make_live: Callable[..., LiveServer]) -> 
     seen_first, seen_second = samples(scrape(first).text), samples(scrape(second).text)
     assert total(seen_first, "rollouts_finished_total") == 1 and total(seen_second, "rollouts_finished_total") == 0
     assert value(seen_first, "sessions_capacity") == 8 and value(seen_second, "sessions_capacity") == 3
+
+
+def test_values_outside_the_closed_sets_are_other_and_failures_are_counted() -> None:
+    """What the live run cannot easily produce: a provision failure, an unanswered call, a native dialect, an
+    agent, backend, engine or task set the server does not know (none of them becomes a label of its own)."""
+    from coding_agent_env.models import ErrorInfo, RolloutResult, RolloutStatus, Turn, Usage
+    from coding_agent_env.observe.metrics import ServerMetrics, limit_kind, status_class
+
+    metrics = ServerMetrics(backends=["local"], task_sets=["train"])
+    turns = [Turn(turn=0, upstream_status=None, error="upstream unreachable", engine="mystery-engine"),
+             Turn(turn=1, upstream_status=429, passthrough="anthropic", engine="vllm",
+                  usage=Usage(prompt_tokens=7, completion_tokens=None), completion_token_ids=[1, 2, 3])]
+    failed = RolloutResult(rollout_id="r-123", task_id="t-9", agent="someone-elses-agent", sandbox="elsewhere",
+                           status=RolloutStatus.INFRA_ERROR, proxy_turns=turns,
+                           limits_hit=["out of memory: 512 MB", "something new"],
+                           error_detail=ErrorInfo(type="SandboxError", stage="provision", message="no room"))
+    metrics.rollout_finished(failed, task_set="a-split-it-never-had")
+    metrics.rollout_finished(failed.model_copy(update={"status": RolloutStatus.COMPLETED, "reward": 0.5}),
+                             task_set="a-split-it-never-had")
+    metrics.episode_finished("a-status-from-the-future")
+    metrics.episode_call("terminal", 0.2, failed=True)
+    seen = samples(metrics.exposition().decode())
+    assert value(seen, "rollouts_finished_total", status="infra_error", agent="other", backend="other") == 1
+    assert value(seen, "sandbox_creation_failures_total", backend="other") == 1
+    assert value(seen, "rollout_reward_count", task_set="other") == 1
+    assert value(seen, "limits_hit_total", kind="memory") == 2 and value(seen, "limits_hit_total", kind="other") == 2
+    assert value(seen, "relay_calls_total", dialect="chat", engine="other", status_class="error") == 2
+    assert value(seen, "relay_calls_total", dialect="anthropic", engine="vllm", status_class="4xx") == 2
+    assert value(seen, "relay_prompt_tokens_total", engine="vllm") == 14  # usage, twice
+    assert value(seen, "relay_completion_tokens_total", engine="vllm") == 6  # no usage figure: the token ids
+    assert value(seen, "episodes_finished_total", status="other") == 1
+    assert value(seen, "episode_call_failures_total", call="terminal") == 1
+    assert [limit_kind(t) for t in ("process limit reached", "disk quota exceeded", "cpu time", "file size")] == [
+        "pids", "disk", "cpu", "fsize"]
+    assert [status_class(s) for s in (200, 302, 404, 503, None)] == ["2xx", "error", "4xx", "5xx", "error"]
+    text = metrics.exposition().decode()
+    assert not any(word in text for word in ("r-123", "t-9", "someone-elses", "elsewhere", "mystery", "never-had"))
