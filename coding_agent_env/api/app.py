@@ -48,6 +48,7 @@ from coding_agent_env.api.startup import check_backends
 from coding_agent_env.api.ui.gate import WEB_PATH, WebGate
 from coding_agent_env.models import RolloutResult
 from coding_agent_env.observe.metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from coding_agent_env.observe.tracing import Tracing
 from coding_agent_env.runs.recorder import ServerRecorder
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.session import SessionManager
@@ -65,13 +66,16 @@ HTTP_API_VERSION = "1.0.0"
 """OpenAPI `info.version`: the OpenEnv HTTP profile we speak (openenv-http/1.x), not the package version."""
 
 
-def build_app(settings: Settings | None = None) -> FastAPI:
-    """A complete app. Each call builds independent state (sandbox backends, sessions, MCP server)."""
+def build_app(settings: Settings | None = None, *, tracing: Tracing | None = None) -> FastAPI:
+    """A complete app. Each call builds independent state (sandbox backends, sessions, MCP server). `tracing`:
+    where its spans go (default: as the `OTEL_*` variables say, `observe.tracing`)."""
     settings = settings or Settings.from_env()
+    tracing = tracing if tracing is not None else Tracing.from_env()
     backends = Backends(settings)
     catalog = load_catalog(settings)
     metrics = ServerMetrics(backends=settings.sandbox_backends, task_sets=[s["name"] for s in catalog.splits()])
     manager = SessionManager(settings, backends, catalog, metrics=metrics)
+    manager.tracing = tracing
     metrics.watch(manager.live_counts)
     manager.on_result.append(lambda result: metrics.rollout_finished(result, task_set_of(catalog, result)))
     mcp = McpEndpoint(manager, settings)
@@ -101,6 +105,7 @@ def build_app(settings: Settings | None = None) -> FastAPI:
                     for stop in on_shutdown:
                         await stop()
                     await manager.stop()
+                    tracing.shutdown()  # after the sessions: their last spans are flushed
         finally:
             try:
                 await backends.aclose()

@@ -22,11 +22,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from coding_agent_env.llm import SharedRelay
 from coding_agent_env.models import RolloutResult
 from coding_agent_env.observe.metrics import LiveCounts, ServerMetrics
+from coding_agent_env.observe.tracing import Tracing
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.session.errors import CapacityError, SessionAttachedError, UnknownSessionError
 from coding_agent_env.session.session import Session, SessionKind
@@ -58,6 +59,8 @@ class SessionManager:
         self._own_backends = backends is None
         self.backends = Backends(settings) if backends is None else backends
         self.metrics = metrics
+        self.tracing = Tracing()
+        """The app's tracer (`observe.tracing`; off unless the app sets one before sessions are made)."""
         self.on_result: list[Callable[[RolloutResult], None]] = []
         """Listeners that hear every rollout a session of this manager finishes (added before sessions are made;
         each session reads this one list)."""
@@ -70,12 +73,14 @@ class SessionManager:
     def capacity(self) -> int:
         return self.settings.max_concurrent_envs
 
-    def create(self, kind: SessionKind) -> Session:
-        """Take a slot for a new session, or raise CapacityError."""
+    def create(self, kind: SessionKind, headers: Mapping[str, str] | None = None) -> Session:
+        """Take a slot for a new session, or raise CapacityError. `headers`: the request that made it, whose W3C
+        `traceparent` (if any) the session's spans continue (`observe.tracing`)."""
         if self.active >= self.capacity:
             raise CapacityError(self.active, self.capacity)
         session = Session(kind, self.settings, relay=self.relay, backends=self.backends, on_result=self.on_result,
-                          catalog=self.catalog, metrics=self.metrics)
+                          catalog=self.catalog, metrics=self.metrics, tracing=self.tracing,
+                          trace_parent=self.tracing.parent(headers) if headers is not None else None)
         self._sessions[session.id] = session
         log.info("session %s (%s) created: %d/%d", session.id, kind.value, self.active, self.capacity)
         return session

@@ -24,7 +24,7 @@ import time
 import uuid
 from enum import Enum
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from coding_agent_env.env_state import EnvState
 from coding_agent_env.episode import (
@@ -39,6 +39,11 @@ from coding_agent_env.episode import (
 from coding_agent_env.llm import SharedRelay
 from coding_agent_env.models import RolloutRequest, RolloutResult
 from coding_agent_env.observe.metrics import ServerMetrics
+from coding_agent_env.observe.tracing import Tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span
 from coding_agent_env.rollout import run_rollout
 from coding_agent_env.rollout.events import Emit
 from coding_agent_env.sandbox.registry import Backends
@@ -89,11 +94,14 @@ class Session:
         on_result: Sequence[Callable[[RolloutResult], None]] = (),
         catalog: TaskCatalog | None = None,
         metrics: ServerMetrics | None = None,
+        tracing: Tracing | None = None,
+        trace_parent: Context | None = None,
     ) -> None:
         """`on_result`: listeners that hear every rollout this session finishes, in order (the results store, by
         setting; the metrics); one that raises is logged and the next still hears it. `catalog`: the server's
         task set, which `reset(split=, index=)` and `run_rollout(split=, index=)` pick from. `metrics`: where
-        episode calls and ends are counted (None: nowhere)."""
+        episode calls and ends are counted (None: nowhere). `tracing`: where the session's rollouts and episodes
+        are traced (`observe.tracing`), as children of `trace_parent` (the caller's trace, from its request)."""
         self.id = session_id or str(uuid.uuid4())
         self.kind = kind
         self.settings = settings
@@ -111,6 +119,9 @@ class Session:
         self._backends = backends
         self._on_result = on_result
         self._metrics = metrics
+        self._tracing = tracing if tracing is not None else Tracing()
+        self.trace_parent = trace_parent
+        self._episode_span: Span | None = None
         self.catalog = catalog if catalog is not None else TaskCatalog()
 
     # -- episode ---------------------------------------------------------------------------------------
@@ -182,6 +193,7 @@ class Session:
         if self.busy:
             raise SessionBusyError(self.id)
         self.touch()
+        started_ns = time.time_ns()
         task = asyncio.ensure_future(
             run_rollout(
                 request, settings=self.settings, relay=self._relay, backends=self._backends, emit=emit, cancel=cancel
@@ -203,6 +215,10 @@ class Session:
                 listener(result)
             except Exception:  # keeping a record must never cost the caller its result
                 log.exception("session %s: recording rollout %s failed", self.id, result.rollout_id)
+        try:
+            self._tracing.rollout(result, started_ns=started_ns, parent=self.trace_parent)
+        except Exception:  # likewise for its trace
+            log.exception("session %s: tracing rollout %s failed", self.id, result.rollout_id)
         return result
 
     # -- interactive episodes --------------------------------------------------------------------------
@@ -224,7 +240,17 @@ class Session:
         Episode.check(task, settings=self.settings, backends=backends)  # a refused task leaves the live one be
         await self.end_episode()
         self.reset(episode_id)
-        on_end = None if self._metrics is None else self._metrics.episode_finished
+        assert self.episode_id is not None
+        span = self._episode_span = self._tracing.start_episode(self.episode_id, task.task_id,
+                                                                task.sandbox or self.settings.default_backend,
+                                                                self.trace_parent)
+        metrics = self._metrics
+
+        def on_end(status: str) -> None:
+            if metrics is not None:
+                metrics.episode_finished(status)
+            self._tracing.end_episode(span, status)
+
         episode = await Episode.start(task, settings=self.settings, backends=backends, episode_id=self.episode_id,
                                       on_end=on_end)
         self.episode = episode
@@ -261,17 +287,19 @@ class Session:
             self.touch()
 
     async def _timed(self, name: str, call: Awaitable[T]) -> T:
-        """Await one episode call, counting it (a failure when it raises, cancellation included) and its time."""
-        if self._metrics is None:
-            return await call
-        started = time.monotonic()
-        failed = True
-        try:
-            result = await call
-            failed = False
-            return result
-        finally:
-            self._metrics.episode_call(name, time.monotonic() - started, failed=failed)
+        """Await one episode call, counting it (a failure when it raises, cancellation included) and its time, in
+        a span of its own under the episode's."""
+        with self._tracing.step(self._episode_span, f"episode.{name}"):
+            if self._metrics is None:
+                return await call
+            started = time.monotonic()
+            failed = True
+            try:
+                result = await call
+                failed = False
+                return result
+            finally:
+                self._metrics.episode_call(name, time.monotonic() - started, failed=failed)
 
     async def end_episode(self) -> None:
         """Close this session's episode, if any (torn down; idempotent)."""

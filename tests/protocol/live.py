@@ -15,9 +15,10 @@ START_DEADLINE_S = 15.0
 
 
 class LiveServer:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, **app_options: Any) -> None:
+        """`app_options`: `build_app`'s keywords (e.g. `tracing`)."""
         self.settings = settings
-        self.app = build_app(settings)
+        self.app = build_app(settings, **app_options)
         config = uvicorn.Config(
             self.app, host="127.0.0.1", port=0, log_level="warning", ws="websockets-sansio",
             ws_max_size=settings.ws_max_message_bytes, lifespan="on",

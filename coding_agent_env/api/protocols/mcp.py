@@ -22,6 +22,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool as SdkTool
 from mcp_types import CallToolResult, TextContent
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coding_agent_env import __version__
@@ -114,7 +115,7 @@ class McpEndpoint:
 
     async def _initialize(self, scope: Scope, receive: Receive, send: Send, body: bytes | None) -> None:
         try:
-            session = self.manager.create(SessionKind.MCP)
+            session = self.manager.create(SessionKind.MCP, Headers(scope=scope))
         except CapacityError as exc:
             data = {"active_sessions": exc.active, "max_sessions": exc.maximum}
             await send_json(send, 200, rpc_error(_request_id(body), _SERVER_ERROR, str(exc), data))

@@ -58,7 +58,7 @@ async def serve_ws(websocket: WebSocket, manager: SessionManager, settings: Sett
     await websocket.accept()
     attach_id = websocket.query_params.get("session_id")
     try:
-        session = manager.attach(attach_id) if attach_id else manager.create(SessionKind.WS)
+        session = manager.attach(attach_id) if attach_id else manager.create(SessionKind.WS, websocket.headers)
     except CapacityError as exc:
         frame = error_frame("CAPACITY_REACHED", str(exc), active_sessions=exc.active, max_sessions=exc.maximum)
         await _refuse(websocket, frame)
@@ -177,7 +177,7 @@ async def serve_ws_mcp(websocket: WebSocket, manager: SessionManager, settings: 
     """Run one `WS /mcp` connection: a session of its own; at capacity one `-32000` frame, then close."""
     await websocket.accept()
     try:
-        session = manager.create(SessionKind.WS)
+        session = manager.create(SessionKind.WS, websocket.headers)
     except CapacityError as exc:
         data = {"active_sessions": exc.active, "max_sessions": exc.maximum}
         await _refuse(websocket, rpc_error(None, SERVER_ERROR, str(exc), data))
