@@ -11,6 +11,7 @@ import os
 import re
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.sync_api import expect
 
@@ -186,3 +187,19 @@ def test_interactive_episode(page, ui_server: UiServer) -> None:  # noqa: ANN001
     wait_until(lambda: not _processes_with(SLEEP_MARK), "the sleep to be killed", timeout_s=30)
     wait_until(lambda: not [p for p in ui_server.state_dir.iterdir() if p.name != "relay"], "the sandbox removed",
                timeout_s=30)
+
+
+def test_server_view_shows_the_metrics(page, ui_server: UiServer) -> None:  # noqa: ANN001
+    """The Server tab: the same figures `/metrics` serves (rollouts finished here equal the scrape's total), and
+    its charts drawn."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _open(page, ui_server)
+    page.get_by_role("tab", name="Server").click()
+    scraped = httpx.get(ui_server.url + "/metrics", timeout=10).text
+    finished = sum(sample.value for family in text_string_to_metric_families(scraped)
+                   for sample in family.samples if sample.name == "coding_agent_env_rollouts_finished_total")
+    figures = page.locator("#server-figures")
+    expect(figures).to_contain_text(re.compile(rf"rollouts finished\s*{finished:g}\b"))
+    expect(figures).to_contain_text("sessions live")
+    expect(page.locator("#server-chart-phases canvas, #server-chart-phases svg").first).to_be_visible()

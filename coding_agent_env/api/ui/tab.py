@@ -36,6 +36,8 @@ from coding_agent_env.api.ui.form import (
 from coding_agent_env.api.ui.gate import WEB_PATH
 from coding_agent_env.api.ui.interactive_tab import interactive_tab
 from coding_agent_env.api.ui.presets import PRESETS, Preset, with_task_set
+from coding_agent_env.api.ui.server_tab import server_tab
+from coding_agent_env.observe.metrics import ServerMetrics
 from coding_agent_env.api.ui.result_view import result_tabs
 from coding_agent_env.api.ui.rollouts import Progress, UiRuns
 from coding_agent_env.api.ui.runs_tab import runs_tab
@@ -87,7 +89,8 @@ def build_web(manager: SessionManager) -> tuple[WebTab, FastAPI, ASGIApp]:
     holder = FastAPI()
 
     def mount() -> None:
-        blocks = build_blocks(runs, manager.settings, manager.backends, episodes, with_task_set(manager.catalog))
+        blocks = build_blocks(runs, manager.settings, manager.backends, episodes, with_task_set(manager.catalog),
+                              manager.metrics)
         gr.mount_gradio_app(
             holder, blocks, path=WEB_PATH, ssr_mode=False, mcp_server=False, footer_links=[], theme=_THEME, css=_CSS
         )
@@ -148,10 +151,11 @@ def _sandbox_choices(backends: Backends) -> list[tuple[str, str]]:
 
 def build_blocks(
     runs: UiRuns, settings: Settings, backends: Backends, episodes: UiEpisodes | None = None,
-    presets: Mapping[str, Preset] = PRESETS,
+    presets: Mapping[str, Preset] = PRESETS, metrics: ServerMetrics | None = None,
 ) -> gr.Blocks:
     """Two tabs: "Rollout" (preset -> editors, Run (streaming), Cancel) and, with `episodes`, "Interactive"
-    (`ui.interactive_tab`), then "Runs" (the results store, `ui.runs_tab`). `presets`: the tasks both offer (the
+    (`ui.interactive_tab`), then "Runs" (the results store, `ui.runs_tab`) and, with `metrics`, "Server" (what
+    the server does now, `ui.server_tab`). `presets`: the tasks both offer (the
     built-in ones and the server's task set: `presets.with_task_set`)."""
     with gr.Blocks(title="coding-agent-env", analytics_enabled=False) as blocks:
         gr.Markdown("# coding-agent-env")
@@ -169,6 +173,9 @@ def build_blocks(
                 interactive_tab(episodes, _sandbox_choices(backends), presets)
         with gr.Tab("Runs", elem_id="tab-runs"):
             runs_tab(settings)
+        if metrics is not None:
+            with gr.Tab("Server", elem_id="tab-server"):
+                server_tab(metrics)
     return blocks
 
 
