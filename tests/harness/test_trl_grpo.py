@@ -5,7 +5,7 @@ in a side virtualenv with TRL, torch and this checkout without its server extra 
 What it proves: the trainer finishes both steps; TRL logs the environment's reward column under the name it derives
 from the class (`rewards/CodingEnvironment/mean`); every generation was one episode that the server ran to its
 end and verified (its log says `episode <id> ended: completed` for exactly the episodes the example saw, one per
-generation); and when the trainer has gone, no session, sandbox process, mount, directory or cgroup is left.
+generation; `/metrics` counts as many completed episodes and final answers); and when the trainer has gone, no session, sandbox process, mount, directory or cgroup is left.
 
 Skipped when the side virtualenv cannot be made because pip cannot reach the package index.
 """
@@ -20,7 +20,9 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from coding_agent_env.settings import Settings
 from tests.compat import venvs
@@ -93,6 +95,12 @@ def test_grpo_trains_two_steps_on_verified_episodes(
     assert all(e["status"] == "completed" and e["reward"] in (0.0, 1.0) for e in seen.values()), summary
     ended = [r.args for r in caplog.records if r.msg == EPISODE_ENDED and isinstance(r.args, tuple)]
     assert sorted(ended) == sorted((episode_id, "completed") for episode_id in seen), ended
+    # The server's own count, as an operator sees it (`/metrics`): that many episodes completed and verified.
+    families = text_string_to_metric_families(httpx.get(f"{live.http}/metrics", timeout=10).text)
+    counted = {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+               for family in families for sample in family.samples}
+    assert counted[("coding_agent_env_episodes_finished_total", (("status", "completed"),))] == generations
+    assert counted[("coding_agent_env_episode_calls_total", (("call", "final_answer"),))] == generations
 
     # The example closed its environments: every session and every sandbox is gone.
     wait_until(lambda: live.sessions.active == 0, "the trainer's sessions to close", timeout_s=30)
