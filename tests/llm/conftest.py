@@ -61,3 +61,16 @@ async def turn_after_hang_up(lease: Lease, url: str, body: dict[str, Any], heade
 
 
 __all__ = ["Mode", "SERVER_KEY", "turn_after_hang_up", "upstream_for"]
+
+
+@pytest.fixture(scope="session")
+def llama_server() -> Iterator[str]:
+    """llama-server on 127.0.0.1 (a free port), one slot, the packaged model, shared by tests/llm's llama.cpp tests;
+    killed by its PID at the end. Skips, saying why, until scripts/llama_server.sh has built it."""
+    from tests.llm.llamacpp_server import CACHE, built
+    from tests.llm.llamacpp_server import llama_server as start_llama_server
+
+    if not built():
+        pytest.skip(f"llama-server not built in {CACHE}: run scripts/llama_server.sh (about 17 minutes on 2 cores)")
+    with start_llama_server() as url:
+        yield url

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,17 +27,7 @@ from tests.agents.conftest import installed_agents, require_agent  # noqa: F401 
 from tests.compat.conftest import gen_b  # noqa: F401 (a fixture: OpenEnv 0.10's virtualenv)
 from tests.llm.test_trace import openenv_validates
 from tests.helpers import free_port, poll
-from tests.llm.llamacpp_server import CACHE, MODEL_NAME, TOOLS, built
-from tests.llm.llamacpp_server import llama_server as start_llama_server
-
-
-@pytest.fixture(scope="session")
-def llama_server() -> Iterator[str]:
-    """llama-server on 127.0.0.1 (a free port), one slot, the packaged model; killed by its PID at the end."""
-    if not built():
-        pytest.skip(f"llama-server not built in {CACHE}: run scripts/llama_server.sh (about 17 minutes on 2 cores)")
-    with start_llama_server() as url:
-        yield url
+from tests.llm.llamacpp_server import MODEL_NAME, TOOLS
 
 
 @dataclass

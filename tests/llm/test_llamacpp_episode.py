@@ -3,7 +3,7 @@ policy, a real server of ours (uvicorn in a thread, the local backend with bubbl
 `CodingEnvironment` (what a trainer's `environment_factory` makes) the client between them: `reset` starts the
 episode, each command the model gives runs through the episode's `terminal`, `get_reward` gives the final answer.
 
-Skips, saying why, until llama-server is built (tests/llm/test_llamacpp.py's `llama_server` fixture)."""
+Skips, saying why, until llama-server is built (tests/llm/conftest.py's `llama_server` fixture)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from coding_agent_env.settings import Settings
 from tests.helpers import leftovers, wait_until
 from tests.llm.llamacpp_server import MODEL_NAME
 # Fixtures: the engine (session-scoped, skips until built) and settings whose sandbox uids reach their roots.
-from tests.llm.test_llamacpp import llama_server, settings  # noqa: F401
+from tests.llm.test_llamacpp import settings  # noqa: F401
 from tests.protocol.live import LiveServer
 
 TASK: dict[str, Any] = {
