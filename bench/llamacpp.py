@@ -243,11 +243,19 @@ def main() -> None:
               f"then run this again. Nothing measured.")
         return
     state = Path(tempfile.mkdtemp(prefix="cae-bench-"))
+    # llama_server writes its log to $TMPDIR: here, into this run's dir, removed with it when the run works and
+    # kept (with a note saying where) when it fails, for the failure to be read.
+    os.environ["TMPDIR"] = str(state)
+    done = False
     try:
         with llama_server(threads=args.threads) as url:
             asyncio.run(run(args, url, state))
+        done = True
     finally:
-        shutil.rmtree(state, ignore_errors=True)
+        if done:
+            shutil.rmtree(state, ignore_errors=True)
+        else:
+            print(f"llama-server's log kept in {state}", file=sys.stderr)
 
 
 if __name__ == "__main__":

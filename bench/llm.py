@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -62,8 +63,13 @@ async def _relay_main(fake_url: str, out: str) -> None:
     from coding_agent_env.llm import SharedRelay, Upstream
     from coding_agent_env.settings import Settings
 
-    # One token stands for every concurrent stream here: lift the per-rollout cap on calls in flight.
-    settings = Settings(state_dir=Path(tempfile.mkdtemp()), relay_max_calls_per_token=100_000)
+    # One token stands for every concurrent stream of five paths (relay, public and the three dialects) over every
+    # round here: lift the per-rollout caps on calls in flight and on calls in all (at the defaults, 3 rounds x 5
+    # paths x 960 calls pass the 10,000 a rollout may make, and the bench ended in a 429). The state dir is in
+    # the parent's temp dir, which the parent removes (this process ends by SIGKILL).
+    state = Path(out).parent / "relay-state"
+    state.mkdir()
+    settings = Settings(state_dir=state, relay_max_calls_per_token=100_000, relay_max_turns=10**9)
     shared = SharedRelay(settings)
     relay = await shared.get()
     lease = await relay.open_lease("bench", Upstream(base_url=fake_url, api_key=None, model="m"))  # type: ignore[arg-type]
@@ -117,7 +123,8 @@ async def _call(http: aiohttp.ClientSession, base_url: str, token: str) -> None:
         base_url = base_url.removesuffix("/v1")
         headers["x-goog-api-key"] = token
     async with http.post(base_url + path, json=body, headers=headers) as response:
-        assert response.status == 200, response.status
+        if response.status != 200:
+            raise AssertionError(f"{base_url}{path}: {response.status} {(await response.text())[:300]}")
         async for _ in response.content.iter_any():
             pass
 
@@ -132,7 +139,7 @@ async def _latency(base_url: str, token: str, calls: int) -> tuple[float, float]
             await _call(http, base_url, token)
             samples.append((time.perf_counter() - started) * 1000)
     samples.sort()
-    return statistics.median(samples), samples[int(len(samples) * 0.99) - 1]
+    return statistics.median(samples), samples[min(len(samples) - 1, int(len(samples) * 0.99))]
 
 
 async def _throughput(base_url: str, token: str, concurrency: int, total: int) -> float:
@@ -202,6 +209,7 @@ def main() -> None:
         for proc in procs:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ Needs the openenv 0.10.0 virtualenv (`.ci/venvs/openenv-0.10.0`, created by the 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -64,9 +65,19 @@ def main(runs: int) -> None:
     python = REFERENCE_VENV / "bin" / "python"
     if not python.exists():
         raise SystemExit(f"no openenv 0.10.0 virtualenv at {REFERENCE_VENV} (run tests/compat once)")
-    work = Path(tempfile.mkdtemp())
+    work = Path(tempfile.mkdtemp(prefix="cae-bench-startup-"))
+    try:
+        measure(runs, python, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(runs: int, python: Path, work: Path) -> None:
+    """Start each server `runs` times in `work` (the reference app's dir, our state dir under it); print the
+    medians."""
     (work / "reference_app.py").write_text(REFERENCE_APP)
-    base = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+    # Gradio's temp dir (else $TMPDIR/gradio) in `work`, removed with it.
+    base = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "GRADIO_TEMP_DIR": str(work / "gradio")}
     cases = {}
     for web in (True, False):
         flag = "true" if web else "false"

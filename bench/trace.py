@@ -4,17 +4,20 @@ Each call's prompt is the previous prompt plus the previous completion plus a to
 call, so the last prompt holds about 30k tokens), with an auxiliary title call and a retry; the reference is
 serialising the same turns to JSON, which every result pays anyway.
 
-    python bench/trace.py [N]
+    .venv/bin/python bench/trace.py [N]
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 
-from bench._common import measure, pct
-from coding_agent_env.llm.trace import annotate, training_data
-from coding_agent_env.models import Turn, TurnMessage
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench._common import measure, pct  # noqa: E402
+from coding_agent_env.llm.trace import annotate, training_data  # noqa: E402
+from coding_agent_env.models import Turn, TurnMessage  # noqa: E402
 
 CALLS = 200
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]

@@ -221,9 +221,12 @@ def main() -> None:
     reference_python = REFERENCE_VENV / "bin" / "python"
     if not reference_python.exists():
         raise SystemExit(f"no reference virtualenv at {REFERENCE_VENV}: run tests/compat first (it creates it)")
-    env = {**os.environ, "MAX_CONCURRENT_ENVS": "64"}
     runs: dict[str, list[dict[str, float]]] = {"ours": [], "reference": []}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(prefix="cae-bench-ws-") as tmp:
+        # Our server's state dir and Gradio's temp dir (else $TMPDIR/gradio) in this run's dir, removed with it:
+        # the server neither reaps the shared default state dir nor leaves anything behind.
+        env = {**os.environ, "MAX_CONCURRENT_ENVS": "64", "STATE_DIR": str(Path(tmp, "state")),
+               "GRADIO_TEMP_DIR": str(Path(tmp, "gradio"))}
         Path(tmp, "reference_app.py").write_text(REFERENCE_APP)
         for _ in range(args.runs):
             runs["ours"].append(measure_ours(args, env, Path(tmp)))
