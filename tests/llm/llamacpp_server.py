@@ -49,8 +49,9 @@ def built(wait_s: float = BUILD_WAIT_S) -> bool:
 
 @contextmanager
 def llama_server(threads: int | None = None) -> Iterator[str]:
-    """llama-server on 127.0.0.1 (a free port), one slot, the packaged model, its log in $TMPDIR; yields its base
-    URL (no `/v1`) once healthy; ended by its PID (its process group) at the end. Needs `built()`."""
+    """llama-server on 127.0.0.1 (a free port), one slot, the packaged model, its log in $TMPDIR (removed at the end
+    unless something failed); yields its base URL (no `/v1`) once healthy; ended by its PID (its process group) at
+    the end. Needs `built()`."""
     port = free_port()
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"llama-server-{port}.log", "wb")  # noqa: SIM115
     process = subprocess.Popen(
@@ -69,9 +70,11 @@ def llama_server(threads: int | None = None) -> Iterator[str]:
         except OSError:
             return False
 
+    failed = True
     try:
         wait_until(healthy, "llama-server healthy", timeout_s=120, interval_s=0.5)
         yield f"http://127.0.0.1:{port}"
+        failed = False
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         try:
@@ -80,3 +83,5 @@ def llama_server(threads: int | None = None) -> Iterator[str]:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         log.close()
+        if not failed:  # kept only when something went wrong: the error names it
+            os.unlink(log.name)
