@@ -9,11 +9,17 @@ URL) says what is added to ask for ids and logprobs, and whether a streamed call
 (`buffered`: the engine refuses the combination; the relay streams the answer to the agent). An error answer
 that an engine recognises as its refusal of what the relay added reroutes the call once (`reroute`), in the
 form that engine accepts; `how` says how the call was made when not as the agent asked.
+
+The turn's policy version is the one the engine reported for the call (its answer's `X-Policy-Version` header,
+checked by `policy_version_or_none`: a value too long or not visible ASCII is ignored; else a body field its
+adapter reads), else the lease's when the call started. A header line over aiohttp's own limit (8190 bytes) is
+not an answer at all: the call fails as `upstream unreachable`, as for any header.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from coding_agent_env.llm import engines
@@ -21,9 +27,13 @@ from coding_agent_env.llm.capture import TurnAssembler
 from coding_agent_env.llm.lease import Lease, PromptDelta
 from coding_agent_env.llm.rewrite import rewrite_request
 from coding_agent_env.models import Mode, Turn
+from coding_agent_env.models.turns import policy_version_or_none
 from coding_agent_env.settings import Settings
 
-__all__ = ["RelayedCall"]
+__all__ = ["POLICY_VERSION_HEADER", "RelayedCall"]
+
+POLICY_VERSION_HEADER = "X-Policy-Version"
+"""The upstream answer's header that names the policy / weight version which produced it."""
 
 _ADDED_FIELDS = ("return_token_ids", "return_prompt_token_ids", "return_meta_info", "top_logprobs", "logprobs",
                  "stream_options")
@@ -61,6 +71,10 @@ class RelayedCall:
         self.error: str | None = None
         self.upstream_error: dict[str, Any] | None = None
         self.passthrough = passthrough
+        self.rollout_version = lease.policy_version
+        """The lease's policy version when the call started (a later update is for later calls)."""
+        self.reported_version: str | None = None
+        """The valid `X-Policy-Version` of the upstream's answer, if it had one."""
         self.timestamp = time.time()
         self.started = time.monotonic()
         self.ended: float | None = None
@@ -107,8 +121,14 @@ class RelayedCall:
         again = f"again after the upstream refused what the relay added ({self.rerouted})"
         self.how = f"{self.how}; {again}" if self.how else again
         self.assembler = self._assembler()
-        self.status, self.error, self.upstream_error = None, None, None
+        self.status, self.error, self.upstream_error, self.reported_version = None, None, None, None
         return True
+
+    def answered(self, status: int, headers: Mapping[str, str]) -> None:
+        """The upstream answered with `status` and `headers`: keep the status and its policy version, if valid
+        (an untrusted value: never raises)."""
+        self.status = status
+        self.reported_version = policy_version_or_none(headers.get(POLICY_VERSION_HEADER))
 
     def headers(self) -> dict[str, str]:
         """The headers of the chat-completions request upstream: the server-held key as a bearer token."""
@@ -158,6 +178,8 @@ class RelayedCall:
             upstream_error=self.upstream_error or ({"message": self.error} if self.error else None),
             error=self.error,
             passthrough=self.passthrough,  # type: ignore[arg-type]  # a registered dialect's name
+            policy_version=(self.reported_version or policy_version_or_none(a.policy_version)
+                            or self.rollout_version),
             prompt_token_ids=a.prompt_token_ids,
             completion_token_ids=a.sampled_ids(),
             completion_tokens=a.tokens or [],

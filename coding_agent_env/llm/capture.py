@@ -72,6 +72,8 @@ class TurnAssembler:
         self.completion_token_ids: list[int] | None = None
         self.logprobs: list[float] | None = None
         self.tokens: list[str] | None = None
+        self.policy_version: Any = None
+        """The weight version the engine wrote in its answer (`Engine.policy_version`), unchecked."""
         self._bad_ids = False
         self._content: list[str] = []
         self._reasoning: list[str] = []
@@ -85,6 +87,8 @@ class TurnAssembler:
             self._detect(chunk)
         if "usage" in chunk:
             self._common(chunk)
+        if "metadata" in chunk:  # where engines put a weight version; absent from ordinary chunks
+            self._version(chunk)
         model = chunk.get("model")
         if model is not None and model != self.model and isinstance(model, str):
             self.model = model
@@ -125,6 +129,7 @@ class TurnAssembler:
         if self._detect_for is not None:
             self._detect(response)
         self._common(response)
+        self._version(response)
         choice = self._choice(response)
         if choice is None:
             self._ids(response, {})
@@ -162,6 +167,11 @@ class TurnAssembler:
         if "usage" in obj and isinstance(obj["usage"], dict):
             usage = obj["usage"]
             self.usage = Usage(**{k: v for k in Usage.model_fields if isinstance(v := usage.get(k), int)})
+
+    def _version(self, obj: dict[str, Any]) -> None:
+        version = self.engine.policy_version(obj)
+        if version is not None:
+            self.policy_version = version
 
     def _detect(self, obj: dict[str, Any]) -> None:
         assert self._detect_for is not None

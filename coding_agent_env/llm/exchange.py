@@ -214,7 +214,7 @@ async def _direct(
     async with _mapped(call, mid_stream=False), session.post(
         url, data=_payload(body), headers=headers, timeout=timeout, allow_redirects=False
     ) as upstream:
-        call.status = upstream.status
+        call.answered(upstream.status, upstream.headers)
         if upstream.status != 200:
             refusal = await _refusal(call, upstream)
             if call.reroute(refusal.status, _message(refusal)):
@@ -239,7 +239,7 @@ async def _post_whole(
     async with _mapped(call, mid_stream=False), session.post(
         url, data=_payload(body), headers=headers, timeout=timeout, allow_redirects=False
     ) as upstream:
-        call.status = upstream.status
+        call.answered(upstream.status, upstream.headers)
         if upstream.status != 200:
             return await _refusal(call, upstream)
         limit = call.settings.relay_max_response_bytes

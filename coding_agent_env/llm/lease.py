@@ -3,6 +3,10 @@
 A lease is created open by `Relay.open_lease` and lives on the relay's event loop. `close()` revokes the
 token at once (every later call gets 401), cancels the rollout's calls still in flight (each is recorded
 as a turn with an error), and is idempotent. `turns()` works before and after close.
+
+The lease holds the rollout's current policy version (from `Upstream.policy_version`); an async trainer that
+updates the weights mid-rollout moves it on with `set_policy_version`, and every call that starts afterwards
+records the new one (a call already in flight keeps the version it started with).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from typing import Any, Protocol
 
 from coding_agent_env.llm.upstream import Upstream
 from coding_agent_env.models import Turn
+from coding_agent_env.models.turns import policy_version_or_none
+from coding_agent_env.settings import WireLimits
 
 __all__ = ["Lease", "LeaseState", "PromptDelta", "TurnSource"]
 
@@ -80,6 +86,7 @@ class Lease:
         self._last_prompt: list[Any] = []
         self._last_tools: list[dict[str, Any]] | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
+        self._policy_version = upstream.policy_version
 
     def __repr__(self) -> str:
         return f"Lease(rollout_id={self.rollout_id!r}, base_url={self.base_url!r}, state={self._state.value})"
@@ -107,6 +114,20 @@ class Lease:
     def in_flight(self) -> int:
         """Calls being served now."""
         return len(self._inflight)
+
+    @property
+    def policy_version(self) -> str | None:
+        """The policy version calls starting now record, unless their engine reports its own."""
+        return self._policy_version
+
+    def set_policy_version(self, version: str | None) -> None:
+        """Move the rollout to `version` (None: none known) for every call that starts from now on; calls in
+        flight keep theirs. `ValueError` for a value that is not a policy version (visible ASCII, at most
+        `WireLimits.MAX_NAME_CHARS`); works on a closed lease too (no call starts there)."""
+        if version is not None and policy_version_or_none(version) is None:
+            raise ValueError(f"policy_version must be 1 to {WireLimits.MAX_NAME_CHARS} visible ASCII characters "
+                             "(no spaces)")
+        self._policy_version = version
 
     def turns(self) -> list[Turn]:
         """Every call recorded so far, in the order the calls arrived."""

@@ -11,6 +11,9 @@ Rules (the engine's tokens are the truth; nothing is re-tokenised):
 - a call with bad logprobs (missing, misaligned, NaN, positive) stays as context: its logprobs are replaced by
   0.0 placeholders under mask 0 and its `note` says why; nothing raises, and the reward is untouched;
 - `reward` mirrors the rollout's reward and stays null when it was not scored, never 0;
+- each call's `policy_version` (the trainer's weight version that produced it, see `Turn.policy_version`) is in
+  its trace turn's `metadata` (OpenEnv's `TrainingTurn` forbids keys of its own but takes any `metadata`), so an
+  async trainer can drop calls sampled by a stale policy;
 - a call the relay cut before it was answered (the agent's phase ended, the rollout was cancelled, the agent hung
   up: `CUT_ERRORS`) is recorded as cut: outside the graph, no purpose, never trainable, its note says so (it
   is not an agent's restarted conversation, which is what an unanswered call would otherwise look like).
@@ -102,7 +105,7 @@ def trace_entries(turns: Sequence[Turn], training: TrainingData | None, reward: 
             "reward": reward,
             "metadata": {**traced["metadata"], "node_id": turn.node_id} if traced else {
                 "node_id": turn.node_id, "turn": turn.turn, "purpose": turn.purpose, "trainable": False,
-                "note": turn.note,
+                "note": turn.note, "policy_version": turn.policy_version,
             },
         })
     return out
@@ -146,6 +149,7 @@ def _metadata(node: Node, graph: RolloutGraph, rollout_id: str, task_id: str) ->
     return {
         "rollout_id": rollout_id, "task_id": task_id, "turn": turn.turn, "purpose": turn.purpose,
         "parent": parent, "trainable": turn.trainable, "note": turn.note, "finish_reason": turn.finish_reason,
+        "policy_version": turn.policy_version,
     }
 
 

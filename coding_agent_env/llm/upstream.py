@@ -48,6 +48,10 @@ class Upstream:
     """Agent dialects the upstream serves itself (calls in them are passed through, see `llm.answers`)."""
     engine: str | None = None
     """The inference engine serving `base_url` (`llm.engines`); None: detected from its answers."""
+    policy_version: str | None = None
+    """The trainer's policy / weight version serving the rollout (the request's `policy_version`): what each turn
+    records unless the engine reports its own for the call. The lease starts from it and may be moved on
+    (`Lease.set_policy_version`)."""
 
     def __post_init__(self) -> None:
         _check_url(self.base_url)
@@ -159,6 +163,7 @@ def _upstream(
             endpoint=endpoint,
             native_dialects=frozenset(native),
             engine=engine,
+            policy_version=request.policy_version,
         )
     except ValueError as exc:
         raise EndpointError(str(exc)) from None

@@ -12,6 +12,7 @@ from pydantic import Field, SecretStr, ValidationError, model_validator
 
 from coding_agent_env.models.task import Task
 from coding_agent_env.models.common import Mode, NativeDialect, name_field
+from coding_agent_env.models.turns import POLICY_VERSION_PATTERN
 from coding_agent_env.settings import WireLimits
 
 __all__ = ["AGENT_NAMES", "AgentName", "RolloutRequest", "request_fields_schema", "validation_summary"]
@@ -27,7 +28,7 @@ class RolloutRequest(Task):
     """One episode: a task (instruction, files, setup, verify), an agent, an endpoint and a sandbox."""
 
     UNSET_WHEN_EMPTY: ClassVar[frozenset[str]] = Task.UNSET_WHEN_EMPTY | {
-        "endpoint", "base_url", "api_key", "model", "agent", "disable_thinking", "max_tokens_cap"
+        "endpoint", "base_url", "api_key", "model", "agent", "disable_thinking", "max_tokens_cap", "policy_version"
     }
 
     agent: AgentName | None = Field(
@@ -64,6 +65,14 @@ class RolloutRequest(Task):
     )
     top_logprobs: int = Field(
         default=0, ge=0, le=20, description="Logprobs per token to request in transparent_proxy mode."
+    )
+    policy_version: str | None = Field(
+        default=None,
+        max_length=WireLimits.MAX_NAME_CHARS,
+        pattern=POLICY_VERSION_PATTERN,
+        description="The trainer's policy / weight version serving this rollout's LLM calls (visible ASCII, no "
+        "spaces); recorded on every turn and in the training trace. An engine's own report for a call (its "
+        "X-Policy-Version response header) wins for that call.",
     )
     native_dialects: list[NativeDialect] = Field(
         default_factory=list,

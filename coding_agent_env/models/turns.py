@@ -2,13 +2,31 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import Field
 
 from coding_agent_env.models.common import NativeDialect, WireModel
+from coding_agent_env.settings import WireLimits
 
-__all__ = ["ToolCall", "TrainingData", "TrainingSequence", "Turn", "TurnMessage", "TurnPurpose", "Usage"]
+__all__ = [
+    "POLICY_VERSION_PATTERN", "ToolCall", "TrainingData", "TrainingSequence", "Turn", "TurnMessage", "TurnPurpose",
+    "Usage", "policy_version_or_none",
+]
+
+POLICY_VERSION_PATTERN = r"^[!-~]+$"
+"""A policy version is visible ASCII (no spaces, no control characters), at most `WireLimits.MAX_NAME_CHARS`
+long: the request's field, a live lease's update and an engine's report all obey it."""
+_POLICY_VERSION = re.compile(r"[!-~]+")  # with fullmatch: Python's `$` would let a trailing newline through
+
+
+def policy_version_or_none(value: object) -> str | None:
+    """`value` when it is a valid policy version (see `POLICY_VERSION_PATTERN`), else None. Total: any value,
+    e.g. an upstream's header or body field, is checked without raising."""
+    if isinstance(value, str) and 0 < len(value) <= WireLimits.MAX_NAME_CHARS and _POLICY_VERSION.fullmatch(value):
+        return value
+    return None
 
 
 class ToolCall(WireModel):
@@ -61,6 +79,13 @@ class Turn(WireModel):
         default=None, description="Why the call failed: the upstream's error object, or the relay's (`message`)."
     )
     error: str | None = None
+    policy_version: str | None = Field(
+        default=None, max_length=WireLimits.MAX_NAME_CHARS, pattern=POLICY_VERSION_PATTERN,
+        description="The trainer's policy / weight version that produced the call: what the engine reported for it "
+        "(its `X-Policy-Version` response header, else a body field its adapter reads, e.g. SGLang's "
+        "`metadata.weight_version`), else the rollout's (the request's `policy_version`, or the lease's update). "
+        "Null when neither says.",
+    )
     passthrough: NativeDialect | None = Field(
         default=None,
         description="The dialect the call went upstream in unchanged (the upstream speaks it natively); null: sent "

@@ -57,6 +57,12 @@ class Engine:
         """The ids in one answer or chunk (`obj`) and its choice 0 (`choice`, {} when none)."""
         return IdsFound()
 
+    def policy_version(self, obj: dict[str, Any]) -> Any:
+        """The weight version the engine says produced this answer (or chunk), as it wrote it (the caller checks
+        it, `models.turns.policy_version_or_none`); None where the engine puts none in its body. Every engine's
+        `X-Policy-Version` response header is read by the exchange and wins over this."""
+        return None
+
     def prompt_ids_request(self, body: dict[str, Any]) -> PromptIdsRequest | None:
         """When the engine does not return prompt ids but can be asked for them afterwards, how."""
         return None

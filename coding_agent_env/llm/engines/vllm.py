@@ -4,6 +4,9 @@ Asked for: `logprobs` (and `top_logprobs`), and `return_token_ids: true` (vLLM >
 Returned: prompt ids in the answer's top-level `prompt_token_ids` (streamed: in the first chunk), completion ids
 in `choices[0].token_ids` (streamed: per chunk); or, with `--return-tokens-as-token-ids`, each logprob's
 `token` spelled `token_id:N`. Streamed calls with tools and logprobs are accepted.
+Weight version: no field for it in its documented chat answer (`ChatCompletionResponse`; its docs searched for a
+weight or policy version in answers, none found), so only an `X-Policy-Version` header (from a router or proxy in
+front of it) reports one.
 Checked against: vLLM's documented wire shapes (`ChatCompletionResponse.prompt_token_ids`,
 `ChatCompletionResponseChoice.token_ids`, `stop_reason`), served by the test fake `tests/fakes/llm.py`; no GPU
 here to run vLLM itself.
