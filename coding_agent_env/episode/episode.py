@@ -47,7 +47,7 @@ from typing import Literal, TypeVar
 
 from coding_agent_env.aio import shielded
 from coding_agent_env.episode.errors import EpisodeBusyError, EpisodeDoneError, KeystrokesUnsupportedError
-from coding_agent_env.episode.report import CommandRecord, EpisodeReport, EpisodeStatus, TerminalResult
+from coding_agent_env.episode.report import CallStats, CommandRecord, EpisodeReport, EpisodeStatus, TerminalResult
 from coding_agent_env.errors import SandboxError, SandboxUnsupportedError
 from coding_agent_env.models import ErrorInfo, Task
 from coding_agent_env.sandbox.base import Sandbox, SandboxSpec
@@ -97,6 +97,7 @@ class Episode:
         self._shell_dir = ""
         self.history: deque[CommandRecord] = deque(maxlen=settings.episode_max_history)
         self.commands_run = 0
+        self.calls: dict[str, CallStats] = {}
         self._call: asyncio.Task[object] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._teardown_task: asyncio.Task[None] | None = None
@@ -168,19 +169,19 @@ class Episode:
     async def terminal(self, command: str) -> TerminalResult:
         """Run one command in the persistent shell. `EpisodeDoneError` if the episode has ended (also when
         its deadline passes during the command), `EpisodeBusyError` if a call is running."""
-        return await self._exclusive(self._terminal(command))
+        return await self._exclusive(self._terminal(command), "terminal")
 
     async def keystrokes(self, keys: str, duration_s: float) -> TerminalResult:
         """Type `keys` into the live shell and return the output after `duration_s`; `KeystrokesUnsupportedError`
         where the episode's shell is one exec per command. Refused as `terminal` is when ended or busy."""
         if not isinstance(self.shell, LiveShell) and not self.done:
             raise KeystrokesUnsupportedError(self.sandbox.backend if self.sandbox else "?")
-        return await self._exclusive(self._terminal(keys, duration_s=duration_s))
+        return await self._exclusive(self._terminal(keys, duration_s=duration_s), "keystrokes")
 
     async def final_answer(self, answer: str) -> EpisodeReport:
         """End the agent's phase with `answer`, verify, score and tear down; the report (done, with the
         reward, or null when verify could not score it)."""
-        return await self._exclusive(self._final_answer(answer))
+        return await self._exclusive(self._final_answer(answer), "final_answer")
 
     async def _terminal(self, command: str, *, duration_s: float | None = None) -> TerminalResult:
         """A command (or, with `duration_s`, keystrokes) in the shell, under the episode's deadline."""
@@ -243,7 +244,20 @@ class Episode:
             await self._end(EpisodeStatus.COMPLETED, "", "", "")
         return self.report()
 
-    async def _exclusive(self, work: Awaitable[T]) -> T:
+    async def _exclusive(self, work: Awaitable[T], name: str) -> T:
+        """`_run_exclusive`, counted in the report's `calls` under `name` (its time, and a failure if it raised)."""
+        stats = self.calls.setdefault(name, CallStats())
+        stats.count += 1
+        started = time.monotonic()
+        try:
+            return await self._run_exclusive(work)
+        except BaseException:
+            stats.failures += 1
+            raise
+        finally:
+            stats.seconds = round(stats.seconds + time.monotonic() - started, 6)
+
+    async def _run_exclusive(self, work: Awaitable[T]) -> T:
         """Run one call: refused when ended or busy; cancelling the caller cancels it (and waits for it)."""
         if self.done:
             _close_unawaited(work)
@@ -377,6 +391,7 @@ class Episode:
             reward=verification.reward if self.status is EpisodeStatus.COMPLETED else None,
             reward_note=verification.reward_note,
             commands=list(self.history), commands_dropped=self.commands_run - len(self.history), error=self.error,
+            calls={name: stats.model_copy() for name, stats in self.calls.items()},
         )
 
 

@@ -10,7 +10,7 @@ from pydantic import Field
 
 from coding_agent_env.models import ErrorInfo, WireModel, WorkspaceReport
 
-__all__ = ["CommandRecord", "EpisodeReport", "EpisodeStatus", "TerminalResult"]
+__all__ = ["CallStats", "CommandRecord", "EpisodeReport", "EpisodeStatus", "TerminalResult"]
 
 
 class EpisodeStatus(str, Enum):
@@ -41,6 +41,15 @@ class TerminalResult(WireModel):
                              "(a timeout's interrupt, a shell that exited and was restarted).")
 
 
+class CallStats(WireModel):
+    """One episode tool's calls: how many, how many failed (refused, or the episode ended under them), and their
+    total time."""
+
+    count: int = 0
+    failures: int = 0
+    seconds: float = 0.0
+
+
 class CommandRecord(WireModel):
     command: str = Field(description="The command, shortened.")
     exit_code: int | None
@@ -64,4 +73,6 @@ class EpisodeReport(WorkspaceReport):
     sandbox_id: str | None = None
     commands: list[CommandRecord] = Field(default_factory=list, description="The latest commands run.")
     commands_dropped: int = Field(default=0, description="Earlier commands no longer listed.")
+    calls: dict[str, CallStats] = Field(default_factory=dict, description="Calls by tool (`terminal`, "
+                                        "`keystrokes`, `final_answer`): the environment's side of the time split.")
     error: ErrorInfo | None = None

@@ -87,6 +87,8 @@ class Timings(WireModel):
     collect_s: float = 0.0
     teardown_s: float = 0.0
     total_s: float = 0.0
+    llm_s: float = Field(default=0.0, description="Within `agent_s`: the time the agent waited on its LLM calls (the "
+                         "union of the relayed calls' intervals); `agent_s - llm_s` is the environment's share.")
 
 
 VerifyContext = Literal["workspace", "clean_room"]

@@ -52,6 +52,7 @@ from coding_agent_env.models import (
     RolloutResult,
     RolloutStatus,
     Timings,
+    Turn,
 )
 from coding_agent_env.models.results import StepResult
 from coding_agent_env.rollout import events as ev
@@ -422,8 +423,9 @@ class _Rollout:
         if self.cancelled_by_request:
             self.status, self.reward = RolloutStatus.CANCELLED, None
             self.error = ErrorInfo(type="Cancelled", stage="rollout", message="the rollout was cancelled")
-        timings = Timings(**{f"{phase}_s": round(seconds, 6) for phase, seconds in self.timings.items()})
         turns = self.llm.turns() if self.llm is not None else []
+        timings = Timings(**{f"{phase}_s": round(seconds, 6) for phase, seconds in self.timings.items()},
+                          llm_s=round(_llm_seconds(turns), 6))
         if self.error is None:  # the LLM calls' failure, whatever the agent's exit code (llm.failures)
             self.error = llm_failure(turns, self.request.mode)
         task_id = self.request.task_id or ""
@@ -463,3 +465,15 @@ class _Rollout:
             return result.model_copy(update={"proxy_turns": annotated})
         training = training_data(graph, rollout_id=self.rollout_id, task_id=result.task_id, reward=result.reward)
         return result.model_copy(update={"proxy_turns": annotated, "training": training})
+
+
+def _llm_seconds(turns: list[Turn]) -> float:
+    """The time covered by the calls' intervals (`timestamp`, `latency_s`), overlaps counted once: what the agent
+    spent waiting on its LLM, also when it made calls side by side."""
+    spans = sorted((t.timestamp, t.timestamp + max(t.latency_s, 0.0)) for t in turns if t.timestamp > 0)
+    total, end = 0.0, float("-inf")
+    for start, stop in spans:
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total

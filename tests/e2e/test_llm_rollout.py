@@ -48,6 +48,9 @@ async def test_agent_reaches_the_model_only_through_the_relay(fake: FakeLLMServe
     assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, result.agent_log_tail
     [turn] = result.proxy_turns
     assert turn.message.content == "hello from the model" and turn.model == "Qwen/Qwen3-4B"
+    # The time split: the agent's wait on its one LLM call, within its phase.
+    assert result.timings.llm_s == pytest.approx(turn.latency_s, abs=1e-5) and 0 < result.timings.llm_s
+    assert result.timings.llm_s <= result.timings.agent_s
     assert fake.app.requests[-1].headers["authorization"] == f"Bearer {SERVER_KEY}"
     assert SERVER_KEY not in json.dumps(result.model_dump(mode="json"))
 

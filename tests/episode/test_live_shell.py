@@ -28,6 +28,9 @@ async def test_a_background_server_started_in_one_step_answers_in_the_next(
     answered = await episode.terminal(fetch)
     assert answered.output.strip() == "200", answered
     assert (await episode.terminal("jobs -p | wc -l")).output.strip() == "1"
+    calls = episode.report().calls  # the environment's side of the time split, per tool
+    assert calls["terminal"].count == 3 and calls["terminal"].failures == 0
+    assert calls["terminal"].seconds >= answered.duration_s > 0
 
 
 async def test_shell_state_of_every_kind_carries_over(backend_for: Callable[[str], Target], start: Starter) -> None:
@@ -141,3 +144,4 @@ async def test_without_a_live_shell_keystrokes_are_refused(backend_for: Callable
     assert episode.report().shell == "per_command"
     with pytest.raises(KeystrokesUnsupportedError, match="use terminal"):
         await episode.keystrokes("ls\n", 0.1)
+    assert "keystrokes" not in episode.report().calls  # refused before it was a call
