@@ -37,7 +37,9 @@ from coding_agent_env.episode import (
     parse_task,
 )
 from coding_agent_env.llm import SharedRelay
+from coding_agent_env.errors import RequestError
 from coding_agent_env.models import RolloutRequest, RolloutResult
+from coding_agent_env.models.turns import policy_version_or_none
 from coding_agent_env.observe.metrics import ServerMetrics
 from coding_agent_env.observe.tracing import Tracing
 
@@ -48,7 +50,7 @@ from coding_agent_env.rollout import run_rollout
 from coding_agent_env.rollout.events import Emit
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.session.errors import SessionBusyError, SessionClosedError
-from coding_agent_env.settings import Settings
+from coding_agent_env.settings import Settings, WireLimits
 from coding_agent_env.tasks.catalog import TaskCatalog
 
 log = logging.getLogger(__name__)
@@ -122,7 +124,22 @@ class Session:
         self._tracing = tracing if tracing is not None else Tracing()
         self.trace_parent = trace_parent
         self._episode_span: Span | None = None
+        self.policy_version: str | None = None
+        """The trainer's current policy / weight version (`reset(policy_version=...)`): the session's rollouts whose
+        request names none record it on every turn."""
         self.catalog = catalog if catalog is not None else TaskCatalog()
+
+    def set_policy_version(self, value: object) -> None:
+        """Set (a string) or clear (None or "") the session's policy version; `RequestError` for a value that is
+        not one (visible ASCII, no spaces, bounded)."""
+        if value is None or value == "":
+            self.policy_version = None
+            return
+        checked = policy_version_or_none(value)
+        if checked is None:
+            raise RequestError("policy_version must be visible ASCII without spaces, "
+                               f"at most {WireLimits.MAX_NAME_CHARS} characters")
+        self.policy_version = checked
 
     # -- episode ---------------------------------------------------------------------------------------
 
@@ -194,6 +211,8 @@ class Session:
             raise SessionBusyError(self.id)
         self.touch()
         started_ns = time.time_ns()
+        if request.policy_version is None and self.policy_version is not None:
+            request = request.model_copy(update={"policy_version": self.policy_version})
         task = asyncio.ensure_future(
             run_rollout(
                 request, settings=self.settings, relay=self._relay, backends=self._backends, emit=emit, cancel=cancel

@@ -81,3 +81,25 @@ async def test_unreachable_model_is_the_agents_failure_not_a_crash(settings: Set
     result = await run_rollout(dead, settings=settings)
     assert result.status is RolloutStatus.AGENT_FAILED and result.reward == 0.0
     assert len(result.proxy_turns) == 1 and result.proxy_turns[0].error
+
+
+async def test_a_sessions_policy_version_reaches_its_rollouts_turns(fake: FakeLLMServer, settings: Settings) -> None:
+    """`reset(policy_version=...)` sets the trainer's current weights on the session: its later rollouts record it
+    on every turn, unless a request names its own; a malformed one is refused and changes nothing."""
+    from coding_agent_env.api.protocols.step import reset
+    from coding_agent_env.errors import RequestError
+    from coding_agent_env.session import SessionKind, SessionManager
+
+    fake.app.script = [Reply(content="hello from the model")] * 2
+    manager = SessionManager(settings)
+    try:
+        session = manager.create(SessionKind.WS)
+        await reset(session, {"policy_version": "step-7", "seed": 1})
+        with pytest.raises(RequestError, match="policy_version"):
+            await reset(session, {"policy_version": "step 8"})
+        [turn] = (await session.run(request(fake))).proxy_turns
+        assert turn.policy_version == "step-7"
+        [turn] = (await session.run(request(fake, policy_version="step-9"))).proxy_turns
+        assert turn.policy_version == "step-9"
+    finally:
+        await manager.stop()

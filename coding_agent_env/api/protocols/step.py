@@ -28,6 +28,9 @@ __all__ = ["parse_action", "reset", "step"]
 
 RESET_KEYS = frozenset({"seed", "episode_id"})
 """`reset` arguments of OpenEnv's own; a task field among the others starts an interactive episode."""
+SESSION_KEYS = frozenset({"policy_version"})
+"""`reset` arguments that set the session, not the task: `policy_version`, the trainer's current weights, which the
+session's later rollouts record on their turns unless a request names its own (`Session.policy_version`)."""
 
 
 def parse_action(data: dict[str, Any]) -> ListToolsAction | CallToolAction:
@@ -42,6 +45,9 @@ async def reset(session: Session, data: dict[str, Any]) -> dict[str, Any]:
     return its opening observation; naming a task of the set, that task's episode (its observation also has
     the task's public part, `task`); bare (only `seed` / `episode_id`), a new empty episode as before.
     `RequestError`s (bad task arguments, a task this server will not run) and `SessionClosedError` raise."""
+    if "policy_version" in data:
+        session.set_policy_version(data["policy_version"])
+    data = {key: value for key, value in data.items() if key not in SESSION_KEYS}
     episode_id = data.get("episode_id")
     episode_id = None if episode_id is None else str(episode_id)
     task = {key: value for key, value in data.items() if key not in RESET_KEYS}
