@@ -150,6 +150,8 @@ def _metadata(node: Node, graph: RolloutGraph, rollout_id: str, task_id: str) ->
         "rollout_id": rollout_id, "task_id": task_id, "turn": turn.turn, "purpose": turn.purpose,
         "parent": parent, "trainable": turn.trainable, "note": turn.note, "finish_reason": turn.finish_reason,
         "policy_version": turn.policy_version,
+        # The time split per call: the LLM's share (the rest of the agent's time is the environment's).
+        "latency_s": round(turn.latency_s, 6), "timestamp": turn.timestamp,
     }
 
 

@@ -150,6 +150,9 @@ async def test_bad_logprobs_stay_as_context(relay: Relay, fake: FakeLLMServer, g
     data = training_data(graph, rollout_id="r", task_id="t", reward=1.0)
     assert openenv_validates(gen_b, data.trace)[1] == ["r:1", 0]
     assert data.reward == 1.0 and data.trace["turns"][1]["metadata"]["note"] == turns[1].note
+    # the time split per call: each turn's LLM latency and start, as the relay measured them
+    assert [(t["metadata"]["latency_s"], t["metadata"]["timestamp"]) for t in data.trace["turns"]] == [
+        (round(turn.latency_s, 6), turn.timestamp) for turn in turns]
 
 
 async def test_ids_for_some_turns_only(relay: Relay, fake: FakeLLMServer, gen_b: Path) -> None:  # noqa: F811
