@@ -6,13 +6,17 @@ import os
 import secrets
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from coding_agent_env.settings import LocalConfig, Settings
 from tests.helpers import leftovers
+
+if TYPE_CHECKING:
+    from tests.protocol.live import LiveServer
 
 
 @pytest.fixture
@@ -39,3 +43,21 @@ def assert_no_leftovers(settings: Settings) -> Iterator[None]:
     yield
     left = leftovers(settings)
     assert not left, f"left behind: {left}"
+
+
+@pytest.fixture
+def make_live(settings: Settings) -> Iterator[Callable[..., LiveServer]]:
+    """`make_live(**overrides)`: a started live server (tests.protocol.live) with this test's state dir and sandbox
+    backends, `overrides` its other settings; every one stopped after the test."""
+    from tests.protocol.live import LiveServer  # the server's modules, only for the tests that start one
+
+    started: list[LiveServer] = []
+
+    def make(**overrides: Any) -> LiveServer:
+        server = LiveServer(Settings(state_dir=settings.state_dir, backends=settings.backends, **overrides)).start()
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()

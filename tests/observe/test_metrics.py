@@ -5,7 +5,7 @@ and every count checked exactly; the token, the switch, and that no label value 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +24,6 @@ from tests.protocol.test_ws import ask, call
 P = "coding_agent_env_"
 Key = tuple[str, frozenset[tuple[str, str]]]
 SET_TASK_ID = "metrics-set-0"
-
-
-@pytest.fixture
-def make_live(settings: Settings) -> Iterator[Callable[..., LiveServer]]:
-    started: list[LiveServer] = []
-
-    def make(**overrides: Any) -> LiveServer:
-        server = LiveServer(Settings(state_dir=settings.state_dir, backends=settings.backends, **overrides)).start()
-        started.append(server)
-        return server
-
-    yield make
-    for server in started:
-        server.stop()
 
 
 @pytest.fixture
