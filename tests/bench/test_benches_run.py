@@ -21,6 +21,7 @@ import re
 import secrets
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +30,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PYTHON = ROOT / ".venv" / "bin" / "python"
+PYTHON = Path(sys.executable)
+"""The interpreter running the suite (the project's virtualenv under `scripts/test`), wherever the checkout is."""
 DEADLINE_S = 300.0
 """Per bench; the tiny runs take seconds (the longest, `rollout.py`, 25 to 50 s on 2 cores as load varies)."""
 INTERRUPT_GRACE_S = 30.0
