@@ -78,6 +78,7 @@ def build_app(settings: Settings | None = None, *, tracing: Tracing | None = Non
     manager.tracing = tracing
     metrics.watch(manager.live_counts)
     manager.on_result.append(lambda result: metrics.rollout_finished(result, task_set_of(catalog, result)))
+    manager.on_result.append(lambda result: catalog.observe(result.task_id, result.reward, result.wall_s))
     mcp = McpEndpoint(manager, settings)
     on_shutdown: list[Callable[[], Awaitable[None]]] = []
     on_startup: list[Callable[[], None]] = []
@@ -154,7 +155,8 @@ def load_catalog(settings: Settings) -> TaskCatalog:
         return TaskCatalog()
     options = TaskOptions(sandbox=settings.default_backend, caps=SandboxLimits.from_settings(settings),
                           image_map=settings.image_map)
-    return TaskCatalog.load(settings.tasks, options)
+    return TaskCatalog.load(settings.tasks, options, sampler=settings.task_sampler,
+                            group_size=settings.task_sampler_group_size)
 
 
 def task_set_of(catalog: TaskCatalog, result: RolloutResult) -> str | None:

@@ -3,6 +3,7 @@
     coding-agent-env rollout TASK [--json]     run one rollout locally (TASK: JSON/YAML file, or - for stdin)
     coding-agent-env run TASKS... [...]        a batch: many tasks, k attempts, progress, JSONL, a summary
     coding-agent-env runs list|show|export     what the results store holds
+    coding-agent-env tasks stats               each task's pass rate, signal and curriculum weight, from the store
     coding-agent-env check                     report which sandbox backends and agents can run here
     coding-agent-env agents install|list       install the pinned CLI agents once / show what is installed
     coding-agent-env gate [...]                run the trainer-side LLM gate
@@ -28,6 +29,7 @@ from pydantic import ValidationError
 
 from coding_agent_env import serve
 from coding_agent_env.cli import agents as agents_cli
+from coding_agent_env.cli import tasks as tasks_cli
 from coding_agent_env.agents.registry import available_agents
 from coding_agent_env.errors import CodingAgentEnvError, InvalidTaskError
 from coding_agent_env.models import RolloutRequest, RolloutResult
@@ -53,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     runs_command.add_arguments(commands.add_parser("run", help="run a batch of tasks (request files, JSONL, Harbor "
                                                    "task directories) with progress, a resumable JSONL and a summary"))
     runs_browse.add_arguments(commands.add_parser("runs", help="list, show or export (JSONL) the results store"))
+    tasks_cli.add_arguments(commands.add_parser("tasks", help="each task's record in the results store, as the "
+                                                "curriculum sampler weighs it (`tasks stats`)"))
     commands.add_parser("check", help="report which sandbox backends and agents can run here")
     agents_cli.add_arguments(commands.add_parser("agents", help="install or list the pinned CLI agents"))
     serve.add_arguments(commands.add_parser("serve", help="serve this environment, or an OpenEnv env directory"))
@@ -154,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_gate(argv[1:])  # the gate parses its own options, --help included
     args = _parser().parse_args(argv)
     handlers = {"rollout": _cmd_rollout, "check": _cmd_check, "serve": serve.serve, "agents": agents_cli.run,
-                "run": runs_command.run, "runs": runs_browse.run}
+                "run": runs_command.run, "runs": runs_browse.run, "tasks": tasks_cli.run}
     try:
         return handlers[args.command](args)
     except CodingAgentEnvError as exc:

@@ -199,6 +199,18 @@ class ResultsStore:
         return [(RolloutRow(*row[:11], json.loads(row[11])),
                  {"timings": json.loads(row[12] or "{}"), "limits_hit": json.loads(row[13] or "[]")}) for row in rows]
 
+    def task_outcomes(self, filters: Filters | None = None) -> list[tuple[str, int, int, int, float]]:
+        """Per task: (task id, rollouts, scored rollouts, passes (reward 1), seconds of the scored ones), most
+        rollouts first: what a task sampler learns from (`tasks.sampler`, `coding-agent-env tasks stats`)."""
+        where, values = (filters or Filters()).where()
+        query = (f"SELECT task_id, COUNT(*), COUNT(reward), SUM(reward >= 1.0), "
+                 f"SUM(CASE WHEN reward IS NOT NULL THEN wall_s ELSE 0 END) FROM rollouts{where} "
+                 "GROUP BY task_id ORDER BY COUNT(*) DESC, task_id")
+        with self._lock:
+            rows = self._db.execute(query, values).fetchall()
+        return [(task, total, scored, int(passes or 0), float(seconds or 0.0)) for task, total, scored, passes, seconds
+                in rows]
+
     def result(self, rollout_id: str) -> RolloutResult | None:
         with self._lock:
             row = self._db.execute("SELECT result FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone()

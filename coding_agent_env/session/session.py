@@ -291,6 +291,8 @@ class Session:
             report = await self._timed("final_answer", self.episode.final_answer(call.final_answer))
         finally:
             self.touch()
+        if report.task_id:  # the task set's sampler learns from the episode (a task not of the set: nothing)
+            self.catalog.observe(report.task_id, report.reward, sum(c.seconds for c in report.calls.values()))
         self.last_reward, self.last_status = report.reward, report.status.value
         return report
 

@@ -273,6 +273,13 @@ class Settings(BaseModel):
     of split directories, JSONL or request files), served through OpenEnv's Task API and runnable by
     `reset(split=, index=)`; env TASKS, comma-separated; `serve --tasks` sets it."""
 
+    task_sampler: Literal["uniform", "sequential", "curriculum"] = "uniform"
+    """What picks a task of the set when a reset names a split but no index or seed (`tasks.sampler`):
+    `curriculum` favours tasks whose GRPO groups still carry signal, from the outcomes this server saw."""
+
+    task_sampler_group_size: int = Field(default=8, ge=2, le=1024)
+    """The curriculum's G: the trainer's generations per prompt."""
+
     @field_validator("tasks", mode="before")
     @classmethod
     def _parse_tasks(cls, value: Any) -> Any:

@@ -17,6 +17,9 @@ split, instruction and step names; never its files, setup, tests, solution or en
 
 Groups: `pick(split, seed=S)` without an index is task `S mod n` of the split, so every member of a group that
 passes the same seed (TRL's async GRPO passes `seed=group_id`) gets the same task.
+
+Neither index nor seed: the split's sampler chooses (`tasks.sampler`: uniform, sequential or curriculum, the
+server's `TASK_SAMPLER`), fed by `observe` with every finished rollout or episode of a task of the set.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 from coding_agent_env.errors import CodingAgentEnvError, RequestError
 from coding_agent_env.tasks.base import LoadedTask, TaskError, TaskOptions
 from coding_agent_env.tasks.harbor import is_harbor_task
+from coding_agent_env.tasks.sampler import Sampler, make_sampler
 from coding_agent_env.tasks.source import iter_tasks
 
 __all__ = [
@@ -110,18 +114,24 @@ class CatalogTask:
 class TaskCatalog:
     """Splits of loaded tasks, read-only once built (shared by every session; no locking needed)."""
 
-    def __init__(self, splits: Mapping[str, Sequence[LoadedTask]] | None = None) -> None:
+    def __init__(self, splits: Mapping[str, Sequence[LoadedTask]] | None = None, *, sampler: str = "uniform",
+                 group_size: int = 8) -> None:
+        """`sampler`: what chooses a task when a reset names a split alone (`tasks.sampler.SAMPLERS`; the
+        curriculum's `group_size` is the trainer's G)."""
         self._splits: dict[str, tuple[CatalogTask, ...]] = {
             name: tuple(CatalogTask(name, index, loaded) for index, loaded in enumerate(tasks))
             for name, tasks in (splits or {}).items()
         }
+        options = {"group_size": group_size} if sampler == "curriculum" else {}
+        self.samplers: dict[str, Sampler] = {name: make_sampler(sampler, **options) for name in self._splits}
         self._by_id: dict[str, CatalogTask] = {}
         for tasks in self._splits.values():
             for task in tasks:
                 self._by_id.setdefault(task.id, task)  # the first of equal ids wins; the index still names each
 
     @classmethod
-    def load(cls, sources: Iterable[str], options: TaskOptions | None = None) -> TaskCatalog:
+    def load(cls, sources: Iterable[str], options: TaskOptions | None = None, *, sampler: str = "uniform",
+             group_size: int = 8) -> TaskCatalog:
         """Load every source (see the module); `CatalogSourceError` for a source that is missing, names a bad
         split or yields no task at all. Tasks that fail to load are logged and left out."""
         splits: dict[str, list[LoadedTask]] = {}
@@ -140,7 +150,7 @@ class TaskCatalog:
         for name in splits:
             if not SPLIT_NAME.match(name):
                 raise CatalogSourceError(f"split name {name[:80]!r}: use letters, digits, '.', '_' or '-' (64 at most)")
-        catalog = cls(splits)
+        catalog = cls(splits, sampler=sampler, group_size=group_size)
         log.info("task set: %s", ", ".join(f"{name} ({len(tasks)})" for name, tasks in catalog._splits.items()))
         return catalog
 
@@ -185,14 +195,20 @@ class TaskCatalog:
 
     def pick(self, split: str | None = None, index: int | None = None, seed: int | None = None) -> CatalogTask:
         """The task a reset names: `index` in `split` (default `default_split()`), else the seed's (`seed mod n`:
-        the same for every member of a group), else `RequestError` (an index or a seed is needed)."""
+        the same for every member of a group), else the split's sampler's choice."""
         name = self.default_split() if split is None else split
         if index is not None:
             return self.get(name, index)
+        tasks = self.tasks(name)
         if seed is not None:
-            tasks = self.tasks(name)
             return tasks[seed % len(tasks)]
-        raise RequestError(f"name the task: split {name!r} needs an index (or a seed, for a group)")
+        return tasks[self.samplers[name].choose([task.id for task in tasks])]
+
+    def observe(self, task_id: str, reward: float | None, seconds: float = 0.0) -> None:
+        """A finished rollout or episode: its task's sampler learns from it (a task not of the set: nothing)."""
+        task = self._by_id.get(task_id)
+        if task is not None:
+            self.samplers[task.split].observe(task_id, reward, seconds)
 
 
 def _parse_source(spec: str) -> tuple[str | None, Path]:

@@ -75,7 +75,6 @@ def test_refusals_are_text_and_the_session_goes_on(server: LiveServer) -> None:
     with CodingEnvironment(server.http) as env:
         assert "out of range" in env.reset(split="train", index=N)
         assert "unknown split 'nope'" in env.reset(split="nope", index=0)
-        assert "needs an index" in env.reset(split="train")
         assert "without task fields" in env.reset(split="train", index=0, instruction="mine")
         assert "no task with id" in env.reset(task_id="missing")
         assert env.reset(split="test", index=0) == "Held out.\n\nSetup: none."
@@ -115,3 +114,22 @@ def test_a_directory_of_splits(tmp_path: Path) -> None:
                                 {"name": "train", "type": "train", "num_tasks": 2},
                                 {"name": "extra", "type": "validation", "num_tasks": 1}]
     assert [task.index for task in catalog.tasks("train")] == [0, 1]
+
+
+def test_a_split_alone_asks_the_sampler_which_learns_from_outcomes(make_live: Callable[..., LiveServer],
+                                                                   task_set: Path) -> None:
+    """`reset(split=)` with neither index nor seed: the split's sampler chooses (here `sequential`: each task in
+    turn), and every verified episode of a task of the set reaches it."""
+    server = make_live(tasks=(str(task_set),), task_sampler="sequential")
+    with CodingEnvironment(server.http) as env:
+        assert [env.reset(split="train") for _ in range(N + 1)] == [
+            f"Create the file t{i % N}.\n\nSetup: none." for i in range(N + 1)]
+        env.terminal("touch t0")
+        assert env.get_reward() == 1.0
+    catalog = server.app.state.sessions.catalog
+    assert catalog.samplers["train"].state_dict()["next"] == 1
+    curriculum = make_live(tasks=(str(task_set),), task_sampler="curriculum", task_sampler_group_size=4)
+    with CodingEnvironment(curriculum.http) as env:
+        assert solve(env, {"split": "train", "index": 0}, touch=0) == 1.0
+    stats = curriculum.app.state.sessions.catalog.samplers["train"].state_dict()["stats"]
+    assert stats["touch-0"][:2] == [1, 1]  # one scored attempt, passed

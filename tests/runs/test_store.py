@@ -7,6 +7,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from coding_agent_env.models import RolloutResult, RolloutStatus
 from coding_agent_env.runs.journal import Record
 from coding_agent_env.runs.store import Filters, ResultsStore
@@ -81,3 +83,26 @@ def test_runs_command_lists_shows_and_exports(tmp_path: Path, capsys) -> None:  
     assert [json.loads(line)["result"]["rollout_id"] for line in out.read_text().splitlines()] == ["r0", "r3"]
     assert main(["runs", "show", "nope", "--results-db", str(db)]) == 2
     assert main(["runs", "list", "--results-db", str(tmp_path / "none.sqlite")]) == 2
+
+
+def test_tasks_stats_weighs_each_task_as_the_curriculum_does(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """`coding-agent-env tasks stats`: per task its rollouts, scored attempts, passes, pass rate under the prior,
+    signal for a group of G and the curriculum's normalised weight, from the store's outcomes."""
+    from coding_agent_env.cli.main import main
+
+    path = tmp_path / "r.sqlite"
+    with ResultsStore(path) as store:
+        run = store.new_run("batch")
+        for n, (task, reward) in enumerate([("solved", 1.0)] * 4 + [("mixed", 1.0), ("mixed", 0.0)] * 2
+                                           + [("broken", None)]):
+            result = RolloutResult(rollout_id=f"r{n}", task_id=task, agent="oracle", sandbox="local",
+                                   status=RolloutStatus.COMPLETED if reward is not None else RolloutStatus.INFRA_ERROR,
+                                   reward=reward, wall_s=2.0)
+            store.add(run, Record(task, n, result))
+        assert store.task_outcomes() == [("mixed", 4, 4, 2, 8.0), ("solved", 4, 4, 4, 8.0), ("broken", 1, 0, 0, 0.0)]
+    assert main(["tasks", "stats", "--results-db", str(path), "--group-size", "4"]) == 0
+    lines = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
+    assert lines["mixed"][1:5] == ["4", "4", "2", "0.50"] and lines["solved"][4] == "0.83"
+    weights = {task: float(line[-1]) for task, line in lines.items()}
+    assert weights["mixed"] > weights["solved"] and sum(weights.values()) == pytest.approx(1.0, abs=0.002)
+    assert lines["broken"][4] == "0.50"  # never scored: the prior's p, worth trying

@@ -1,0 +1,55 @@
+"""`coding-agent-env tasks stats`: each task's record in the results store, as the curriculum sampler sees it.
+
+    tasks stats [--run ID] [--task SUBSTRING] [--group-size G] [--limit N]
+
+One line per task (most rollouts first): rollouts, scored attempts, passes, the pass rate under the sampler's
+Beta prior, the chance a GRPO group of G carries signal (`1 - p^G - (1 - p)^G`), mean seconds, and the
+curriculum's weight for it, normalised so the weights of the tasks listed sum to 1 (`tasks.sampler`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from coding_agent_env.errors import InvalidTaskError
+from coding_agent_env.runs.store import Filters, ResultsStore, default_path
+from coding_agent_env.settings import Settings
+from coding_agent_env.tasks.sampler import Curriculum, TaskStats, signal
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=("stats",))
+    parser.add_argument("--results-db", type=Path,
+                        help="the store (default: RESULTS_DB, else STATE_DIR/results.sqlite)")
+    parser.add_argument("--run", dest="run_id", help="only this run")
+    parser.add_argument("--task", help="task ids containing this")
+    parser.add_argument("--group-size", type=int, default=8, help="the trainer's generations per prompt (G)")
+    parser.add_argument("--limit", type=int, default=100)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.group_size < 2:
+        raise InvalidTaskError("--group-size must be at least 2")
+    path = args.results_db or default_path(Settings.from_env())
+    if not path.exists():
+        raise InvalidTaskError(f"no results store at {path}")
+    with ResultsStore(path) as store:
+        outcomes = store.task_outcomes(Filters(args.run_id, args.task))[: max(args.limit, 1)]
+    curriculum = Curriculum(group_size=args.group_size)
+    for task, _, scored, passes, seconds in outcomes:
+        curriculum.stats[task] = TaskStats(scored, passes, seconds)
+    ids = [task for task, *_ in outcomes]
+    weights = curriculum.weights(ids)
+    total = sum(weights) or 1.0
+    print(f"{'task':40} {'rollouts':>8} {'scored':>6} {'passes':>6} {'p':>6} {'signal':>6} {'mean s':>7} {'weight':>7}")
+    for (task, rollouts, scored, passes, seconds), weight in zip(outcomes, weights):
+        p = curriculum.pass_rate(task)
+        mean = f"{seconds / scored:7.1f}" if scored else f"{'-':>7}"
+        print(f"{task[:40]:40} {rollouts:8d} {scored:6d} {passes:6d} {p:6.2f} {signal(p, args.group_size):6.2f} "
+              f"{mean} {weight / total:7.3f}")
+    if not outcomes:
+        print("no rollouts in the store match")
+    return 0
