@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,8 +26,9 @@ from coding_agent_env.runs.executor import Executor, Refused, failed_result
 from coding_agent_env.runs.journal import Journal, Record, read_records
 from coding_agent_env.runs.stats import Summary
 from coding_agent_env.tasks import LoadedTask, TaskError
+from coding_agent_env.tasks.sampler import Sampler
 
-__all__ = ["BatchObserver", "BatchPlan", "Job", "RecordSink", "run_batch"]
+__all__ = ["BatchObserver", "BatchPlan", "Job", "RecordSink", "Sampling", "run_batch"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,17 @@ class BatchPlan:
     concurrency: int = 1
     overrides: dict[str, Any] = field(default_factory=dict)
     """Request fields set on every task (agent, model, endpoint, base_url, api_key, sandbox)."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """`rollouts` draws of `sampler` over the loaded tasks instead of every task x attempts (`run --sampler`): each
+    draw is the task's next attempt; each finished rollout is fed back to the sampler (on the loop's thread), and
+    so are the journal's earlier records when a run resumes (which count toward `rollouts`). The tasks are held
+    in memory (a sampler needs them all)."""
+
+    sampler: Sampler
+    rollouts: int
 
 
 @dataclass(frozen=True)
@@ -73,15 +86,20 @@ async def run_batch(
     journal: Journal,
     observer: BatchObserver,
     sinks: Iterable[RecordSink] = (),
+    sampling: Sampling | None = None,
 ) -> Summary:
-    """Run every attempt of every task not already in the journal; the summary covers the journal's earlier
-    records too. Load errors and refusals go to `observer.problem` and the summary, never into the journal."""
+    """Run every attempt of every task not already in the journal (or, with `sampling`, its draws); the summary
+    covers the journal's earlier records too. Load errors and refusals go to `observer.problem` and the summary,
+    never into the journal."""
     summary = Summary()
     for record in read_records(journal.path):
         journal.done.add(record.key)
         summary.add(record.task_id, record.result)
         observer.skipped(record)
-    jobs = _jobs(items, plan, journal, summary, observer)
+        if sampling is not None:
+            sampling.sampler.observe(record.task_id, record.result.reward, record.result.wall_s)
+    jobs = (_jobs(items, plan, journal, summary, observer) if sampling is None
+            else _sampled_jobs(items, plan, sampling, journal, summary, observer))
     journal.open()
     # One writer thread: records are written in the order they finish, and an fsync or a busy store never
     # stalls the event loop the running rollouts share.
@@ -93,7 +111,8 @@ async def run_batch(
 
     try:
         async with executor:
-            workers = [asyncio.ensure_future(_worker(index, jobs, executor, keep, summary, observer))
+            learn = sampling.sampler.observe if sampling is not None else None
+            workers = [asyncio.ensure_future(_worker(index, jobs, executor, keep, summary, observer, learn))
                        for index in range(plan.concurrency)]
             try:
                 await asyncio.gather(*workers)
@@ -135,6 +154,34 @@ def _jobs(
                 yield Job(item, attempt, request)
 
 
+def _sampled_jobs(
+    items: Iterable[LoadedTask | TaskError],
+    plan: BatchPlan,
+    sampling: Sampling,
+    journal: Journal,
+    summary: Summary,
+    observer: BatchObserver,
+) -> Iterator[Job]:
+    tasks: list[tuple[LoadedTask, RolloutRequest]] = []
+    for item in items:
+        if isinstance(item, TaskError):
+            summary.unsupported += item.unsupported
+            summary.load_errors += not item.unsupported
+            observer.problem(item)
+            continue
+        tasks.append((item, item.request.model_copy(update=plan.overrides) if plan.overrides else item.request))
+    if not tasks:
+        return
+    ids = [task.task_id for task, _ in tasks]
+    attempts = Counter(task_id for task_id, _ in journal.done)
+    for _ in range(max(sampling.rollouts - len(journal.done), 0)):
+        task, request = tasks[sampling.sampler.choose(ids)]  # when a worker frees up: what finished is known
+        attempts[task.task_id] += 1
+        while (task.task_id, attempts[task.task_id]) in journal.done:
+            attempts[task.task_id] += 1
+        yield Job(task, attempts[task.task_id], request)
+
+
 async def _worker(
     index: int,
     jobs: Iterator[Job],
@@ -142,6 +189,7 @@ async def _worker(
     keep: Callable[[Record], Awaitable[None]],
     summary: Summary,
     observer: BatchObserver,
+    learn: Callable[[str, float | None, float], None] | None = None,
 ) -> None:
     for job in jobs:  # shared by the workers: each takes the next job when it is free
         observer.started(job)
@@ -158,4 +206,6 @@ async def _worker(
         # Shielded: a record whose rollout finished is written even when Ctrl-C cancels this worker now.
         await asyncio.shield(keep(record))
         summary.add(record.task_id, result)
+        if learn is not None:
+            learn(record.task_id, result.reward, result.wall_s)
         observer.finished(record)

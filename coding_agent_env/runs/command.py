@@ -28,7 +28,7 @@ from rich.console import Console
 
 from coding_agent_env.errors import InvalidTaskError
 from coding_agent_env.models import AGENT_NAMES, Mode
-from coding_agent_env.runs.batch import BatchPlan, RecordSink, run_batch
+from coding_agent_env.runs.batch import BatchPlan, RecordSink, Sampling, run_batch
 from coding_agent_env.runs.executor import Executor, InProcessExecutor, ServerExecutor
 from coding_agent_env.runs.journal import Journal, Record
 from coding_agent_env.runs.progress import Failures, LiveProgress, summary_table
@@ -37,6 +37,7 @@ from coding_agent_env.sandbox.base import SandboxLimits
 from coding_agent_env.settings import Settings
 from coding_agent_env.tasks import TaskOptions, count_tasks, iter_tasks
 from coding_agent_env.tasks.images import ImageMapError, parse_image_map
+from coding_agent_env.tasks.sampler import SAMPLERS, Curriculum, TaskStats, make_sampler
 from coding_agent_env.workspace.redact import Redactor
 
 __all__ = ["add_arguments", "run"]
@@ -63,6 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoint", help="an endpoint of the server's catalog (openai, vllm, hf_router, ...)")
     parser.add_argument("--attempts", "-k", type=int, default=1, help="rollouts per task (pass@k), default 1")
     parser.add_argument("--concurrency", "-n", type=int, default=1, help="rollouts at once, default 1")
+    parser.add_argument("--sampler", choices=list(SAMPLERS), help="draw --rollouts tasks with this sampler instead of "
+                        "running every task --attempts times (curriculum: learns from each result and from the "
+                        "results store's earlier ones)")
+    parser.add_argument("--rollouts", type=int, metavar="N", help="with --sampler: how many rollouts to draw")
+    parser.add_argument("--group-size", type=int, default=8, metavar="G",
+                        help="with --sampler curriculum: the trainer's group size (default 8)")
     parser.add_argument("--sandbox", help="sandbox backend (default: the first of SANDBOX_BACKENDS)")
     parser.add_argument("--server", metavar="URL", help="run on this server (over WebSocket) instead of in-process")
     parser.add_argument("--out", type=Path, default=None,
@@ -118,6 +125,27 @@ def _describe(args: argparse.Namespace) -> str:
                      ("agent", "model", "endpoint", "sandbox", "server", "attempts") if getattr(args, k))])
 
 
+def _sampling(args: argparse.Namespace, store: Path | None) -> Sampling | None:
+    """`--sampler` / `--rollouts`, checked; a curriculum starts from what the results store knows of each task."""
+    if args.sampler is None:
+        if args.rollouts is not None:
+            raise InvalidTaskError("--rollouts goes with --sampler")
+        return None
+    if args.rollouts is None or args.rollouts < 1:
+        raise InvalidTaskError("--sampler needs --rollouts N (at least 1)")
+    if args.attempts != 1:
+        raise InvalidTaskError("--sampler draws tasks itself: leave --attempts at 1")
+    try:
+        sampler = make_sampler(args.sampler, **({"group_size": args.group_size} if args.sampler == "curriculum" else {}))
+    except ValueError as exc:
+        raise InvalidTaskError(f"--group-size: {exc}") from None
+    if isinstance(sampler, Curriculum) and store is not None:
+        with ResultsStore(store) as known:
+            for task, _, scored, passes, seconds in known.task_outcomes():
+                sampler.stats[task] = TaskStats(scored, passes, seconds)
+    return Sampling(sampler, args.rollouts)
+
+
 def _image_map(args: argparse.Namespace, settings: Settings) -> dict[str, str]:
     """IMAGE_MAP's rules, then --image-map's (which win for the same FROM)."""
     try:
@@ -142,6 +170,7 @@ def _run(args: argparse.Namespace, settings: Settings, sinks: list[RecordSink], 
          store: Path | None) -> int:
     if args.attempts < 1 or args.concurrency < 1:
         raise InvalidTaskError("--attempts and --concurrency must be at least 1")
+    sampling = _sampling(args, store)
     out: Path = args.out or settings.state_dir / "runs" / f"{run_id}.jsonl"
     sandbox = args.sandbox or settings.default_backend
     options = TaskOptions(sandbox=sandbox, caps=SandboxLimits.from_settings(settings),
@@ -151,14 +180,14 @@ def _run(args: argparse.Namespace, settings: Settings, sinks: list[RecordSink], 
     executor: Executor = (ServerExecutor(args.server, args.concurrency) if args.server
                           else InProcessExecutor(settings))
     console = Console(stderr=True)
-    total = count_tasks(args.tasks) * args.attempts
+    total = sampling.rollouts if sampling is not None else count_tasks(args.tasks) * args.attempts
     key = overrides.get("api_key")
     failures = Failures(redactor=Redactor([key.get_secret_value() if key is not None else None]))
     progress = LiveProgress(console, total, live=not args.no_progress and console.is_terminal, failures=failures)
     try:
         with progress:
             summary = asyncio.run(run_batch(iter_tasks(args.tasks, options), plan, executor, Journal(out),
-                                            progress, sinks))
+                                            progress, sinks, sampling))
     except KeyboardInterrupt:
         again = "" if args.out else f" with --out {out}"
         console.print(f"interrupted: {progress.line()}; finished rollouts are in {out}; rerun{again} to go on",

@@ -202,3 +202,28 @@ def test_an_llm_agent_cannot_see_the_hidden_tests(tmp_path: Path, env: dict[str,
     assert record["result"]["reward"] == 1.0, record["result"]["error"]  # verify did see the tests
     assert "No such file" in seen  # the agent looked, and its output went back to the model
     assert marker not in seen and marker not in json.dumps(record["result"]["proxy_turns"])
+
+
+def test_a_sampled_run_draws_its_rollouts_and_resumes(tmp_path: Path, env: dict[str, str],
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """`run --sampler sequential --rollouts N`: N rollouts, each task in turn, each draw the task's next attempt;
+    rerun with a larger N, it goes on from what the journal holds (which counts toward N). Bad combinations are
+    usage errors."""
+    jsonl = tmp_path / "set.jsonl"
+    jsonl.write_text("".join(json.dumps({"instruction": f"t{i}", "solution": [f"touch t{i}"], "verify": [f"test -f t{i}"],
+                                         "task_id": f"t{i}"}) + "\n" for i in range(3)))
+    out = tmp_path / "out.jsonl"
+    base = ["run", str(jsonl), "--agent", "oracle", "--out", str(out), "--no-progress"]
+    assert main([*base, "--sampler", "sequential", "--rollouts", "4"]) == 0
+    first = lines(out)
+    assert [(rec["task_id"], rec["attempt"]) for rec in first] == [("t0", 1), ("t1", 1), ("t2", 1), ("t0", 2)]
+    assert all(rec["result"]["reward"] == 1.0 for rec in first)
+    assert main([*base, "--sampler", "curriculum", "--rollouts", "6", "-n", "2"]) == 0
+    second = lines(out)
+    assert second[:4] == first and len(second) == 6
+    assert len({(rec["task_id"], rec["attempt"]) for rec in second}) == 6  # no (task, attempt) twice
+    capsys.readouterr()
+    assert main([*base, "--rollouts", "3"]) == 2
+    assert main([*base, "--sampler", "uniform"]) == 2
+    assert main([*base, "--sampler", "uniform", "--rollouts", "2", "-k", "2"]) == 2
+    assert "--sampler" in capsys.readouterr().err
