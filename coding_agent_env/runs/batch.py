@@ -142,16 +142,23 @@ def _jobs(
     summary: Summary,
     observer: BatchObserver,
 ) -> Iterator[Job]:
+    for item, request in _loaded(items, plan, summary, observer):
+        for attempt in range(1, plan.attempts + 1):
+            if (item.task_id, attempt) not in journal.done:
+                yield Job(item, attempt, request)
+
+
+def _loaded(
+    items: Iterable[LoadedTask | TaskError], plan: BatchPlan, summary: Summary, observer: BatchObserver
+) -> Iterator[tuple[LoadedTask, RolloutRequest]]:
+    """Each task with its request (the plan's overrides set); load errors and refusals counted and reported."""
     for item in items:
         if isinstance(item, TaskError):
             summary.unsupported += item.unsupported
             summary.load_errors += not item.unsupported
             observer.problem(item)
             continue
-        request = item.request.model_copy(update=plan.overrides) if plan.overrides else item.request
-        for attempt in range(1, plan.attempts + 1):
-            if (item.task_id, attempt) not in journal.done:
-                yield Job(item, attempt, request)
+        yield item, item.request.model_copy(update=plan.overrides) if plan.overrides else item.request
 
 
 def _sampled_jobs(
@@ -162,14 +169,7 @@ def _sampled_jobs(
     summary: Summary,
     observer: BatchObserver,
 ) -> Iterator[Job]:
-    tasks: list[tuple[LoadedTask, RolloutRequest]] = []
-    for item in items:
-        if isinstance(item, TaskError):
-            summary.unsupported += item.unsupported
-            summary.load_errors += not item.unsupported
-            observer.problem(item)
-            continue
-        tasks.append((item, item.request.model_copy(update=plan.overrides) if plan.overrides else item.request))
+    tasks = list(_loaded(items, plan, summary, observer))
     if not tasks:
         return
     ids = [task.task_id for task, _ in tasks]
