@@ -13,9 +13,9 @@ import argparse
 from pathlib import Path
 
 from coding_agent_env.errors import InvalidTaskError
+from coding_agent_env.runs.charts import curriculum_view
 from coding_agent_env.runs.store import Filters, ResultsStore, default_path
 from coding_agent_env.settings import Settings
-from coding_agent_env.tasks.sampler import Curriculum, TaskStats, signal
 
 __all__ = ["add_arguments", "run"]
 
@@ -38,18 +38,11 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidTaskError(f"no results store at {path}")
     with ResultsStore(path) as store:
         outcomes = store.task_outcomes(Filters(args.run_id, args.task))[: max(args.limit, 1)]
-    curriculum = Curriculum(group_size=args.group_size)
-    for task, _, scored, passes, seconds in outcomes:
-        curriculum.stats[task] = TaskStats(scored, passes, seconds)
-    ids = [task for task, *_ in outcomes]
-    weights = curriculum.weights(ids)
-    total = sum(weights) or 1.0
     print(f"{'task':40} {'rollouts':>8} {'scored':>6} {'passes':>6} {'p':>6} {'signal':>6} {'mean s':>7} {'weight':>7}")
-    for (task, rollouts, scored, passes, seconds), weight in zip(outcomes, weights):
-        p = curriculum.pass_rate(task)
-        mean = f"{seconds / scored:7.1f}" if scored else f"{'-':>7}"
-        print(f"{task[:40]:40} {rollouts:8d} {scored:6d} {passes:6d} {p:6.2f} {signal(p, args.group_size):6.2f} "
-              f"{mean} {weight / total:7.3f}")
+    for row in curriculum_view(outcomes, args.group_size):
+        mean = f"{row['mean s']:7.1f}" if row["mean s"] is not None else f"{'-':>7}"
+        print(f"{row['task'][:40]:40} {row['rollouts']:8d} {row['scored']:6d} {row['passes']:6d} {row['p']:6.2f} "
+              f"{row['signal']:6.2f} {mean} {row['weight']:7.3f}")
     if not outcomes:
         print("no rollouts in the store match")
     return 0

@@ -19,8 +19,10 @@ from typing import Any
 
 from coding_agent_env.runs.stats import percentile
 from coding_agent_env.runs.store import RolloutRow
+from coding_agent_env.tasks.sampler import Curriculum, TaskStats, signal
 
-__all__ = ["PHASES", "limit_kind", "limits", "per_task", "phase_times", "reward_histogram", "throughput"]
+__all__ = ["PHASES", "curriculum_view", "limit_kind", "limits", "per_task", "phase_times", "reward_histogram",
+           "throughput"]
 
 PHASES = ("provision", "setup", "agent", "verify", "collect", "teardown")
 _MAX_TASKS = 40
@@ -79,3 +81,21 @@ def limit_kind(text: str) -> str:
 def limits(measured: Sequence[Measured]) -> list[dict[str, Any]]:
     kinds = Counter(limit_kind(str(text)) for _, m in measured for text in m.get("limits_hit") or [])
     return [{"limit": kind, "rollouts": count} for kind, count in kinds.most_common()]
+
+
+def curriculum_view(outcomes: Sequence[tuple[str, int, int, int, float]], group_size: int = 8) -> list[dict[str, Any]]:
+    """Each task of `ResultsStore.task_outcomes` as the curriculum sampler weighs it: rollouts, scored attempts,
+    passes, pass rate under its prior, the signal for a group of `group_size`, mean seconds, and its weight
+    normalised over the tasks given (`coding-agent-env tasks stats` prints the same)."""
+    curriculum = Curriculum(group_size=group_size)
+    for task, _, scored, passes, seconds in outcomes:
+        curriculum.stats[task] = TaskStats(scored, passes, seconds)
+    weights = curriculum.weights([task for task, *_ in outcomes])
+    total = sum(weights) or 1.0
+    table = []
+    for (task, rollouts, scored, passes, seconds), weight in zip(outcomes, weights):
+        p = curriculum.pass_rate(task)
+        table.append({"task": task, "rollouts": rollouts, "scored": scored, "passes": passes, "p": round(p, 3),
+                      "signal": round(signal(p, group_size), 3),
+                      "mean s": round(seconds / scored, 2) if scored else None, "weight": round(weight / total, 4)})
+    return table

@@ -48,6 +48,8 @@ def test_runs_view_lists_filters_and_opens_a_rollout(page, ui_server: UiServer, 
     for chart in ("pass", "rewards", "phases", "throughput"):  # drawn by the browser, from this batch's rollouts
         expect(page.locator(f"#runs-chart-{chart} canvas, #runs-chart-{chart} svg").first).to_be_visible()
     expect(page.locator("#runs-chart-pass")).to_contain_text("fizzbuzz")
+    expect(page.locator("#runs-tasks")).to_contain_text("signal")  # the curriculum's view of each task
+    expect(page.locator("#runs-tasks")).to_contain_text("word-count")
     page.locator("#runs-task textarea").fill("fizz")
     page.locator("#runs-min-reward textarea").fill("1")
     page.locator("#runs-refresh").click()

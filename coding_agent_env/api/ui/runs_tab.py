@@ -1,7 +1,7 @@
 """The web tab's "Runs" view: what the results store holds (batches, and the server's own rollouts when
 `RESULTS_FROM_SERVER` is on), filtered by task, agent, status and reward; charts of the rollouts the filters
 select (`runs.charts`: pass rate and mean reward per task, the reward distribution, phase times, throughput per
-minute, limits hit); and one rollout's page: its verdict, commands and outputs, files, LLM turns, timings and
+minute, limits hit) and each task as the curriculum sampler weighs it; and one rollout's page: its verdict, commands and outputs, files, LLM turns, timings and
 raw result.
 
 Reads only; the store is opened per action (it may be written by other processes meanwhile: SQLite WAL), and
@@ -32,7 +32,8 @@ RUN_COLUMNS = ["run", "started", "origin", "rollouts", "mean reward", "command"]
 _LIST_LIMIT = 500
 _CHART_LIMIT = 5000
 """Rollouts the charts read at most (the newest matching the filters)."""
-CHARTS = ("pass", "rewards", "phases", "throughput", "limits")
+CHARTS = ("pass", "rewards", "phases", "throughput", "limits", "tasks")
+"""The chart tables, in the order the view's outputs take them (`tasks` is a table: the curriculum's view)."""
 
 
 def _when(stamp: float) -> str:
@@ -75,18 +76,21 @@ def chart_tables(settings: Settings, task: str, agent: str, status: str, min_rew
     """Each chart's table (`CHARTS`) for the filters as the form gives them; empty tables without a store."""
     store = _open(settings)
     measured: list[Any] = []
+    outcomes: list[Any] = []
     if store is not None:
         with store:
             filters = Filters(run_id or None, task or None, agent or None, status or None, _bound(min_reward),
                               _bound(max_reward))
             measured = store.measures(filters, _CHART_LIMIT)
+            outcomes = store.task_outcomes(filters)[:_LIST_LIMIT]
     rows = [row for row, _ in measured]
     tables = {"pass": charts.per_task(rows), "rewards": charts.reward_histogram(rows),
               "phases": charts.phase_times(measured), "throughput": charts.throughput(rows),
-              "limits": charts.limits(measured)}
+              "limits": charts.limits(measured), "tasks": charts.curriculum_view(outcomes)}
     columns = {"pass": ["task", "rollouts", "pass rate", "mean reward"], "rewards": ["reward", "rollouts"],
                "phases": ["phase", "p50 s", "p90 s"], "throughput": ["minute", "rollouts"],
-               "limits": ["limit", "rollouts"]}
+               "limits": ["limit", "rollouts"],
+               "tasks": ["task", "rollouts", "scored", "passes", "p", "signal", "mean s", "weight"]}
     frames = {name: pd.DataFrame(table, columns=columns[name]) for name, table in tables.items()}
     frames["throughput"]["minute"] = pd.to_datetime(frames["throughput"]["minute"])  # a time axis, not labels
     return frames
@@ -139,6 +143,9 @@ def runs_tab(settings: Settings) -> None:
             plots["throughput"] = gr.LinePlot(x="minute", y="rollouts", label="Rollouts finished per minute",
                                               elem_id="runs-chart-throughput")
             plots["limits"] = gr.BarPlot(x="limit", y="rollouts", label="Limits hit", elem_id="runs-chart-limits")
+        plots["tasks"] = gr.Dataframe(label="Tasks as the curriculum sampler weighs them (pass rate p under its "
+                                      "prior, signal for a group of 8, normalised weight)", interactive=False,
+                                      elem_id="runs-tasks")
     with gr.Row():
         chosen = gr.Textbox(label="rollout id", elem_id="runs-rollout-id")
         open_button = gr.Button("Open", elem_id="runs-open")
