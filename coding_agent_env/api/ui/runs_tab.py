@@ -1,8 +1,8 @@
 """The web tab's "Runs" view: what the results store holds (batches, and the server's own rollouts when
 `RESULTS_FROM_SERVER` is on), filtered by task, agent, status and reward; charts of the rollouts the filters
 select (`runs.charts`: pass rate and mean reward per task, the reward distribution, phase times, throughput per
-minute, limits hit) and each task as the curriculum sampler weighs it; and one rollout's page: its verdict, commands and outputs, files, LLM turns, timings and
-raw result.
+minute, limits hit) and each task as the curriculum sampler weighs it; and one rollout's page: its verdict,
+commands and outputs, files, LLM turns, timings and raw result.
 
 Reads only; the store is opened per action (it may be written by other processes meanwhile: SQLite WAL), and
 the handlers are plain functions, which Gradio runs on its worker threads, off the server's event loop.
