@@ -22,13 +22,16 @@ __all__ = [
     "ArtifactReport",
     "CommandResult",
     "ErrorInfo",
+    "LIMIT_KINDS",
     "LimitScope",
+    "PHASES",
     "RolloutResult",
     "RolloutStatus",
     "StepResult",
     "Timings",
     "VerifyContext",
     "WorkspaceReport",
+    "limit_kind",
 ]
 
 
@@ -77,8 +80,26 @@ class AgentEvents(WireModel):
     tokens: int = 0
 
 
+PHASES = ("provision", "setup", "agent", "verify", "collect", "teardown")
+"""A rollout's phases, in order, as `Timings` names them (`<phase>_s`)."""
+
+LIMIT_KINDS = ("memory", "disk", "pids", "cpu", "fsize", "other")
+"""What a `limits_hit` entry is about (`limit_kind`)."""
+_LIMIT_WORDS = (("memory", ("memory", "oom")), ("disk", ("disk",)), ("pids", ("process", "pids", "fork")),
+                ("cpu", ("cpu",)), ("fsize", ("file size", "fsize")))
+
+
+def limit_kind(text: str) -> str:
+    """The kind of a `limits_hit` entry (`LIMIT_KINDS`), from the limit its text names (the backends' words)."""
+    lowered = text.lower()
+    for kind, words in _LIMIT_WORDS:
+        if any(word in lowered for word in words):
+            return kind
+    return "other"
+
+
 class Timings(WireModel):
-    """Seconds spent in each phase; a phase that did not run stays 0."""
+    """Seconds spent in each phase (`PHASES`); a phase that did not run stays 0."""
 
     provision_s: float = 0.0
     setup_s: float = 0.0

@@ -31,6 +31,8 @@ from prometheus_client.registry import Collector
 
 from coding_agent_env.models import AGENT_NAMES, RolloutResult, RolloutStatus, Turn
 from coding_agent_env.models.common import NativeDialect
+from coding_agent_env.models.results import LIMIT_KINDS, limit_kind
+from coding_agent_env.models.results import PHASES as ROLLOUT_PHASES
 
 __all__ = [
     "ADHOC",
@@ -55,9 +57,8 @@ OTHER = "other"
 """The label value of anything outside its closed set."""
 ADHOC = "adhoc"
 """The task-set label of a rollout that named no task of the server's set."""
-PHASES = ("provision", "setup", "agent", "verify", "collect", "teardown", "total")
+PHASES = (*ROLLOUT_PHASES, "total")
 """`RolloutResult.timings` fields (without `_s`)."""
-LIMIT_KINDS = ("memory", "disk", "pids", "cpu", "fsize", OTHER)
 STATUS_CLASSES = ("2xx", "4xx", "5xx", "error")
 """An LLM call's outcome: the upstream's status class, or `error` (no answer: unreachable, timed out, cut, or a
 status outside 2xx/4xx/5xx)."""
@@ -77,9 +78,6 @@ _PHASE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 1
 _LLM_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 _CALL_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 _REWARD_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-_LIMIT_WORDS = (("memory", ("memory", "oom")), ("disk", ("disk",)), ("pids", ("process", "pids", "fork")),
-                ("cpu", ("cpu",)), ("fsize", ("file size", "fsize")))
-
 
 @dataclass(frozen=True)
 class LiveCounts:
@@ -88,15 +86,6 @@ class LiveCounts:
     sessions: Mapping[str, int] = field(default_factory=dict)
     episodes: int = 0
     capacity: int = 0
-
-
-def limit_kind(text: str) -> str:
-    """The kind of a `limits_hit` entry, from the limit its text names (the backends' `limits_hit` words)."""
-    lowered = text.lower()
-    for kind, words in _LIMIT_WORDS:
-        if any(word in lowered for word in words):
-            return kind
-    return OTHER
 
 
 def status_class(status: int | None) -> str:

@@ -27,6 +27,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from coding_agent_env.models.results import PHASES
+
 if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
@@ -34,11 +36,10 @@ if TYPE_CHECKING:
 
     from coding_agent_env.models import RolloutResult
 
-__all__ = ["PHASES", "Tracing"]
+__all__ = ["Tracing"]
 
 log = logging.getLogger(__name__)
 
-PHASES = ("provision", "setup", "agent", "verify", "collect", "teardown")
 _NS = 1_000_000_000
 
 

@@ -5,7 +5,7 @@ functions, no plotting library (the tab hands them to its charts).
 - `reward_histogram`: scored rollouts by reward, in ten bins of 0.1 (1.0 in the last);
 - `phase_times`: p50 and p90 seconds of each phase (provision, setup, agent, verify, collect, teardown);
 - `throughput`: rollouts finished per minute, oldest first;
-- `limits`: limits hit, by kind (memory, disk, pids, cpu, file size, other).
+- `limits`: limits hit, by kind (`models.results.limit_kind`: memory, disk, pids, cpu, fsize, other).
 Rollouts without a reward (infra errors, cancelled) count in `per_task`'s rollouts and in throughput, never in
 a pass rate or a reward bin.
 """
@@ -17,14 +17,13 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from coding_agent_env.models.results import PHASES, limit_kind
 from coding_agent_env.runs.stats import percentile
 from coding_agent_env.runs.store import RolloutRow
 from coding_agent_env.tasks.sampler import Curriculum, TaskStats, signal
 
-__all__ = ["PHASES", "curriculum_view", "limit_kind", "limits", "per_task", "phase_times", "reward_histogram",
-           "throughput"]
+__all__ = ["curriculum_view", "limits", "per_task", "phase_times", "reward_histogram", "throughput"]
 
-PHASES = ("provision", "setup", "agent", "verify", "collect", "teardown")
 _MAX_TASKS = 40
 
 Measured = tuple[RolloutRow, dict[str, Any]]
@@ -66,16 +65,6 @@ def throughput(rows: Iterable[RolloutRow]) -> list[dict[str, Any]]:
     minutes = Counter(int(row.finished // 60) for row in rows)
     return [{"minute": time.strftime("%Y-%m-%d %H:%M", time.localtime(minute * 60)), "rollouts": count}
             for minute, count in sorted(minutes.items())]
-
-
-def limit_kind(text: str) -> str:
-    """The kind of a `limits_hit` entry (its text names the limit; see the backends' `limits_hit`)."""
-    lowered = text.lower()
-    for kind, words in (("memory", ("memory", "oom")), ("disk", ("disk",)), ("pids", ("process", "pids", "fork")),
-                        ("cpu", ("cpu",)), ("file size", ("file size", "fsize"))):
-        if any(word in lowered for word in words):
-            return kind
-    return "other"
 
 
 def limits(measured: Sequence[Measured]) -> list[dict[str, Any]]:

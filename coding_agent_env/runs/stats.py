@@ -13,10 +13,12 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from coding_agent_env.models import RolloutResult, RolloutStatus
+from coding_agent_env.models.results import PHASES as ROLLOUT_PHASES
 
 __all__ = ["PHASES", "Summary", "pass_at_k", "percentile"]
 
-PHASES = ("provision_s", "setup_s", "agent_s", "verify_s", "collect_s", "teardown_s", "total_s")
+PHASES = (*(f"{phase}_s" for phase in ROLLOUT_PHASES), "total_s")
+"""`Timings`' fields a batch summarises (each phase's and the total)."""
 TIMING_SAMPLES = 10_000
 """Phase times kept per phase for the percentiles: beyond it, a uniform sample of this size (reservoir), so a
 batch of any length summarises in bounded memory."""

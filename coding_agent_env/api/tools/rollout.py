@@ -19,7 +19,6 @@ from coding_agent_env.api.tools.reply import ToolReply
 from coding_agent_env.api.tools.task_set import AGENT_FIELDS, REF_KEYS, TaskRef, rollout_request
 from coding_agent_env.models import RolloutRequest, RolloutResult, request_fields_schema, validation_summary
 from coding_agent_env.session import Session
-from coding_agent_env.tasks.catalog import TaskCatalog
 from coding_agent_env.workspace.writable import check_writable
 
 __all__ = ["TOOL_DESCRIPTION", "TOOL_NAME", "RunRollout"]
@@ -54,7 +53,7 @@ class RunRollout(Tool[RolloutRequest | SetRollout]):
         given = {key: value for key, value in arguments.items() if value is not None}  # MCP fills in None
         if REF_KEYS & set(given):
             agent = {key: value for key, value in given.items() if key in AGENT_FIELDS}
-            ref = TaskRef.of(given, TaskCatalog(), extra=frozenset(agent))
+            ref = TaskRef.of(given, extra=frozenset(agent))
             assert ref is not None  # REF_KEYS make one
             return SetRollout(ref, agent)
         try:

@@ -37,10 +37,11 @@ class TaskRef:
     task_id: str | None = None
 
     @classmethod
-    def of(cls, arguments: Mapping[str, Any], catalog: TaskCatalog, *, extra: frozenset[str] = frozenset()) -> TaskRef | None:
+    def of(cls, arguments: Mapping[str, Any], catalog: TaskCatalog | None = None, *,
+           extra: frozenset[str] = frozenset()) -> TaskRef | None:
         """The reference in `arguments`, or None. `split` / `index` always make one; `task_id` alone (besides
         `extra`, keys the caller handles: OpenEnv's `seed` / `episode_id`, a rollout's agent fields) makes one
-        when the server has a task set. Wrong types and task fields beside a reference are `ArgumentsError`."""
+        when `catalog` holds a task set. Wrong types and task fields beside a reference are `ArgumentsError`."""
         keys = set(arguments) - extra - {"seed"}
         named = keys & REF_KEYS
         if not named and not (catalog and keys == {"task_id"}):

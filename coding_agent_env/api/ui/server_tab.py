@@ -15,6 +15,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
+from coding_agent_env.models.results import PHASES
 from coding_agent_env.observe.metrics import ServerMetrics
 
 __all__ = ["ServerView", "server_tab"]
@@ -22,7 +23,6 @@ __all__ = ["ServerView", "server_tab"]
 REFRESH_S = 5.0
 _HISTORY = 360
 """Samples kept for the per-minute chart (half an hour at `REFRESH_S`)."""
-_PHASES = ("provision", "setup", "agent", "verify", "collect", "teardown")
 
 
 def _totals(metrics: ServerMetrics) -> dict[str, Any]:
@@ -82,7 +82,7 @@ class ServerView:
         ]
         phases = pd.DataFrame([
             {"phase": phase, "mean s": round(figures["phase_sum"].get(phase, 0.0) / count, 3) if count else 0.0}
-            for phase in _PHASES for count in [figures["phase_count"].get(phase, 0.0)]])
+            for phase in PHASES for count in [figures["phase_count"].get(phase, 0.0)]])
         rate = [{"time": pd.Timestamp(later, unit="s"), "rollouts per minute": (b - a) * 60 / (later - earlier)}
                 for (earlier, a), (later, b) in zip(self.samples, list(self.samples)[1:]) if later > earlier]
         return _table(rows), phases, pd.DataFrame(rate, columns=["time", "rollouts per minute"])
