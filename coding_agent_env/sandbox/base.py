@@ -45,6 +45,7 @@ __all__ = [
     "SandboxPaths",
     "SandboxSpec",
     "SandboxState",
+    "SandboxTemplate",
     "image_env",
     "over_read_cap",
     "read_cap",
@@ -454,8 +455,34 @@ class Sandbox(abc.ABC):
         await self.close()
 
 
+class SandboxTemplate(abc.ABC):
+    """A set-up sandbox's files and directories, frozen (`SandboxBackend.snapshot`): what the members of a group
+    start from (`SandboxBackend.fork`). Its processes are gone: processes do not fork, files do. It holds what it
+    froze (a directory tree, an image) until `release`, which its owner calls once no member is being forked from
+    it; members already forked keep what they need of it until they close. `release` is idempotent and survives
+    cancellation."""
+
+    backend: str
+    id: str
+    """Names it in logs, reports and the reaper's labels."""
+
+    async def release(self) -> None:
+        """Give back what the template holds (once; later calls return at once)."""
+        if getattr(self, "_released", False):
+            return
+        self._released = True
+        await self._release()
+
+    @abc.abstractmethod
+    async def _release(self) -> None: ...
+
+
 class SandboxBackend(abc.ABC):
-    """Makes sandboxes of one kind; built from its configuration and the settings, lazily, by `Backends`."""
+    """Makes sandboxes of one kind; built from its configuration and the settings, lazily, by `Backends`.
+
+    Forking (groups of rollouts that share a setup): a backend that can freeze a set-up sandbox's files and start
+    others from them copy-on-write overrides `fork_refusal`, `snapshot` and `fork`; the defaults say it cannot,
+    and callers then run the setup in every member."""
 
     name: str
 
@@ -476,6 +503,24 @@ class SandboxBackend(abc.ABC):
         """Why this backend makes no sandbox with network policy `network` as configured, or None. Default: none
         known until `create` says otherwise."""
         return None
+
+    def fork_refusal(self, spec: SandboxSpec) -> str | None:
+        """Why sandboxes of `spec` cannot be forked from a template here (setup then runs in every member), or
+        None when `snapshot` and `fork` work for them. Default: this backend cannot fork."""
+        return f"the {self.name} backend cannot fork a set-up sandbox"
+
+    async def snapshot(self, sandbox: Sandbox) -> SandboxTemplate:
+        """Freeze `sandbox` (made by this backend from a spec `fork_refusal` accepts) into a template: its
+        processes are killed and it is closed; its files and directories are kept as they are. On failure the
+        sandbox is closed all the same. Default: `SandboxUnsupportedError`."""
+        await sandbox.close()
+        raise SandboxUnsupportedError(self.name, "group", f"the {self.name} backend cannot fork a set-up sandbox")
+
+    async def fork(self, spec: SandboxSpec, template: SandboxTemplate) -> Sandbox:
+        """A new sandbox of `spec` (the spec the template was made from, but for its rollout id, network and
+        relay), whose files start as the template's, copy-on-write: its writes are its own, as are its
+        processes, network and limits, exactly as a sandbox from `create`. Default: `SandboxUnsupportedError`."""
+        raise SandboxUnsupportedError(self.name, "group", self.fork_refusal(spec) or "")
 
     async def reap_orphans(self) -> int:
         """Remove sandboxes left behind by a crashed server; returns how many. Default: none to reap."""
