@@ -192,6 +192,10 @@ class Settings(BaseModel):
     teardown_timeout_s: float = 30.0
     """Deadline for closing a sandbox."""
 
+    group_idle_s: float = Field(default=30.0, gt=0)
+    """How long a group's set-up template is kept once no member holds it (env GROUP_IDLE_S): members of a
+    group that run a few at a time still start from the same one; past it, the next member sets it up anew."""
+
     max_output_bytes: int = 64 * 1024
     """Bytes of stdout and of stderr kept per command (the rest is drained and dropped)."""
 
