@@ -34,6 +34,7 @@ from coding_agent_env.models.results import (
     StepResult,
     Timings,
     VerifyContext,
+    GroupReport,
     WorkspaceReport,
 )
 from coding_agent_env.models.task import SANDBOX_OWN_ENV, LimitsRequest, Task, TaskStep, check_relative_path
@@ -77,6 +78,7 @@ __all__ = [
     "Usage",
     "VerifyContext",
     "WireModel",
+    "GroupReport",
     "WorkspaceReport",
     "check_relative_path",
     "request_fields_schema",

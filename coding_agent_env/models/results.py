@@ -22,6 +22,7 @@ __all__ = [
     "ArtifactReport",
     "CommandResult",
     "ErrorInfo",
+    "GroupReport",
     "LIMIT_KINDS",
     "LimitScope",
     "PHASES",
@@ -145,6 +146,22 @@ class ErrorInfo(WireModel):
 LimitScope = Literal["process", "sandbox", "workdir", "watched"]
 
 
+class GroupReport(WireModel):
+    """How a member of a group (`Task.group_id`) got its set-up state."""
+
+    group_id: str
+    setup: Literal["forked", "per_member"] = Field(
+        description="forked: the sandbox started from a copy-on-write fork of the group's set-up template (setup "
+        "ran once, in the template; `setup_results` are its); per_member: the setup ran in this sandbox itself "
+        "(`note` says why)."
+    )
+    template: str | None = Field(default=None, description="The template's id (forked members of one share it).")
+    made_here: bool = Field(default=False, description="Whether this member's start made the template.")
+    template_setup_s: float | None = Field(default=None, description="Seconds the template's setup took.")
+    fork_s: float | None = Field(default=None, description="Seconds forking this member's sandbox took.")
+    note: str | None = None
+
+
 class WorkspaceReport(WireModel):
     """What one run of the workspace lifecycle reports: the sandbox, its limits, setup, verify and the reward."""
 
@@ -196,6 +213,9 @@ class WorkspaceReport(WireModel):
     )
     setup_results: list[CommandResult] = Field(default_factory=list)
     verify_results: list[CommandResult] = Field(default_factory=list)
+    group: GroupReport | None = Field(
+        default=None, description="A member of a group (`group_id`): how its set-up state was had; null otherwise."
+    )
 
     @field_validator("reward")
     @classmethod

@@ -105,7 +105,9 @@ class LimitsRequest(WireModel):
 class Task(WireModel):
     """One task: an instruction, its files and commands, where it runs and its deadlines."""
 
-    UNSET_WHEN_EMPTY: ClassVar[frozenset[str]] = frozenset(("task_id", "image", "template", "sandbox", "setup", "verify"))
+    UNSET_WHEN_EMPTY: ClassVar[frozenset[str]] = frozenset(
+        ("task_id", "group_id", "image", "template", "sandbox", "setup", "verify")
+    )
     """Fields for which upstream clients send "" or null to mean "not given"."""
 
     instruction: str = Field(
@@ -246,6 +248,17 @@ class Task(WireModel):
         "lacks counting 0), or the last verified step's (Harbor's `multi_step_reward_strategy`).",
     )
     task_id: str | None = name_field("Caller's id for the task, echoed in the result.")
+    group_id: str | None = Field(
+        default=None,
+        max_length=WireLimits.MAX_NAME_CHARS,
+        pattern=r"^[!-~]+$",
+        description="A group of rollouts of this task (GRPO's G members): the first member to start sets the "
+        "sandbox up (the task's files and setup commands) once, and every member of the group starts from a "
+        "copy-on-write fork of that state, in a sandbox of its own (own processes, writes, network and limits; "
+        "processes do not fork). Members share a group only when everything their sandbox and setup depend on is "
+        "the same; a backend that cannot fork runs the setup in every member. The result's `group` says which "
+        "way it ran. A failed setup fails every member of the group with the same results.",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -4,6 +4,9 @@ Which backends exist is the operator's choice (`Settings.backends`); a request o
 (`resolve`). Each backend is imported and built on first use (`get`), so an optional SDK is only needed when
 its backend is enabled and used, and a missing one is a `MissingExtraError` naming the extra to install.
 
+It also holds the groups' set-up templates (`templates`): a group's members share one, whichever backend made
+it, for as long as the `Backends` lives.
+
 Whoever builds a `Backends` owns it and closes it (`aclose`, or `async with`): the app for its lifetime, a
 rollout run without one for that rollout. Tests pass ready-made backends as `overrides` instead of patching.
 """
@@ -17,6 +20,7 @@ from typing import Any
 
 from coding_agent_env.errors import BackendRefusedError, MissingExtraError
 from coding_agent_env.sandbox.base import SandboxBackend
+from coding_agent_env.sandbox.templates import GroupTemplates
 from coding_agent_env.settings import Settings
 
 __all__ = ["BACKEND_CLASSES", "Backends", "import_backend"]
@@ -51,6 +55,8 @@ class Backends:
         self.settings = settings
         self._built: dict[str, SandboxBackend] = {}
         self._lock = threading.Lock()
+        self.templates = GroupTemplates(idle_s=settings.group_idle_s)
+        """The groups' set-up templates made from these backends (released by `aclose`, before the backends)."""
         for name, backend in (overrides or {}).items():
             settings.backend_config(name)  # enabled, or UnknownBackendError
             self._built[name] = backend
@@ -93,7 +99,9 @@ class Backends:
             raise BackendRefusedError(f"sandbox backend {name!r} refuses: {reason}")
 
     async def aclose(self) -> None:
-        """Release every backend built or given (their clients); sandboxes are their creators' to close."""
+        """Release the groups' templates, then every backend built or given (their clients); sandboxes are their
+        creators' to close."""
+        await self.templates.aclose()
         with self._lock:
             built, self._built = list(self._built.values()), {}
         for backend in built:

@@ -33,9 +33,11 @@ class Budget:
         setups = len(request.setup) * bool(request.steps) + sum(len(step.setup) for step in steps)
         # A clean room is a second sandbox, set up again before verify runs in it.
         clean_room_s = (settings.provision_timeout_s + setups * per_command) * len(steps) if request.artifacts else 0.0
+        setup_s = setups * per_command + STAGE_SLACK_S * len(steps)
         return cls(
-            provision_s=settings.provision_timeout_s,
-            setup_s=setups * per_command + STAGE_SLACK_S * len(steps),
+            # A group member's provisioning may wait for its group's template: a sandbox and the setup, made once.
+            provision_s=settings.provision_timeout_s + (setup_s if request.group_id is not None else 0.0),
+            setup_s=setup_s,
             agent_s=sum(step.agent_timeout_s for step in steps) + STAGE_SLACK_S * len(steps),
             verify_s=sum(len(step.verify) for step in steps) * per_command + STAGE_SLACK_S * len(steps) + clean_room_s,
             collect_s=settings.collect_timeout_s,

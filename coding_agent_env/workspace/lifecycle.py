@@ -2,8 +2,11 @@
 
     provision(spec)  the sandbox made as the task declares it (its workdir, the directories it claims, `/tests`
                      when it has hidden tests there, other users when it names them: `task_spec`; a backend
-                     that cannot honour one refuses), closed at teardown; the task's files written
-    set_up()         the task's setup commands, in order, to the first failure (results kept)
+                     that cannot honour one refuses), closed at teardown; the task's files written. A member of
+                     a group (`Task.group_id`) is forked from its group's set-up template where the backend can
+                     (the first member's start makes it: `workspace.group`), and reports how (`group`)
+    set_up()         the task's setup commands, in order, to the first failure (results kept); a forked member's
+                     are its template's (they ran once, there), as is a group's failure
     runner()         the task-command runner the driver's own commands may use (deadline, output cap, redaction)
     verify()         once no process the driver started is alive: verify in the workspace or a clean room, and
                      the score (`verify.verification`); `verification` is filled as it goes
@@ -28,13 +31,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coding_agent_env.aio import shielded
-from coding_agent_env.models import CommandResult, ErrorInfo, Task
+from coding_agent_env.models import CommandResult, ErrorInfo, GroupReport, Task
 from coding_agent_env.models.results import StepResult
 from coding_agent_env.models.task import SOLUTION_ROOT
 from coding_agent_env.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.settings import Settings
+from coding_agent_env.workspace.budget import Budget
 from coding_agent_env.workspace.commands import CommandRunner
+from coding_agent_env.workspace.group import GroupSetup, group_key, make_template, release_setup
 from coding_agent_env.workspace.redact import Redactor
 from coding_agent_env.workspace.setup import SetupFailure, run_setup
 from coding_agent_env.workspace.steps import gate
@@ -90,8 +95,12 @@ class Workspace:
     resources: AsyncExitStack = field(default_factory=AsyncExitStack, init=False)
     """What teardown releases, last acquired first; a driver may enter its own before provision (a rollout's LLM
     access: released after the sandbox is closed)."""
+    group: GroupReport | None = field(default=None, init=False)
+    """A member of a group: how it got its set-up state."""
     _closing: asyncio.Future[ErrorInfo | None] | None = field(default=None, init=False)
     _step_setup_from: int = field(default=0, init=False)
+    _group_setup: GroupSetup | None = field(default=None, init=False)
+    """The group's setup that stands for this member's own (once: a multi-step task's later setups run)."""
 
     # -- the stages ------------------------------------------------------------------------------------
 
@@ -103,14 +112,52 @@ class Workspace:
         not show (`SandboxError`), write the task's files: `files` in the workdir, `outside_files` at their
         paths."""
         self.spec = spec = task_spec(self.task, spec, solution=solution)
-        self.sandbox = sandbox = await self.backend().create(spec)
+        forked = await self._fork_member(spec) if self.task.group_id is not None else None
+        self.sandbox = sandbox = forked or await self.backend().create(spec)
         self.resources.push_async_callback(sandbox.close)
         if self.task.verify_files_root == "/tests":
             tests_dir(sandbox)
         if created is not None:
             created(sandbox)
-        for path, text in (self.task.files | self.task.outside_files).items():
-            await sandbox.write_text(path, text)
+        if forked is None:
+            for path, text in (self.task.files | self.task.outside_files).items():
+                await sandbox.write_text(path, text)
+        return sandbox
+
+    async def _fork_member(self, spec: SandboxSpec) -> Sandbox | None:
+        """A group member's sandbox, forked from its group's template (made first if this member is the first);
+        None when the member is to be made as any sandbox (its backend cannot fork, or the group's setup failed:
+        then `set_up` reports that failure). The member holds the template until its teardown."""
+        assert self.task.group_id is not None
+        backend = self.backend()
+        refusal = "the task has no setup to share" if not self.task.setup else backend.fork_refusal(spec)
+        if refusal is not None:
+            self.group = GroupReport(group_id=self.task.group_id, setup="per_member", note=refusal)
+            return None
+        task = self.task
+        deadline_s = Budget.for_request(task, self.settings).provision_s  # a member's: the template's setup's too
+
+        def prepare(sandbox: Sandbox) -> None:
+            if task.verify_files_root == "/tests":
+                tests_dir(sandbox)
+
+        async def make() -> GroupSetup:
+            async with asyncio.timeout(deadline_s):
+                return await make_template(backend, spec, task, self.runner, prepare)
+
+        lease = self.backends.templates.join(group_key(task, spec, self.backend_name), make, release_setup)
+        self.resources.callback(lease.leave)  # after the member's sandbox is closed (last acquired first)
+        made = await lease.value()
+        self._group_setup = made
+        self.group = GroupReport(
+            group_id=task.group_id, setup="forked", made_here=lease.created, template_setup_s=made.setup_s,
+            template=made.template.id if made.template is not None else None,
+        )
+        if made.template is None:
+            return None
+        started = asyncio.get_running_loop().time()
+        sandbox = await backend.fork(spec, made.template)
+        self.group.fork_s = asyncio.get_running_loop().time() - started
         return sandbox
 
     async def set_up(self, on_result: OnResult = _ignore) -> SetupFailure | None:
@@ -120,6 +167,11 @@ class Workspace:
             self.setup_results.append(result)
             on_result(index, result)
 
+        group, self._group_setup = self._group_setup, None
+        if group is not None:  # ran once, in the group's template
+            for index, result in enumerate(group.results):
+                record(index, result)
+            return group.failure
         return await run_setup(self.runner(), self.task.setup, on_result=record)
 
     def runner(self, sandbox: Sandbox | None = None) -> CommandRunner:
@@ -218,4 +270,5 @@ class Workspace:
             "verify_context": verification.context,
             "artifacts": verification.artifacts,
             "rewards": verification.rewards,
+            "group": self.group,
         }

@@ -47,6 +47,7 @@ Where bubblewrap cannot create namespaces (e.g. in an unprivileged container), o
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import tempfile
@@ -55,6 +56,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
 
+from coding_agent_env.aio import shielded
 from coding_agent_env.settings.backends import LocalConfig
 from coding_agent_env.errors import SandboxError, SandboxUnavailableError, SandboxUnsupportedError
 from coding_agent_env.sandbox.base import (
@@ -63,10 +65,12 @@ from coding_agent_env.sandbox.base import (
     SandboxBackend,
     SandboxLimits,
     SandboxSpec,
+    SandboxTemplate,
     scopes,
 )
 from coding_agent_env.sandbox.local.cgroup import Cgroups
 from coding_agent_env.sandbox.local.disk import mount_tmpfs, unmount
+from coding_agent_env.sandbox.local.fork import LocalTemplate, overlay_refusal
 from coding_agent_env.sandbox.local.launch import ROOT_SUBDIRS, SHM_SUBDIR, SUBDIRS, Launch
 from coding_agent_env.sandbox.local.layout import RANGE_SIZE, LocalLayout, make_userns
 from coding_agent_env.sandbox.local.probe import probe
@@ -157,6 +161,42 @@ class LocalBackend(SandboxBackend):
         return BackendStatus(self.name, True, launch.isolation, detail, limits, self._scopes(limits))
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
+        return await self._create(spec, None)
+
+    def fork_refusal(self, spec: SandboxSpec) -> str | None:
+        launch = self._launch or self._probe()
+        if not self._as_root or not self._bounds.tmpfs or self._bounds.cgroups is None:
+            return ("forking needs a server running as root, with a tmpfs root and a control group per sandbox "
+                    "(overlay mounts over the template; each member's own pids limit)")
+        if launch.isolation != "bwrap":
+            return f"forking needs bubblewrap ({launch.detail})"
+        if spec.users:
+            return "a sandbox with users has a host id range of its own, which forks of it cannot share"
+        return overlay_refusal(self._settings.state_dir)
+
+    async def snapshot(self, sandbox: Sandbox) -> SandboxTemplate:
+        if not isinstance(sandbox, LocalSandbox) or sandbox.host_uid is None:
+            await sandbox.close()
+            raise SandboxUnsupportedError("local", "group", "only a local sandbox made as root can be frozen")
+        uid = sandbox.host_uid
+        template = LocalTemplate(sandbox.root, uid, sandbox.subdirs, functools.partial(self._release, uid))
+        try:
+            await shielded(sandbox.freeze())
+        except BaseException:
+            await shielded(template.release())
+            raise
+        return template
+
+    async def fork(self, spec: SandboxSpec, template: SandboxTemplate) -> Sandbox:
+        refusal = self.fork_refusal(spec)
+        if refusal is not None:
+            raise SandboxUnsupportedError("local", "group", refusal)
+        if not isinstance(template, LocalTemplate) or template.released:
+            raise SandboxError(f"group template {template.id} is released or not this backend's")
+        return await self._create(spec, template)
+
+    async def _create(self, spec: SandboxSpec, base: LocalTemplate | None) -> Sandbox:
+        """A new sandbox of `spec`; with `base`, forked from that template (its uid, its directories below)."""
         launch = self._launch or await asyncio.to_thread(self._probe)
         refusal = self._refusal(launch)
         if refusal is not None:
@@ -182,18 +222,27 @@ class LocalBackend(SandboxBackend):
         # The relay port in the sandbox's namespace is reserved now, for the agent (see `relay`).
         port = self._config.relay_port
         reserve = port if relay is not None and relay.serve is not None else None
-        uid = self._uids.take() if self._uids is not None else None
+        subdirs = (*ROOT_SUBDIRS, *layout.subdirs)
+        if base is not None:
+            if subdirs != base.subdirs:
+                raise SandboxUnsupportedError("local", "group", "the member's layout is not its template's")
+            uid: int | None = base.uid
+            base.fork_started()
+            give_back: Callable[[int | None], None] = base.fork_gone  # the uid is the template's
+        else:
+            uid = self._uids.take() if self._uids is not None else None
+            give_back = self._release
         limits = spec.limits or SandboxLimits.from_settings(self._settings)
         shared = {SUBDIRS["tmp"]: 0o1777, SHM_SUBDIR: 0o1777} if layout.users else None
         provisioner = Provisioner(
             self._settings.state_dir, self._dirs, with_netns=launch.own_netns, bounds=self._bounds, limits=limits,
-            subdirs=(*ROOT_SUBDIRS, *layout.subdirs), modes=shared,
+            subdirs=subdirs, modes=shared, base=base,
         )
         users = await self._users(uid) if layout.users else None
         userns, release_users = users if users is not None else (None, None)
 
         def release() -> None:
-            self._release(uid)
+            give_back(uid)
             if users is not None:
                 os.close(users[0])
                 users[1]()
@@ -204,7 +253,7 @@ class LocalBackend(SandboxBackend):
         box = LocalSandbox(
             launch, made, uid,
             limits=process, enforced=enforced, scopes=self._scopes(enforced), disk_budget=limits.disk_mb << 20,
-            relay=relay, relay_port=port, agents_source=spec.agents_dir, release=self._release, dirs=self._dirs,
+            relay=relay, relay_port=port, agents_source=spec.agents_dir, release=give_back, dirs=self._dirs,
             layout=layout, userns=userns, release_users=release_users,
         )
         box.task_env = MappingProxyType(dict(spec.env))  # no image here: the task's variables alone

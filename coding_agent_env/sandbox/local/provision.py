@@ -27,6 +27,7 @@ from coding_agent_env.sandbox.base import SandboxLimits
 from coding_agent_env.sandbox.local import netns
 from coding_agent_env.sandbox.local.cgroup import CgroupLimits, Cgroups, SandboxCgroup
 from coding_agent_env.sandbox.local.disk import mount_tmpfs, unmount
+from coding_agent_env.sandbox.local.fork import LocalTemplate, mount_overlay
 from coding_agent_env.sandbox.launcher.inside.treeops import remove_tree
 from coding_agent_env.sandbox.local.launch import ROOT_SUBDIRS
 
@@ -110,10 +111,12 @@ class Provisioner:
     def __init__(
         self, state_dir: Path, dirs: DirWork, *, with_netns: bool, bounds: Bounds | None = None,
         limits: SandboxLimits | None = None, subdirs: tuple[str, ...] = ROOT_SUBDIRS,
-        modes: Mapping[str, int] | None = None,
+        modes: Mapping[str, int] | None = None, base: LocalTemplate | None = None,
     ) -> None:
         """`subdirs`: the root's directories (`ROOT_SUBDIRS` and the spec's further roots); `modes`: any of them
-        not 0755 (a sandbox with users: a shared `/tmp`, 1777)."""
+        not 0755 (a sandbox with users: a shared `/tmp`, 1777); `base`: a template whose directories each of
+        these overlays (a fork: see `fork`)."""
+        self._base = base
         self._subdirs = subdirs
         self._modes = dict(modes or {})
         self._state = state_dir
@@ -191,6 +194,8 @@ class Provisioner:
                     os.chown(root / sub, uid, uid)
                 if sub in self._modes:
                     os.chmod(root / sub, self._modes[sub])
+                if self._base is not None:
+                    mount_overlay(self._base.root / sub, root, sub, uid, self._base.modes[sub])
             if uid is not None:
                 os.chown(root, uid, uid)
             if bounds.cgroups is not None and limits is not None:

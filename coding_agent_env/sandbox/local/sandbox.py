@@ -94,6 +94,8 @@ class LocalSandbox(Sandbox):
         self._watch: asyncio.Task[None] | None = None
         self._mark = HIGH_WATER.mark(root, _FULL_SLACK) if self._tmpfs else None
         self._hits_at_close: list[str] | None = None
+        self._keep_root = False
+        """Set by `freeze`: close keeps the root and the uid (a group's template owns them then)."""
         self._closing: asyncio.Future[None] | None = None
         self._children: dict[int, proc.Child] = {}
         """Running children by process group: what close() kills and reaps."""
@@ -126,6 +128,16 @@ class LocalSandbox(Sandbox):
             reserved.close()
         if not self._tmpfs:
             self._watch = asyncio.ensure_future(self._watch_disk())
+
+    @property
+    def root(self) -> Path:
+        """The sandbox's host root (resolved)."""
+        return self._box.root
+
+    @property
+    def subdirs(self) -> tuple[str, ...]:
+        """Its root's directories: the standard ones and its further writable roots'."""
+        return (*ROOT_SUBDIRS, *self._layout.subdirs)
 
     @property
     def host_uid(self) -> int | None:
@@ -357,6 +369,12 @@ class LocalSandbox(Sandbox):
                 for child in list(self._children.values()):
                     child.kill_tree()
 
+    async def freeze(self) -> None:
+        """Close (every process killed, its control group and namespaces gone) but keep the root and its files
+        as they are, and the uid: what a group's template (`fork.LocalTemplate`) takes over."""
+        self._keep_root = True
+        await self.close()
+
     async def _close(self) -> None:
         if self._watch is not None:
             self._watch.cancel()
@@ -392,7 +410,9 @@ class LocalSandbox(Sandbox):
             # Unisolated processes may have left their group (setsid): end everything of this uid.
             await proc.kill_all_of_uid(proc.HostCredentials(box.uid, box.uid))
         try:
-            if self._tmpfs:
+            if self._keep_root:
+                pass  # a template's now
+            elif self._tmpfs:
                 await self._dirs.run(functools.partial(remove_root, box.root, True))  # unmounting frees it all
             elif not await self._dirs.run(
                 functools.partial(remove_if_empty, box.root, (*ROOT_SUBDIRS, *self._layout.subdirs))
@@ -404,7 +424,8 @@ class LocalSandbox(Sandbox):
             if self._cgroup is not None and not self._cgroup.remove():
                 await asyncio.to_thread(_kill_and_remove, self._cgroup)
             self._dirs.live -= 1
-            self._release(box.uid)
+            if not self._keep_root:
+                self._release(box.uid)
             if self._release_users is not None:
                 self._release_users()  # its processes are all dead: no file of the range is written any more
 
