@@ -14,6 +14,7 @@ that fails on one record is logged, and the journal line stays.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -39,6 +40,9 @@ class BatchPlan:
     concurrency: int = 1
     overrides: dict[str, Any] = field(default_factory=dict)
     """Request fields set on every task (agent, model, endpoint, base_url, api_key, sandbox)."""
+    group_attempts: bool = True
+    """With several attempts, a task's attempts are one group (`Task.group_id`, unless the task names its own):
+    its setup runs once and every attempt starts from a fork of it, where the backend can fork."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,9 @@ def _jobs(
     observer: BatchObserver,
 ) -> Iterator[Job]:
     for item, request in _loaded(items, plan, summary, observer):
+        if plan.attempts > 1 and plan.group_attempts and request.group_id is None:
+            digest = hashlib.sha256(item.task_id.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+            request = request.model_copy(update={"group_id": f"attempts-{digest}"})  # any task id: a valid group id
         for attempt in range(1, plan.attempts + 1):
             if (item.task_id, attempt) not in journal.done:
                 yield Job(item, attempt, request)

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from coding_agent_env.api.tools.base import ArgumentsError, Tool
 from coding_agent_env.api.tools.reply import ToolReply
-from coding_agent_env.api.tools.task_set import AGENT_FIELDS, REF_KEYS, TaskRef, rollout_request
+from coding_agent_env.api.tools.task_set import AGENT_FIELDS, GROUP_KEY, REF_KEYS, TaskRef, rollout_request
 from coding_agent_env.models import RolloutRequest, RolloutResult, request_fields_schema, validation_summary
 from coding_agent_env.session import Session
 from coding_agent_env.workspace.writable import check_writable
@@ -52,7 +52,7 @@ class RunRollout(Tool[RolloutRequest | SetRollout]):
             raise ArgumentsError("arguments must be an object")
         given = {key: value for key, value in arguments.items() if value is not None}  # MCP fills in None
         if REF_KEYS & set(given):
-            agent = {key: value for key, value in given.items() if key in AGENT_FIELDS}
+            agent = {key: value for key, value in given.items() if key in AGENT_FIELDS or key == GROUP_KEY}
             ref = TaskRef.of(given, extra=frozenset(agent))
             assert ref is not None  # REF_KEYS make one
             return SetRollout(ref, agent)

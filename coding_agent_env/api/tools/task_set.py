@@ -22,11 +22,13 @@ from coding_agent_env.episode.task import TASK_FIELDS
 from coding_agent_env.models import RolloutRequest, Task, validation_summary
 from coding_agent_env.tasks.catalog import CatalogTask, TaskCatalog
 
-__all__ = ["REF_KEYS", "TaskRef", "episode_task", "rollout_request"]
+__all__ = ["GROUP_KEY", "REF_KEYS", "TaskRef", "episode_task", "rollout_request"]
 
 REF_KEYS = frozenset({"split", "index"})
 """Keys that name a task of the set (with `seed` for a group, or `task_id` alone)."""
 AGENT_FIELDS = frozenset(RolloutRequest.model_fields) - frozenset(Task.model_fields)
+GROUP_KEY = "group_id"
+"""The one task field a reference may carry: the group its run belongs to (`Task.group_id`)."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class TaskRef:
         named = keys & REF_KEYS
         if not named and not (catalog and keys == {"task_id"}):
             return None
-        mixed = sorted(keys - REF_KEYS - {"task_id"})
+        mixed = sorted(keys - REF_KEYS - {"task_id", GROUP_KEY})
         if mixed:
             raise ArgumentsError(f"a task of the server's set runs as the set holds it: give split/index (or "
                                  f"task_id) without task fields (got {', '.join(mixed[:10])})")
@@ -69,21 +71,23 @@ class TaskRef:
         return catalog.pick(self.split, self.index, self.seed)
 
 
-def episode_task(task: CatalogTask) -> RolloutRequest:
+def episode_task(task: CatalogTask, group_id: Any = None) -> RolloutRequest:
     """The task as an interactive episode runs it (`parse_task` of its task fields: the same checks as a reset
-    that sends them); `ArgumentsError` for a task an episode cannot run."""
+    that sends them), in group `group_id` if given; `ArgumentsError` for a task an episode cannot run."""
     request = task.loaded.request
     if request.steps:
         raise ArgumentsError(f"task {task.id!r} has {len(request.steps)} steps: run it as a rollout "
                              "(run_rollout with split/index), not an episode")
     _check_image(task)
     fields = request.model_dump(exclude_unset=True, include=set(TASK_FIELDS))
-    return parse_task({**fields, "task_id": task.id})
+    group = {} if group_id is None else {GROUP_KEY: group_id}
+    return parse_task({**fields, **group, "task_id": task.id})
 
 
 def rollout_request(task: CatalogTask, agent_fields: Mapping[str, Any]) -> RolloutRequest:
-    """The task with the call's agent fields (agent, endpoint, model, mode, ...); `ArgumentsError` otherwise."""
-    unknown = sorted(set(agent_fields) - AGENT_FIELDS)
+    """The task with the call's agent fields (agent, endpoint, model, mode, ...) and its `group_id`, if given;
+    `ArgumentsError` otherwise."""
+    unknown = sorted(set(agent_fields) - AGENT_FIELDS - {GROUP_KEY})
     if unknown:
         raise ArgumentsError(f"not agent fields: {', '.join(unknown[:10])}")
     _check_image(task)

@@ -290,6 +290,8 @@ class LocalBackend(SandboxBackend):
 
     async def reap_orphans(self) -> int:
         """Remove sandbox directories (and control groups) whose server process is gone."""
+        if self._launch is None:
+            await asyncio.to_thread(self._probe)  # where this server's control groups are is found there
         groups = self._bounds.cgroups
         if groups is not None:
             await asyncio.to_thread(groups.reap)
