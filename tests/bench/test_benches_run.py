@@ -43,6 +43,8 @@ BENCHES: dict[str, list[str]] = {
     "agents.py": ["1", "terminus"],
     # 2 rollouts per round; section 3's 10,000 instant tasks are fixed (about 10 s).
     "batch.py": ["2"],
+    # 1 round of a group of 2 against 2 independent members, a tiny setup (5 MB, 50 modules), local and Docker.
+    "group.py": ["1", "--group", "2", "--data-mb", "5", "--modules", "50"],
     # Latency cases 2 times each; the 32 x 20-step throughput run is fixed (about 1 s).
     "episode.py": ["2"],
     # 2 rollouts per case (off, metrics, metrics + tracing).
