@@ -54,7 +54,7 @@ async def reset(session: Session, data: dict[str, Any]) -> dict[str, Any]:
     ref = TaskRef.of(data, session.catalog, extra=RESET_KEYS)
     if ref is not None:
         chosen = ref.pick(session.catalog)
-        reply = await START_EPISODE.start(session, episode_task(chosen, data.get("group_id")), episode_id)
+        reply = await START_EPISODE.start(session, episode_task(chosen, ref.group_id(data.get("group_id"))), episode_id)
         return {"observation": {**reply.data, "task": chosen.public()}, "reward": None, "done": reply.done}
     if is_task(task):
         reply = await START_EPISODE.start(session, START_EPISODE.validate(task), episode_id)

@@ -65,7 +65,10 @@ class RunRollout(Tool[RolloutRequest | SetRollout]):
 
     async def run(self, session: Session, arguments: RolloutRequest | SetRollout) -> ToolReply:
         if isinstance(arguments, SetRollout):
-            arguments = rollout_request(arguments.ref.pick(session.catalog), arguments.agent_fields)
+            ref, fields = arguments.ref, dict(arguments.agent_fields)
+            group = ref.group_id(fields.pop(GROUP_KEY, None))
+            fields.update({} if group is None else {GROUP_KEY: group})
+            arguments = rollout_request(ref.pick(session.catalog), fields)
         result = await session.run(arguments)
         return ToolReply.of(result, reward=result.reward)
 

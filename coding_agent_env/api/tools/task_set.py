@@ -10,6 +10,7 @@ runs as the set holds it, so every member of a group sees the same task.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,15 @@ class TaskRef:
         if task_id is not None and not isinstance(task_id, str):
             raise ArgumentsError("task_id must be a string")
         return cls(split, index, seed, task_id)
+
+    def group_id(self, given: Any = None) -> Any:
+        """The group a run of this reference belongs to: `given`, else, for a group's seed (`split` and `seed`,
+        no index: every member of a GRPO group the same task), one named after the split and the seed, so the
+        group's members share one setup (`Task.group_id`); else None."""
+        if given is not None or self.seed is None or self.index is not None:
+            return given
+        split = hashlib.sha256((self.split or "").encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        return f"seed-{split}-{self.seed}"
 
     def pick(self, catalog: TaskCatalog) -> CatalogTask:
         """The task (`RequestError` subclasses name what is missing: no set, split, index, id)."""

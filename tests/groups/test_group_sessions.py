@@ -1,0 +1,58 @@
+"""Groups through the server: trainer sessions resetting a task of the server's set by its group's seed (as TRL's
+async GRPO passes `seed=group_id`) share one setup, as do `run_rollout` calls naming a `group_id`; on a real
+server with the local bubblewrap backend (as root: forks)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coding_agent_env.harness import CodingEnvironment
+from tests.protocol.live import LiveServer
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="forking local sandboxes needs a root server")
+
+SETUP = "echo $RANDOM$RANDOM$RANDOM > stamp && mkdir -p pkg && for i in $(seq 50); do echo $i > pkg/$i; done"
+
+
+@pytest.fixture
+def server(make_live: Callable[..., LiveServer], tmp_path: Path) -> LiveServer:
+    path = tmp_path / "set.jsonl"
+    lines = [{"instruction": f"Task {i}.", "setup": [SETUP], "verify": ["test -f pkg/50 && test -f done"],
+              "task_id": f"t{i}"} for i in range(2)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return make_live(tasks=(str(path),), group_idle_s=60.0)
+
+
+def group_of(env: CodingEnvironment) -> dict[str, Any]:
+    assert env.report is not None
+    group = env.report.get("group")
+    assert isinstance(group, dict), env.report
+    return group
+
+
+def test_sessions_of_one_group_seed_share_one_setup(server: LiveServer) -> None:
+    with CodingEnvironment(server.http, split="train") as a, CodingEnvironment(server.http, split="train") as b, \
+            CodingEnvironment(server.http, split="train") as other:
+        a.reset(seed=4)
+        b.reset(seed=4)
+        other.reset(seed=5)
+        groups = [group_of(env) for env in (a, b, other)]
+        assert [g["setup"] for g in groups] == ["forked"] * 3
+        assert groups[0]["template"] == groups[1]["template"] != groups[2]["template"]
+        assert groups[0]["group_id"] == groups[1]["group_id"] != groups[2]["group_id"]
+        stamps = [env.terminal("cat stamp") for env in (a, b)]
+        assert stamps[0] == stamps[1] and stamps[0].strip()
+        a.terminal("touch done")
+        assert a.get_reward() == 1.0 and b.get_reward() == 0.0  # b never saw a's write
+
+
+def test_a_rollout_group_id_is_honoured_by_name(server: LiveServer) -> None:
+    with CodingEnvironment(server.http, split="train") as env:
+        env.reset(split="train", index=1, group_id="mine")
+        assert group_of(env)["group_id"] == "mine"
