@@ -141,3 +141,31 @@ async def test_a_transparent_proxy_rollout_yields_a_training_trace_openenv_accep
     [line] = [s for s in training.sequences if s.purpose == "main"]
     assert line.node_ids == [t.node_id for t in main]
     assert sum(line.loss_mask) == sum(len(t.completion_token_ids) for t in main)
+
+
+async def test_members_of_a_group_each_reach_the_relay_from_their_fork(
+    agent: str, fake: FakeLLMServer, settings: Settings, require_agent: Callable[[str], None]
+) -> None:
+    """Two members of a group, one after the other (the template lives on between them): each forked sandbox
+    has its own relay (its own token, network `llm`), and each member's agent solves the task in it."""
+    import os
+
+    from coding_agent_env.sandbox import Backends
+
+    require_agent(agent)
+    if os.geteuid() != 0:
+        pytest.skip("forking local sandboxes needs a root server")
+    results = []
+    async with Backends(settings) as backends:
+        for _ in range(2):
+            fake.app.reset(session(agent, write_file_command("binary_search.py", CORRECT)))
+            member = request(fake, agent, group_id="g", setup=["mkdir -p lib && echo set-up > lib/marker"])
+            results.append(await run_rollout(member, backends=backends))
+    for result in results:
+        check_ran(result)
+        assert result.reward == 1.0, (result.verify_results, result.agent_log_tail[-800:], sorted(result.files))
+        assert result.network == ("none" if agent == "terminus" else "llm")
+        assert result.group is not None and result.group.setup == "forked", result.group
+        assert result.files.get("lib/marker") == "set-up\n"
+    assert results[0].group and results[1].group and results[0].group.template == results[1].group.template
+    assert [r.group.made_here for r in results if r.group] == [True, False]
