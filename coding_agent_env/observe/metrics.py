@@ -162,6 +162,12 @@ class ServerMetrics:
                                  "usage, else the prompt token ids).", ["engine"], registry=r)
         self.tokens_out = Counter(f"{PREFIX}relay_completion_tokens", "Completion tokens of those LLM calls (the "
                                   "upstream's usage, else the sampled token ids).", ["engine"], registry=r)
+        self.group_members = Counter(f"{PREFIX}group_members", "Finished rollouts that were members of a group "
+                                     "(`group_id`), by how they got their set-up state (`forked` from the group's "
+                                     "template, or `per_member`) and whether their start made the template.",
+                                     ["setup", "made_template"], registry=r)
+        self.group_forks = Histogram(f"{PREFIX}group_fork_seconds", "Time to fork a group member's sandbox from its "
+                                     "template.", buckets=_CALL_BUCKETS, registry=r)
         self.episodes = Counter(f"{PREFIX}episodes_finished", "Interactive episodes ended, by status.",
                                 ["status"], registry=r)
         self.episode_calls = Counter(f"{PREFIX}episode_calls", "Calls into interactive episodes (terminal "
@@ -212,6 +218,11 @@ class ServerMetrics:
             self.sandbox_failures.labels(backend).inc()
         for turn in result.proxy_turns:
             self._relay_call(turn)
+        group = result.group
+        if group is not None:
+            self.group_members.labels(group.setup, "true" if group.made_here else "false").inc()
+            if group.fork_s is not None:
+                self.group_forks.observe(max(0.0, group.fork_s))
 
     def _relay_call(self, turn: Turn) -> None:
         dialect = _closed(turn.passthrough or "chat", DIALECTS)

@@ -245,6 +245,16 @@ def test_values_outside_the_closed_sets_are_other_and_failures_are_counted() -> 
     assert value(seen, "relay_completion_tokens_total", engine="vllm") == 6  # no usage figure: the token ids
     assert value(seen, "episodes_finished_total", status="other") == 1
     assert value(seen, "episode_call_failures_total", call="terminal") == 1
+    from coding_agent_env.models import GroupReport
+
+    forked = GroupReport(group_id="g", setup="forked", made_here=True, fork_s=0.004)
+    for group in (forked, forked.model_copy(update={"made_here": False}), GroupReport(group_id="g", setup="per_member")):
+        metrics.rollout_finished(failed.model_copy(update={"group": group}))
+    seen = samples(metrics.exposition().decode())
+    assert value(seen, "group_members_total", setup="forked", made_template="true") == 1
+    assert value(seen, "group_members_total", setup="forked", made_template="false") == 1
+    assert value(seen, "group_members_total", setup="per_member", made_template="false") == 1
+    assert value(seen, "group_fork_seconds_count") == 2
     assert [limit_kind(t) for t in ("process limit reached", "disk quota exceeded", "cpu time", "file size")] == [
         "pids", "disk", "cpu", "fsize"]
     assert [status_class(s) for s in (200, 302, 404, 503, None)] == ["2xx", "error", "4xx", "5xx", "error"]
