@@ -245,9 +245,23 @@ class Settings(BaseModel):
     port: int = Field(default=8000, ge=1, le=65535)
     """TCP port the server listens on."""
 
-    results_db: Path | None = None
-    """The results store (SQLite) that `coding-agent-env run` and, with `RESULTS_FROM_SERVER`, the server write
-    every finished rollout to, and the web tab's Runs view reads; None: `STATE_DIR/results.sqlite`."""
+    results_db: Path | SecretStr | None = None
+    """The results store that `coding-agent-env run` and, with `RESULTS_FROM_SERVER`, the server write every
+    finished rollout to, and the web tab's Runs view reads: a SQLite file's path, or a PostgreSQL URL
+    (`postgresql://` or `postgres://`, libpq's form; kept secret: it may carry a password) that several server
+    replicas share; None: `STATE_DIR/results.sqlite`. Any other `scheme:` is refused, never taken as a path."""
+
+    @field_validator("results_db", mode="before")
+    @classmethod
+    def _parse_results_db(cls, value: Any) -> Any:
+        from coding_agent_env.runs.store_location import PostgresLocation, parse_location  # the rules live there
+
+        if value is None or isinstance(value, (Path, SecretStr)):
+            return value
+        if isinstance(value, str) and not value.strip():
+            return None
+        location = parse_location(value)
+        return SecretStr(location.url) if isinstance(location, PostgresLocation) else location
 
     results_from_server: bool = False
     """Whether the server keeps every rollout it runs in the results store (batches always do)."""
