@@ -10,11 +10,11 @@ curriculum's weight for it, normalised so the weights of the tasks listed sum to
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from coding_agent_env.errors import InvalidTaskError
 from coding_agent_env.runs.charts import curriculum_view
 from coding_agent_env.runs.store import Filters, ResultsStore, default_path
+from coding_agent_env.runs.store_location import location_argument
 from coding_agent_env.settings import Settings
 
 __all__ = ["add_arguments", "run"]
@@ -22,8 +22,9 @@ __all__ = ["add_arguments", "run"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("stats",))
-    parser.add_argument("--results-db", type=Path,
-                        help="the store (default: RESULTS_DB, else STATE_DIR/results.sqlite)")
+    parser.add_argument("--results-db", type=location_argument,
+                        help="the store: a SQLite file or a postgresql:// URL (default: RESULTS_DB, else "
+                        "STATE_DIR/results.sqlite)")
     parser.add_argument("--run", dest="run_id", help="only this run")
     parser.add_argument("--task", help="task ids containing this")
     parser.add_argument("--group-size", type=int, default=8, help="the trainer's generations per prompt (G)")

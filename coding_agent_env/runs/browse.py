@@ -15,6 +15,7 @@ from pathlib import Path
 
 from coding_agent_env.errors import InvalidTaskError
 from coding_agent_env.runs.store import Filters, ResultsStore, default_path
+from coding_agent_env.runs.store_location import location_argument
 from coding_agent_env.settings import Settings
 
 __all__ = ["add_arguments", "run"]
@@ -23,8 +24,9 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("list", "show", "export"))
     parser.add_argument("rollout_id", nargs="?", help="for show")
-    parser.add_argument("--results-db", type=Path,
-                        help="the store (default: RESULTS_DB, else STATE_DIR/results.sqlite)")
+    parser.add_argument("--results-db", type=location_argument,
+                        help="the store: a SQLite file or a postgresql:// URL (default: RESULTS_DB, else "
+                        "STATE_DIR/results.sqlite)")
     parser.add_argument("--runs", action="store_true", help="list runs instead of rollouts")
     parser.add_argument("--run", dest="run_id", help="only this run")
     parser.add_argument("--task", help="task ids containing this")

@@ -33,6 +33,7 @@ from coding_agent_env.runs.executor import Executor, InProcessExecutor, ServerEx
 from coding_agent_env.runs.journal import Journal, Record
 from coding_agent_env.runs.progress import Failures, LiveProgress, summary_table
 from coding_agent_env.runs.store import ResultsStore
+from coding_agent_env.runs.store_location import location_argument
 from coding_agent_env.sandbox.base import SandboxLimits
 from coding_agent_env.settings import Settings
 from coding_agent_env.tasks import TaskOptions, count_tasks, iter_tasks
@@ -78,8 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ignore-dockerfile", action="store_true",
                         help="run Harbor tasks whose Dockerfile needs Docker on another backend anyway")
     parser.add_argument("--no-progress", action="store_true", help="no live display (counts still printed)")
-    parser.add_argument("--results-db", type=Path, help="results store to add the rollouts to (default: "
-                        "RESULTS_DB, else STATE_DIR/results.sqlite)")
+    parser.add_argument("--results-db", type=location_argument, help="results store to add the rollouts to, a "
+                        "SQLite file or a postgresql:// URL (default: RESULTS_DB, else STATE_DIR/results.sqlite)")
     parser.add_argument("--no-store", action="store_true", help="keep the rollouts only in --out")
     parser.add_argument("--image-map", action="append", default=[], metavar="FROM=TO",
                         help="rewrite a base image before a task's image is built (and a prebuilt task image): "

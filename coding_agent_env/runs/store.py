@@ -1,18 +1,21 @@
-"""The results store: every finished rollout of a batch (and, by setting, of the server) in one SQLite file.
+"""The results store: every finished rollout of a batch (and, by setting, of the server) in one database: a
+SQLite file by default, or a PostgreSQL database that several server replicas share (`RESULTS_DB`).
 
 One row per rollout: the columns filters need (run, task, attempt, agent, sandbox, status, reward, when) and the
 whole `RolloutResult` as JSON (it holds no secret). Runs are rows of their own (when, what command, origin).
-Writers and readers may be different processes (the server, `run`, `runs`): WAL mode, short transactions, a
-busy timeout. Retention (`prune`) keeps the newest N rollouts and drops those older than an age; it runs when a
-writer opens the store and every `PRUNE_EVERY` writes.
+Writers and readers may be different processes (servers, `run`, `runs`); each backend says how they share
+(`store_sqlite`: WAL and a busy timeout; `store_postgres`: autocommit and an advisory lock). Retention
+(`prune`) keeps the newest N rollouts and drops those older than an age; it runs when a writer opens a run and
+every `PRUNE_EVERY` writes, one writer at a time.
 
-Thread-safety: one connection guarded by a lock; calls are short, so the server calls them from a worker thread.
+This class is dialect-neutral: its SQL is written once, with `?` placeholders and the backend's `Dialect` for
+the few fragments that differ. Thread-safety: one connection guarded by a lock; calls are short, so the server
+calls them from a worker thread.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 import time
 import uuid
@@ -23,30 +26,30 @@ from typing import Any, TextIO
 
 from coding_agent_env.models import RolloutResult
 from coding_agent_env.runs.journal import Record
+from coding_agent_env.runs.store_backend import Dialect, open_backend
+from coding_agent_env.runs.store_errors import ResultsStoreError
+from coding_agent_env.runs.store_location import Location, PostgresLocation, parse_location
+from coding_agent_env.runs.store_sqlite import DIALECT as SQLITE
 from coding_agent_env.settings import Settings
 
-__all__ = ["Filters", "ResultsStore", "RolloutRow", "RunRow", "default_path"]
+__all__ = ["Filters", "Location", "ResultsStore", "ResultsStoreError", "RolloutRow", "RunRow", "default_path"]
 
 PRUNE_EVERY = 1000
-_BUSY_TIMEOUT_S = 30.0
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY, started REAL NOT NULL, origin TEXT NOT NULL, description TEXT NOT NULL DEFAULT ''
-);
-CREATE TABLE IF NOT EXISTS rollouts (
-    rollout_id TEXT PRIMARY KEY, run_id TEXT NOT NULL, task_id TEXT NOT NULL, attempt INTEGER NOT NULL,
-    agent TEXT NOT NULL, sandbox TEXT NOT NULL, status TEXT NOT NULL, reward REAL, finished REAL NOT NULL,
-    wall_s REAL NOT NULL, source TEXT NOT NULL DEFAULT '', notes TEXT NOT NULL DEFAULT '[]', result TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS rollouts_finished ON rollouts (finished);
-CREATE INDEX IF NOT EXISTS rollouts_task ON rollouts (task_id);
-CREATE INDEX IF NOT EXISTS rollouts_run ON rollouts (run_id);
-"""
 _COLUMNS = "rollout_id, run_id, task_id, attempt, agent, sandbox, status, reward, finished, wall_s, source, notes"
+_UPSERT = (f"INSERT INTO rollouts ({_COLUMNS}, result) VALUES ({', '.join('?' * 13)}) ON CONFLICT (rollout_id) "
+           "DO UPDATE SET " + ", ".join(f"{column} = excluded.{column}" for column in
+                                        (*_COLUMNS.split(", ")[1:], "result")))
+_EXPORT_PAGE = 500
 
 
-def default_path(settings: Settings) -> Path:
-    return settings.results_db or settings.state_dir / "results.sqlite"
+def default_path(settings: Settings) -> Location:
+    """The store settings name: `RESULTS_DB` (a path, or a PostgreSQL database), else `STATE_DIR/results.sqlite`."""
+    configured = settings.results_db
+    if configured is None:
+        return settings.state_dir / "results.sqlite"
+    if isinstance(configured, Path):
+        return configured
+    return PostgresLocation(configured.get_secret_value())
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,8 @@ class Filters:
     min_reward: float | None = None
     max_reward: float | None = None
 
-    def where(self) -> tuple[str, list[Any]]:
+    def where(self, dialect: Dialect = SQLITE) -> tuple[str, list[Any]]:
+        """The WHERE clause (with `?` placeholders, or "") and its values."""
         clauses: list[str] = []
         values: list[Any] = []
         for column, value in (("run_id", self.run_id), ("agent", self.agent), ("status", self.status)):
@@ -68,7 +72,7 @@ class Filters:
                 clauses.append(f"{column} = ?")
                 values.append(value)
         if self.task:
-            clauses.append("instr(task_id, ?) > 0")
+            clauses.append(dialect.contains.format(column="task_id"))
             values.append(self.task)
         if self.min_reward is not None:
             clauses.append("reward >= ?")
@@ -106,22 +110,23 @@ class RunRow:
 
 
 class ResultsStore:
-    """A results store file; `with ResultsStore(path) as store: ...`."""
+    """A results store, opened: `with ResultsStore(location) as store: ...`. `location` is a SQLite file's path
+    or a PostgreSQL URL / `PostgresLocation` (`store_location.parse_location`); `path` is it, parsed (printable:
+    a URL's password is redacted). Opening makes the schema if missing; `ResultsStoreError` (redacted) when the
+    store cannot be reached, `StoreMissingExtraError` when PostgreSQL's driver is not installed."""
 
-    def __init__(self, path: Path, *, max_rollouts: int = 0, max_age_days: float = 0.0) -> None:
-        self.path = path
+    def __init__(self, location: Location | str, *, max_rollouts: int = 0, max_age_days: float = 0.0) -> None:
+        self.path: Location = parse_location(location)
         self.max_rollouts = max_rollouts
         self.max_age_days = max_age_days
         self._lock = threading.Lock()
         self._writes = 0
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, timeout=_BUSY_TIMEOUT_S, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints, never corrupt
-        self._db.executescript(_SCHEMA)
+        self._db = open_backend(self.path)
+        self._dialect = self._db.dialect
 
     @classmethod
-    def from_settings(cls, settings: Settings, path: Path | None = None) -> ResultsStore:
+    def from_settings(cls, settings: Settings, path: Location | None = None) -> ResultsStore:
+        """The store `path` names (default: the settings'), with the settings' retention."""
         return cls(path or default_path(settings), max_rollouts=settings.results_max_rollouts,
                    max_age_days=settings.results_max_age_days)
 
@@ -140,7 +145,8 @@ class ResultsStore:
     def new_run(self, origin: str, description: str = "") -> str:
         run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         with self._lock:
-            self._db.execute("INSERT INTO runs VALUES (?, ?, ?, ?)", (run_id, time.time(), origin, description))
+            self._db.execute("INSERT INTO runs (run_id, started, origin, description) VALUES (?, ?, ?, ?)",
+                             (run_id, time.time(), origin, description))
         self.prune()
         return run_id
 
@@ -150,27 +156,33 @@ class ResultsStore:
                result.status.value, result.reward, time.time(), result.wall_s, record.source,
                json.dumps(list(record.notes)), result.model_dump_json())
         with self._lock:
-            self._db.execute(f"INSERT OR REPLACE INTO rollouts ({_COLUMNS}, result) VALUES ({', '.join('?' * 13)})",
-                             row)
+            self._db.execute(_UPSERT, row)
             self._writes += 1
             due = self._writes % PRUNE_EVERY == 0
         if due:
             self.prune()
 
     def prune(self, now: float | None = None) -> int:
-        """Apply retention as of `now` (default: the present); the number of rollouts removed."""
-        removed = 0
-        with self._lock:
+        """Apply retention as of `now` (default: the present); the number of rollouts removed. Runs left empty
+        by it go too; a run started after every rollout removed stays (another writer may just have opened it
+        and not written yet). Pruners take turns (`Backend.exclusive`): two never delete crosswise."""
+        if self.max_age_days <= 0 and self.max_rollouts <= 0:
+            return 0
+        rowid = self._dialect.rowid
+        finished: list[float] = []
+        with self._lock, self._db.exclusive():
             if self.max_age_days > 0:
                 cutoff = (time.time() if now is None else now) - self.max_age_days * 86400
-                removed += self._db.execute("DELETE FROM rollouts WHERE finished < ?", (cutoff,)).rowcount
+                finished += [row[0] for row in self._db.query(
+                    "DELETE FROM rollouts WHERE finished < ? RETURNING finished", (cutoff,))]
             if self.max_rollouts > 0:
-                removed += self._db.execute(
-                    "DELETE FROM rollouts WHERE rowid NOT IN (SELECT rowid FROM rollouts ORDER BY finished DESC "
-                    "LIMIT ?)", (self.max_rollouts,)).rowcount
-            if removed:
-                self._db.execute("DELETE FROM runs WHERE run_id NOT IN (SELECT DISTINCT run_id FROM rollouts)")
-        return removed
+                finished += [row[0] for row in self._db.query(
+                    f"DELETE FROM rollouts WHERE {rowid} NOT IN (SELECT {rowid} FROM rollouts ORDER BY finished DESC "
+                    "LIMIT ?) RETURNING finished", (self.max_rollouts,))]
+            if finished:
+                self._db.execute("DELETE FROM runs WHERE started <= ? AND run_id NOT IN "
+                                 "(SELECT DISTINCT run_id FROM rollouts)", (max(finished),))
+        return len(finished)
 
     # -- reading -------------------------------------------------------------------------------------------
 
@@ -179,42 +191,43 @@ class ResultsStore:
                  "LEFT JOIN rollouts ON rollouts.run_id = runs.run_id GROUP BY runs.run_id ORDER BY started DESC "
                  "LIMIT ?")
         with self._lock:
-            return [RunRow(*row) for row in self._db.execute(query, (limit,)).fetchall()]
+            return [RunRow(*row) for row in self._db.query(query, (limit,))]
 
     def rollouts(self, filters: Filters | None = None, limit: int = 200, offset: int = 0) -> list[RolloutRow]:
-        where, values = (filters or Filters()).where()
+        where, values = (filters or Filters()).where(self._dialect)
         query = f"SELECT {_COLUMNS} FROM rollouts{where} ORDER BY finished DESC LIMIT ? OFFSET ?"
         with self._lock:
-            rows = self._db.execute(query, (*values, limit, offset)).fetchall()
+            rows = self._db.query(query, (*values, limit, offset))
         return [RolloutRow(*row[:11], json.loads(row[11])) for row in rows]
 
     def measures(self, filters: Filters | None = None, limit: int = 2000) -> list[tuple[RolloutRow, dict[str, Any]]]:
         """The newest `limit` rollouts matching, each with its result's `timings` and `limits_hit` (read from the
-        stored JSON by SQLite, not parsed whole here): what the Runs view's charts plot."""
-        where, values = (filters or Filters()).where()
-        query = (f"SELECT {_COLUMNS}, json_extract(result, '$.timings'), json_extract(result, '$.limits_hit') "
-                 f"FROM rollouts{where} ORDER BY finished DESC LIMIT ?")
+        stored JSON by the database, not parsed whole here): what the Runs view's charts plot."""
+        where, values = (filters or Filters()).where(self._dialect)
+        field = self._dialect.json_field
+        timings, limits_hit = (field.format(column="result", key=key) for key in ("timings", "limits_hit"))
+        query = f"SELECT {_COLUMNS}, {timings}, {limits_hit} FROM rollouts{where} ORDER BY finished DESC LIMIT ?"
         with self._lock:
-            rows = self._db.execute(query, (*values, limit)).fetchall()
+            rows = self._db.query(query, (*values, limit))
         return [(RolloutRow(*row[:11], json.loads(row[11])),
                  {"timings": json.loads(row[12] or "{}"), "limits_hit": json.loads(row[13] or "[]")}) for row in rows]
 
     def task_outcomes(self, filters: Filters | None = None) -> list[tuple[str, int, int, int, float]]:
         """Per task: (task id, rollouts, scored rollouts, passes (reward 1), seconds of the scored ones), most
         rollouts first: what a task sampler learns from (`tasks.sampler`, `coding-agent-env tasks stats`)."""
-        where, values = (filters or Filters()).where()
-        query = (f"SELECT task_id, COUNT(*), COUNT(reward), SUM(reward >= 1.0), "
+        where, values = (filters or Filters()).where(self._dialect)
+        query = (f"SELECT task_id, COUNT(*), COUNT(reward), SUM(CASE WHEN reward >= 1.0 THEN 1 ELSE 0 END), "
                  f"SUM(CASE WHEN reward IS NOT NULL THEN wall_s ELSE 0 END) FROM rollouts{where} "
                  "GROUP BY task_id ORDER BY COUNT(*) DESC, task_id")
         with self._lock:
-            rows = self._db.execute(query, values).fetchall()
+            rows = self._db.query(query, values)
         return [(task, total, scored, int(passes or 0), float(seconds or 0.0)) for task, total, scored, passes, seconds
                 in rows]
 
     def result(self, rollout_id: str) -> RolloutResult | None:
         with self._lock:
-            row = self._db.execute("SELECT result FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone()
-        return RolloutResult.model_validate_json(row[0]) if row else None
+            rows = self._db.query("SELECT result FROM rollouts WHERE rollout_id = ?", (rollout_id,))
+        return RolloutResult.model_validate_json(rows[0][0]) if rows else None
 
     def export(self, out: TextIO, filters: Filters | None = None) -> int:
         """Write the matching rollouts as JSONL (the batch journal's line shape plus `run_id`), oldest first,
@@ -226,17 +239,18 @@ class ResultsStore:
         return count
 
     def _export_lines(self, filters: Filters) -> Iterator[str]:
-        where, values = filters.where()
+        where, values = filters.where(self._dialect)
+        rowid = self._dialect.rowid
         last = -1
         while True:
-            clause = f"{where} AND rowid > ?" if where else " WHERE rowid > ?"
-            query = (f"SELECT rowid, run_id, task_id, attempt, source, notes, result FROM rollouts{clause} "
-                     "ORDER BY rowid LIMIT 500")
+            clause = f"{where} AND {rowid} > ?" if where else f" WHERE {rowid} > ?"
+            query = (f"SELECT {rowid}, run_id, task_id, attempt, source, notes, result FROM rollouts{clause} "
+                     f"ORDER BY {rowid} LIMIT {_EXPORT_PAGE}")
             with self._lock:
-                rows = self._db.execute(query, (*values, last)).fetchall()
+                rows = self._db.query(query, (*values, last))
             if not rows:
                 return
-            for rowid, run_id, task_id, attempt, source, notes, result in rows:
-                last = rowid
+            for key, run_id, task_id, attempt, source, notes, result in rows:
+                last = key
                 yield (f'{{"run_id":{json.dumps(run_id)},"task_id":{json.dumps(task_id)},"attempt":{attempt},'
                        f'"source":{json.dumps(source)},"notes":{notes},"result":{result}}}')

@@ -107,7 +107,7 @@ def location_argument(text: str) -> Location:
 def _check_url(url: str) -> None:
     """Raise `StoreLocationError` (naming only the redacted URL) unless `url` is a well-formed libpq URL."""
     shown = redact(url)
-    scheme, sep, rest = url.partition("://")
+    scheme, sep, _ = url.partition("://")
     if scheme.lower() not in POSTGRES_SCHEMES or not sep:
         raise StoreLocationError(f"results store {shown!r}: a PostgreSQL URL starts postgresql:// or postgres://")
     if any(char.isspace() for char in url):

@@ -4,8 +4,9 @@ select (`runs.charts`: pass rate and mean reward per task, the reward distributi
 minute, limits hit) and each task as the curriculum sampler weighs it; and one rollout's page: its verdict,
 commands and outputs, files, LLM turns, timings and raw result.
 
-Reads only; the store is opened per action (it may be written by other processes meanwhile: SQLite WAL), and
-the handlers are plain functions, which Gradio runs on its worker threads, off the server's event loop.
+Reads only; the store is opened per action (other processes may write it meanwhile: SQLite WAL, or a shared
+PostgreSQL database), and the handlers are plain functions, which Gradio runs on its worker threads, off the
+server's event loop. A store that cannot be reached is a note in the view, its URL's password redacted.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from coding_agent_env.api.ui import render
 from coding_agent_env.api.ui.result_view import result_tabs
 from coding_agent_env.models import AGENT_NAMES, RolloutStatus
 from coding_agent_env.runs import charts
-from coding_agent_env.runs.store import Filters, ResultsStore, default_path
+from coding_agent_env.runs.store import Filters, ResultsStore, ResultsStoreError, default_path
 from coding_agent_env.settings import Settings
 
 __all__ = ["ROLLOUT_COLUMNS", "runs_tab"]
@@ -40,9 +41,15 @@ def _when(stamp: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
 
 
-def _open(settings: Settings) -> ResultsStore | None:
+def _open(settings: Settings) -> tuple[ResultsStore | None, str]:
+    """The store (None when there is none yet, or it cannot be reached) and, without one, why (redacted)."""
     path = default_path(settings)
-    return ResultsStore(path) if path.exists() else None
+    if not path.exists():
+        return None, f"No results store yet at {path}: run a batch (`coding-agent-env run`)."
+    try:
+        return ResultsStore(path), ""
+    except ResultsStoreError as exc:  # a database server down is a notice in the view, not a traceback
+        return None, f"The results store cannot be read: {exc}"
 
 
 def _bound(text: str | None) -> float | None:
@@ -56,9 +63,9 @@ def list_rows(settings: Settings, task: str, agent: str, status: str, min_reward
               run_id: str) -> tuple[list[list[object]], list[list[object]], str]:
     """(the rollouts matching, the runs, a note) for the filters as the form gives them ("" means any; a reward
     bound that is not a number is ignored)."""
-    store = _open(settings)
+    store, why = _open(settings)
     if store is None:
-        return [], [], f"No results store yet at {default_path(settings)}: run a batch (`coding-agent-env run`)."
+        return [], [], why
     with store:
         filters = Filters(run_id or None, task or None, agent or None, status or None, _bound(min_reward),
                           _bound(max_reward))
@@ -74,7 +81,7 @@ def list_rows(settings: Settings, task: str, agent: str, status: str, min_reward
 def chart_tables(settings: Settings, task: str, agent: str, status: str, min_reward: str, max_reward: str,
                  run_id: str) -> dict[str, pd.DataFrame]:
     """Each chart's table (`CHARTS`) for the filters as the form gives them; empty tables without a store."""
-    store = _open(settings)
+    store, _ = _open(settings)
     measured: list[Any] = []
     outcomes: list[Any] = []
     if store is not None:
@@ -105,7 +112,7 @@ def timings_html(result: Any) -> str:
 
 def rollout_page(settings: Settings, rollout_id: str) -> dict[str, Any]:
     """The parts of one rollout's page, by name; `notice` alone when it cannot be shown."""
-    store = _open(settings)
+    store, _ = _open(settings)
     rollout_id = (rollout_id or "").strip()
     result = None
     if store is not None and rollout_id:

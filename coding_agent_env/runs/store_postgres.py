@@ -1,0 +1,134 @@
+"""The results store in a PostgreSQL database, shared by every server replica and batch pointed at one URL.
+
+The driver (`psycopg` 3, the `postgres` extra) is imported here, and this module only when such a store is
+opened. Every driver error is translated here into the store's own errors, with the URL's password removed.
+Writers coordinate through the database: each statement is its own transaction (autocommit; inserts are
+upserts by rollout id, so a retried write is harmless), and schema creation and retention run under one
+transaction-scoped advisory lock, so two writers never race `CREATE TABLE` nor delete the same rows in
+different orders (which could deadlock).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from coding_agent_env.runs.store_backend import Backend, Dialect, statements
+from coding_agent_env.runs.store_errors import (
+    ResultsStoreError,
+    StoreLocationError,
+    StoreMissingExtraError,
+    StoreUnavailableError,
+)
+from coding_agent_env.runs.store_location import PostgresLocation
+
+__all__ = ["SCHEMA", "PostgresBackend"]
+
+CONNECT_TIMEOUT_S = 10
+"""How long opening the store waits for the server, unless the URL says (`connect_timeout=`)."""
+_LOCK_KEY = 0x636165_7273  # "cae" "rs": the advisory lock of this schema's exclusive sections
+_APPLICATION = "coding-agent-env results store"
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY, started DOUBLE PRECISION NOT NULL, origin TEXT NOT NULL,
+    description TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS rollouts (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY,
+    rollout_id TEXT PRIMARY KEY, run_id TEXT NOT NULL, task_id TEXT NOT NULL, attempt INTEGER NOT NULL,
+    agent TEXT NOT NULL, sandbox TEXT NOT NULL, status TEXT NOT NULL, reward DOUBLE PRECISION,
+    finished DOUBLE PRECISION NOT NULL, wall_s DOUBLE PRECISION NOT NULL, source TEXT NOT NULL DEFAULT '',
+    notes TEXT NOT NULL DEFAULT '[]', result TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS rollouts_seq ON rollouts (seq);
+CREATE INDEX IF NOT EXISTS rollouts_finished ON rollouts (finished);
+CREATE INDEX IF NOT EXISTS rollouts_task ON rollouts (task_id);
+CREATE INDEX IF NOT EXISTS rollouts_run ON rollouts (run_id)
+"""
+# `result` stays TEXT (not jsonb): export writes it back byte for byte; the charts' two fields are cast per query.
+DIALECT = Dialect(rowid="seq", contains="strpos({column}, ?) > 0", json_field="(({column})::jsonb -> '{key}')::text")
+
+
+def _driver() -> Any:
+    try:
+        return importlib.import_module("psycopg")
+    except ImportError as exc:
+        raise StoreMissingExtraError() from exc
+
+
+class PostgresBackend(Backend):
+    """A connection (autocommit) to the database at `location`; the schema is made if missing. A connection
+    the server dropped (restart, failover) is replaced before the next statement."""
+
+    dialect = DIALECT
+
+    def __init__(self, location: PostgresLocation) -> None:
+        self.location = location
+        self._psycopg = _driver()
+        self._conn = self._connect()
+        with self.exclusive():
+            for statement in statements(SCHEMA):
+                self._conn.execute(statement)
+
+    def _connect(self) -> Any:
+        psycopg = self._psycopg
+        try:
+            params = psycopg.conninfo.conninfo_to_dict(self.location.url)
+        except psycopg.Error as exc:
+            raise StoreLocationError(f"results store {self.location}: not a valid PostgreSQL URL: "
+                                     f"{self._redacted(exc)}") from None
+        params.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
+        params.setdefault("application_name", _APPLICATION)
+        try:
+            return psycopg.connect(autocommit=True, **params)
+        except psycopg.Error as exc:
+            # `from None`: the driver's exception may carry the conninfo; ours says all, redacted.
+            raise StoreUnavailableError(f"results store {self.location}: cannot connect: "
+                                        f"{self._redacted(exc)}") from None
+
+    def _redacted(self, exc: BaseException) -> str:
+        text = " ".join(str(exc).split())
+        for secret in self.location.secrets():
+            text = text.replace(secret, "***")
+        return text
+
+    def _live(self) -> Any:
+        if self._conn.closed or self._conn.broken:
+            self._conn = self._connect()
+        return self._conn
+
+    @contextmanager
+    def _translated(self) -> Iterator[None]:
+        psycopg = self._psycopg
+        try:
+            yield
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            raise StoreUnavailableError(f"results store {self.location}: {self._redacted(exc)}") from None
+        except psycopg.Error as exc:
+            raise ResultsStoreError(f"results store {self.location}: {self._redacted(exc)}") from None
+
+    @staticmethod
+    def _sql(sql: str) -> str:
+        # The store writes `?` placeholders (and no `%`): psycopg's are `%s`.
+        return sql.replace("?", "%s")
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        with self._translated():
+            return self._live().execute(self._sql(sql), tuple(params)).rowcount
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._translated():
+            return self._live().execute(self._sql(sql), tuple(params)).fetchall()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._translated():
+            conn = self._live()
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+                yield
+
+    def close(self) -> None:
+        self._conn.close()
