@@ -1,4 +1,5 @@
-"""The results store: filters, export, retention by count and by age, two writers."""
+"""The results store: filters, export, retention by count and by age, two writers; each test against both kinds
+of store (`store_location`: a SQLite file, a real PostgreSQL database)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ def record(n: int, reward: float | None, agent: str = "oracle") -> Record:
     return Record(f"task-{n % 3}", 1 + n // 3, result, source=f"src/{n}", notes=("a note",))
 
 
-def test_filters_export_and_show(tmp_path: Path) -> None:
-    with ResultsStore(tmp_path / "r.sqlite") as store:
+def test_filters_export_and_show(store_location: str) -> None:
+    with ResultsStore(store_location) as store:
         run = store.new_run("batch", "run x")
         for n in range(9):
             store.add(run, record(n, None if n == 4 else n / 8, agent="pi" if n % 2 else "oracle"))
@@ -41,8 +42,8 @@ def test_filters_export_and_show(tmp_path: Path) -> None:
         assert summary.rollouts == 9 and summary.description == "run x"
 
 
-def test_retention_by_count_and_age(tmp_path: Path) -> None:
-    path = tmp_path / "r.sqlite"
+def test_retention_by_count_and_age(store_location: str) -> None:
+    path = store_location
     with ResultsStore(path, max_rollouts=5) as store:
         run = store.new_run("batch")
         for n in range(8):
@@ -54,8 +55,8 @@ def test_retention_by_count_and_age(tmp_path: Path) -> None:
         assert store.prune(now=time.time() + 86400 + 60) == 5 and store.rollouts() == [] and store.runs() == []
 
 
-def test_two_writers_share_the_file(tmp_path: Path) -> None:
-    path = tmp_path / "r.sqlite"
+def test_two_writers_share_the_store(store_location: str) -> None:
+    path = store_location
     with ResultsStore(path) as one, ResultsStore(path) as two:
         run_one, run_two = one.new_run("batch"), two.new_run("server")
         for n in range(20):
@@ -63,10 +64,10 @@ def test_two_writers_share_the_file(tmp_path: Path) -> None:
         assert len(one.rollouts()) == 20 and {r.origin for r in two.runs()} == {"batch", "server"}
 
 
-def test_runs_command_lists_shows_and_exports(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_runs_command_lists_shows_and_exports(store_location: str, tmp_path: Path, capsys) -> None:  # noqa: ANN001
     from coding_agent_env.cli.main import main
 
-    db = tmp_path / "r.sqlite"
+    db = store_location
     with ResultsStore(db) as store:
         run = store.new_run("batch", "run demo")
         for n in range(4):
@@ -85,12 +86,12 @@ def test_runs_command_lists_shows_and_exports(tmp_path: Path, capsys) -> None:  
     assert main(["runs", "list", "--results-db", str(tmp_path / "none.sqlite")]) == 2
 
 
-def test_tasks_stats_weighs_each_task_as_the_curriculum_does(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_tasks_stats_weighs_each_task_as_the_curriculum_does(store_location: str, capsys) -> None:  # noqa: ANN001
     """`coding-agent-env tasks stats`: per task its rollouts, scored attempts, passes, pass rate under the prior,
     signal for a group of G and the curriculum's normalised weight, from the store's outcomes."""
     from coding_agent_env.cli.main import main
 
-    path = tmp_path / "r.sqlite"
+    path = store_location
     with ResultsStore(path) as store:
         run = store.new_run("batch")
         for n, (task, reward) in enumerate([("solved", 1.0)] * 4 + [("mixed", 1.0), ("mixed", 0.0)] * 2
@@ -106,3 +107,16 @@ def test_tasks_stats_weighs_each_task_as_the_curriculum_does(tmp_path: Path, cap
     weights = {task: float(line[-1]) for task, line in lines.items()}
     assert weights["mixed"] > weights["solved"] and sum(weights.values()) == pytest.approx(1.0, abs=0.002)
     assert lines["broken"][4] == "0.50"  # never scored: the prior's p, worth trying
+
+
+def test_a_prune_keeps_the_run_another_writer_just_opened(store_location: str) -> None:
+    """Retention drops the runs it emptied, not a run opened since (a replica about to write its first row)."""
+    with ResultsStore(store_location, max_rollouts=2) as pruner, ResultsStore(store_location) as other:
+        old = pruner.new_run("batch")
+        for n in range(4):
+            pruner.add(old, record(n, 1.0))
+        fresh = other.new_run("server")
+        assert pruner.prune() == 2
+        assert {r.run_id for r in pruner.runs()} == {old, fresh}
+        other.add(fresh, record(9, 0.5))
+        assert pruner.prune() == 1 and {r.run_id: r.rollouts for r in other.runs()} == {old: 1, fresh: 1}
