@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Self
 
 __all__ = ["PostgresServer", "postgres_bin"]
 
@@ -105,7 +106,7 @@ class PostgresServer:
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> PostgresServer:
+    def __enter__(self) -> Self:
         try:
             return self.start()
         except BaseException:

@@ -27,10 +27,11 @@ _HIDDEN = "***"
 
 
 def redact(url: str) -> str:
-    """`url` with its password (in the user info and in a `password=` parameter) replaced by `***`."""
+    """`url` with its password (in the user info and in a `password=` parameter) replaced by `***`; a text that
+    is not `scheme://...` shows its scheme only (where a password would be cannot be told)."""
     scheme, sep, rest = url.partition("://")
     if not sep:
-        return url
+        return url.partition(":")[0] + ":" + _HIDDEN
     rest, hash_sep, fragment = rest.partition("#")
     rest, query_sep, query = rest.partition("?")
     netloc, slash, path = rest.partition("/")
@@ -69,7 +70,7 @@ class PostgresLocation:
         userinfo, at, _ = netloc.rpartition("@")
         if at and ":" in userinfo:
             found.append(userinfo.partition(":")[2])
-        found += [value for key, value in parse_qsl(urlsplit(self.url).query, keep_blank_values=True)
+        found += [value for key, _, value in (pair.partition("=") for pair in urlsplit(self.url).query.split("&"))
                   if key.lower() == "password"]
         return tuple({text for raw in found for text in (raw, unquote(raw)) if text})
 
