@@ -26,7 +26,7 @@ from typing import Any, TextIO
 
 from coding_agent_env.models import RolloutResult
 from coding_agent_env.runs.journal import Record
-from coding_agent_env.runs.store_backend import Dialect, open_backend
+from coding_agent_env.runs.store_backend import Backend, Dialect
 from coding_agent_env.runs.store_errors import ResultsStoreError
 from coding_agent_env.runs.store_location import Location, PostgresLocation, parse_location
 from coding_agent_env.runs.store_sqlite import DIALECT as SQLITE
@@ -40,6 +40,18 @@ _UPSERT = (f"INSERT INTO rollouts ({_COLUMNS}, result) VALUES ({', '.join('?' * 
            "DO UPDATE SET " + ", ".join(f"{column} = excluded.{column}" for column in
                                         (*_COLUMNS.split(", ")[1:], "result")))
 _EXPORT_PAGE = 500
+
+
+def open_backend(location: Location) -> Backend:
+    """Connect to the store at `location`: a SQLite file, or a PostgreSQL database (its module, and the driver,
+    imported only then)."""
+    if isinstance(location, Path):
+        from coding_agent_env.runs.store_sqlite import SqliteBackend
+
+        return SqliteBackend(location)
+    from coding_agent_env.runs.store_postgres import PostgresBackend
+
+    return PostgresBackend(location)
 
 
 def default_path(settings: Settings) -> Location:

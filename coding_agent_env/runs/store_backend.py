@@ -1,7 +1,8 @@
 """The contract between the results store (`runs.store`, dialect-neutral) and one database: a connection that
 runs statements written with `?` placeholders, the few SQL fragments that differ between dialects, and a
-section in which one writer alone prunes. `open_backend` picks the module by location and imports a driver
-only when its kind of store is used (`StoreMissingExtraError` names the extra that brings it)."""
+section in which one writer alone prunes. One module per database implements it (`store_sqlite`,
+`store_postgres`); `runs.store` picks one by location and imports a driver only when its kind of store is used
+(`StoreMissingExtraError` names the extra that brings it)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from coding_agent_env.runs.store_location import Location
-
-__all__ = ["Backend", "Dialect", "open_backend"]
+__all__ = ["Backend", "Dialect", "statements"]
 
 
 @dataclass(frozen=True)
@@ -51,17 +49,6 @@ class Backend(ABC):
     @abstractmethod
     def close(self) -> None:
         """Close the connection (idempotent)."""
-
-
-def open_backend(location: Location) -> Backend:
-    """Connect to the store at `location` (a SQLite file's path, or a PostgreSQL database)."""
-    if isinstance(location, Path):
-        from coding_agent_env.runs.store_sqlite import SqliteBackend
-
-        return SqliteBackend(location)
-    from coding_agent_env.runs.store_postgres import PostgresBackend
-
-    return PostgresBackend(location)
 
 
 def statements(script: str) -> Iterator[str]:
