@@ -67,6 +67,7 @@ class PostgresBackend(Backend):
     def __init__(self, location: PostgresLocation) -> None:
         self.location = location
         self._psycopg = _driver()
+        self._exclusive = False
         self._conn = self._connect()
         with self.exclusive():
             for statement in statements(SCHEMA):
@@ -114,13 +115,26 @@ class PostgresBackend(Backend):
         # The store writes `?` placeholders (and no `%`): psycopg's are `%s`.
         return sql.replace("?", "%s")
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+    def _statement(self, sql: str, params: Sequence[Any]) -> Any:
+        """Run one statement; a connection found dead by it (server restarted, connection killed) is replaced
+        and the statement run once more, unless it was part of an `exclusive` transaction (which is then
+        rolled back as a whole). Every statement the store sends outside one is safe to repeat: upserts,
+        deletes, reads, and inserts of fresh run ids."""
         with self._translated():
-            return self._live().execute(self._sql(sql), tuple(params)).rowcount
+            conn = self._live()
+            try:
+                return conn.execute(self._sql(sql), tuple(params))
+            except self._psycopg.OperationalError:
+                if self._exclusive or not conn.broken:
+                    raise
+            return self._live().execute(self._sql(sql), tuple(params))
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return self._statement(sql, params).rowcount
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._translated():
-            return self._live().execute(self._sql(sql), tuple(params)).fetchall()
+            return self._statement(sql, params).fetchall()
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -128,7 +142,11 @@ class PostgresBackend(Backend):
             conn = self._live()
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-                yield
+                self._exclusive = True
+                try:
+                    yield
+                finally:
+                    self._exclusive = False
 
     def close(self) -> None:
         self._conn.close()

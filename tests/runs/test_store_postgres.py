@@ -234,3 +234,38 @@ def test_two_server_replicas_write_one_store_the_runs_view_reads(postgres_url: s
     password = postgres_url.split(":")[2].split("@")[0]
     for server in servers:
         assert password not in server.log_path.read_text(errors="replace")
+
+
+def test_a_batch_run_adds_to_the_shared_store_and_prints_it_redacted(postgres_url: str, tmp_path: Path) -> None:
+    """`coding-agent-env run --results-db postgresql://...`: the rows land in the database, and what the batch
+    prints names the store without its password."""
+    state = Path(tempfile.mkdtemp(prefix="cae-batch-"))
+    os.chmod(state, 0o711)  # sandbox uids traverse to their roots
+    try:
+        argv = [sys.executable, "-m", "coding_agent_env.cli", "run", str(ROOT / "examples" / "tasks" / "hello-file"),
+                "--agent", "oracle", "--out", str(tmp_path / "out.jsonl"), "--no-progress", "--results-db",
+                postgres_url]
+        done = subprocess.run(argv, cwd=tmp_path, env={**os.environ, "STATE_DIR": str(state), **_uid_range()},
+                              capture_output=True, text=True, timeout=300, check=False)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    password = postgres_url.split(":")[2].split("@")[0]
+    assert password not in done.stdout + done.stderr and "and the results store postgresql://cae:***@/" in done.stdout
+    with ResultsStore(postgres_url) as store:
+        (row,) = store.rollouts()
+        assert row.task_id == "hello-file" and row.reward == 1.0 and store.runs()[0].origin == "batch"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl"]
+
+
+def test_a_dropped_connection_is_replaced_without_losing_the_write(postgres_server: PostgresServer,
+                                                                   postgres_url: str) -> None:
+    """The server ends the store's session (as a restart or failover would): the next write still lands."""
+    with ResultsStore(postgres_url) as store:
+        run = store.new_run("server")
+        database = postgres_url.split("@/", 1)[1].split("?", 1)[0]
+        postgres_server.admin("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = "
+                              f"'coding-agent-env results store' AND datname = '{database}'")
+        store.add(run, Record("t", 1, RolloutResult(rollout_id="after", task_id="t", agent="oracle", sandbox="local",
+                                                    status=RolloutStatus.COMPLETED, reward=1.0)))
+        assert [row.rollout_id for row in store.rollouts()] == ["after"]
