@@ -60,7 +60,7 @@ def _driver() -> Any:
 
 class PostgresBackend(Backend):
     """A connection (autocommit) to the database at `location`; the schema is made if missing. A connection
-    the server dropped (restart, failover) is replaced before the next statement."""
+    the server dropped (restart, failover) is replaced, and the statement that found it dead run again."""
 
     dialect = DIALECT
 

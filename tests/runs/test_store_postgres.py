@@ -146,6 +146,9 @@ def test_an_unreachable_or_refusing_server_is_a_clear_redacted_error(postgres_se
     with pytest.raises(StoreUnavailableError, match="cannot connect") as down:
         ResultsStore(nowhere)
     assert postgres_server.password not in str(down.value)
+    with pytest.raises(StoreLocationError, match='invalid URI query parameter: "bogus"') as unknown:
+        ResultsStore(postgres_server.url() + "&bogus=1")  # well-formed, but not libpq's: refused when opened
+    assert postgres_server.password not in str(unknown.value)
     missing_db = postgres_server.url("no_such_database")
     with pytest.raises(StoreUnavailableError, match="does not exist") as absent:
         ResultsStore(missing_db)
