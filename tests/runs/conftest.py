@@ -5,6 +5,7 @@ both kinds of store."""
 from __future__ import annotations
 
 import os
+import pwd
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,14 +14,25 @@ import pytest
 from tests.pg import PostgresServer, postgres_bin
 
 
+def _user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
     bin_dir = postgres_bin()
-    if bin_dir is None:
+    missing = "PostgreSQL is not installed (apt-get install postgresql)" if bin_dir is None else ""
+    if bin_dir is not None and os.geteuid() == 0 and not _user_exists("postgres"):
+        missing = "running as root, PostgreSQL needs the `postgres` user (Debian's package makes it)"
+    if missing:
         if os.environ.get("CI") == "true":
-            pytest.fail("PostgreSQL is not installed (apt-get install postgresql): the shared results store is "
-                        "untested")
-        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+            pytest.fail(f"{missing}: the shared results store is untested")
+        pytest.skip(missing)
+    assert bin_dir is not None
     with PostgresServer(bin_dir) as server:
         yield server
 
