@@ -72,7 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group-size", type=int, default=8, metavar="G",
                         help="with --sampler curriculum: the trainer's group size (default 8)")
     parser.add_argument("--sandbox", help="sandbox backend (default: the first of SANDBOX_BACKENDS)")
-    parser.add_argument("--server", metavar="URL", help="run on this server (over WebSocket) instead of in-process")
+    parser.add_argument("--server", metavar="URL", action="append", default=None,
+                        help="run on this server (over WebSocket) instead of in-process; repeat it (or give "
+                        "comma-separated URLs) to spread the rollouts across several servers")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSONL journal, one line per rollout; rerunning with it skips what is done (default: "
                         "STATE_DIR/runs/<run id>.jsonl, a new one per run)")
@@ -122,8 +124,23 @@ class StoreSink:
 
 def _describe(args: argparse.Namespace) -> str:
     """The batch's command line, without anything secret (keys never are on it)."""
-    return " ".join(["run", *args.tasks, *(f"--{k.replace('_', '-')} {getattr(args, k)}" for k in
+    return " ".join(["run", *args.tasks, *(f"--{k.replace('_', '-')} {_shown(getattr(args, k))}" for k in
                      ("agent", "model", "endpoint", "sandbox", "server", "attempts") if getattr(args, k))])
+
+
+def _shown(value: Any) -> str:
+    return ",".join(value) if isinstance(value, list) else str(value)
+
+
+def _servers(args: argparse.Namespace) -> tuple[str, ...]:
+    """`--server`'s URLs (repeated and/or comma-separated), each once, in order; none: in-process."""
+    if args.server is None:
+        return ()
+    urls = dict.fromkeys(url.strip().rstrip("/") for value in args.server for url in value.split(","))
+    urls.pop("", None)
+    if not urls:
+        raise InvalidTaskError("--server needs a URL")
+    return tuple(urls)
 
 
 def _sampling(args: argparse.Namespace, store: Path | None) -> Sampling | None:
@@ -178,9 +195,10 @@ def _run(args: argparse.Namespace, settings: Settings, sinks: list[RecordSink], 
                           ignore_dockerfile=args.ignore_dockerfile, image_map=settings.image_map)
     overrides = _overrides(args)
     plan = BatchPlan(attempts=args.attempts, concurrency=args.concurrency, overrides=overrides)
-    executor: Executor = (ServerExecutor(args.server, args.concurrency) if args.server
-                          else InProcessExecutor(settings))
+    servers = _servers(args)
     console = Console(stderr=True)
+    executor: Executor = (ServerExecutor(servers, args.concurrency, notice=lambda line: console.print(
+        line, soft_wrap=True, markup=False, highlight=False)) if servers else InProcessExecutor(settings))
     total = sampling.rollouts if sampling is not None else count_tasks(args.tasks) * args.attempts
     key = overrides.get("api_key")
     failures = Failures(redactor=Redactor([key.get_secret_value() if key is not None else None]))
@@ -198,6 +216,8 @@ def _run(args: argparse.Namespace, settings: Settings, sinks: list[RecordSink], 
     stdout = Console(file=sys.stdout)
     stdout.print(summary_table(summary, args.attempts))
     for line in failures.lines():
+        stdout.print(line, soft_wrap=True, markup=False, highlight=False)
+    for line in executor.report() if isinstance(executor, ServerExecutor) else []:
         stdout.print(line, soft_wrap=True, markup=False, highlight=False)
     where = f"rollouts written to {out}" + (f" and the results store {store} (run {run_id})" if store else "")
     stdout.print(where, soft_wrap=True, markup=False, highlight=False)

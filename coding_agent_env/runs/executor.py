@@ -1,5 +1,6 @@
-"""Where a batch's rollouts run: in this process (the pipeline, with the sandbox backends built once), or on a
-running server over the WebSocket client trainers use (one connection, so one session slot, per worker).
+"""Where a batch's rollouts run: in this process (the pipeline, with the sandbox backends built once), or on
+running servers over the WebSocket client trainers use (one connection, so one session slot, per worker; with
+several servers the workers spread across them).
 
 `Executor.run` gives a result or raises `Refused` (nothing ran). Anything else it raises is a failure of ours
 inside that one rollout: the batch turns it into that rollout's result with `failed_result` (status infra_error,
@@ -12,10 +13,13 @@ import abc
 import asyncio
 import logging
 import uuid
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 
 import httpx
+from websockets.exceptions import WebSocketException
 
 from coding_agent_env.client import CodingAgentEnv, ToolCallError
 from coding_agent_env.errors import RequestError
@@ -29,7 +33,7 @@ from coding_agent_env.tasks import LoadedTask
 from coding_agent_env.tasks.context import pack
 from coding_agent_env.urls import IMAGES_PATH, http_url
 
-__all__ = ["Executor", "InProcessExecutor", "Refused", "ServerExecutor", "failed_result"]
+__all__ = ["Executor", "InProcessExecutor", "Refused", "ServerExecutor", "ServerUnreachableError", "failed_result"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +44,11 @@ MAX_ERROR_CHARS = 2000
 class Refused(Exception):
     """The task cannot run here as asked (the backend, the agent or a limit refused it before anything ran):
     reported as such, not as a rollout of the agent."""
+
+
+class ServerUnreachableError(Exception):
+    """No server of the batch could be reached for a rollout (connection refused, unresolvable, the handshake
+    timed out): the message names each server and why. That rollout fails with it; nothing ran."""
 
 
 def failed_result(request: RolloutRequest, exc: BaseException, *, sandbox: str = "") -> RolloutResult:
@@ -120,56 +129,113 @@ class InProcessExecutor(Executor):
 
 
 class ServerExecutor(Executor):
-    """Rollouts on a running server, one WebSocket session per worker (each holds one of the server's slots). A
-    Harbor task whose environment needs an image has the server build it (`POST /images`, once per environment
-    per batch; the server must allow builds: `IMAGE_BUILDS=true`)."""
+    """Rollouts on one or several running servers, one WebSocket session per worker (each holds one of its
+    server's slots). Worker i works on server i mod n and keeps its connection while it works: the batch spreads
+    evenly across the servers, and each rollout runs where its session is. A server that cannot be reached is
+    reported once (`notice`) and left out: its workers spread over the others (it is tried again only when no
+    other answers); a rollout with no server to run on fails with `ServerUnreachableError` naming each server's
+    reason. A Harbor task whose environment needs an image has the rollout's server build it (`POST /images`,
+    once per environment and server per batch; the server must allow builds: `IMAGE_BUILDS=true`). `ran` counts
+    the results each server gave."""
 
-    def __init__(self, url: str, concurrency: int) -> None:
-        self.url = url
-        self._clients: list[CodingAgentEnv | None] = [None] * concurrency
-        self._images: dict[str, asyncio.Future[str]] = {}
+    def __init__(self, urls: Sequence[str], concurrency: int, *,
+                 notice: Callable[[str], None] = log.warning) -> None:
+        if not urls:
+            raise ValueError("no server URL")
+        self.urls = tuple(urls)
+        self.ran: Counter[str] = Counter()
+        self.unreachable: dict[str, str] = {}
+        """Servers that could not be reached -> why (until one answers again)."""
+        self._notice = notice
+        self._clients: list[tuple[str, CodingAgentEnv] | None] = [None] * concurrency
+        self._images: dict[tuple[str, str], asyncio.Future[str]] = {}
 
     async def __aexit__(self, *exc: object) -> None:
-        for client in self._clients:
-            if client is not None:
-                await client.close()
+        for index, held in enumerate(self._clients):
+            if held is not None:
+                self._clients[index] = None
+                await held[1].close()
 
     async def run(self, task: LoadedTask, request: RolloutRequest, worker: int) -> RolloutResult:
-        if task.environment is not None:
-            request = request.model_copy(update={"image": await self._image(task), "sandbox": "docker"})
-        client = self._clients[worker]
-        if client is None:
-            client = self._clients[worker] = CodingAgentEnv(self.url)
-            await client.connect()
-            await client.reset()
+        url, client = await self._client(worker)
         try:
-            return await client.run_rollout(request)
+            if task.environment is not None:
+                request = request.model_copy(update={"image": await self._image(url, task), "sandbox": "docker"})
+            result = await client.run_rollout(request)
         except ToolCallError as exc:
             raise Refused(str(exc)) from exc
+        except Refused:
+            raise
         except BaseException:
             # The connection may be what failed: the next rollout of this worker connects afresh.
             self._clients[worker] = None
             await _close_quietly(client)
             raise
+        self.ran[url] += 1
+        return result
 
-    async def _image(self, task: LoadedTask) -> str:
-        """The server's name for the task's image, built there from the environment directory sent to it."""
+    def _server(self, worker: int, tried: Mapping[str, str]) -> str | None:
+        """The worker's server: its turn among those answering (else among those not tried for this rollout)."""
+        candidates = ([url for url in self.urls if url not in tried and url not in self.unreachable]
+                      or [url for url in self.urls if url not in tried])
+        return candidates[worker % len(candidates)] if candidates else None
+
+    async def _client(self, worker: int) -> tuple[str, CodingAgentEnv]:
+        """The worker's open session, else a new one on its server, else on the next that answers."""
+        held = self._clients[worker]
+        if held is not None:
+            return held
+        tried: dict[str, str] = {}
+        while (url := self._server(worker, tried)) is not None:
+            client = CodingAgentEnv(url)
+            try:
+                await client.connect()
+                await client.reset()
+            except (OSError, WebSocketException, TimeoutError) as exc:
+                await _close_quietly(client)
+                tried[url] = f"cannot connect: {type(exc).__name__}: {exc}"
+                self._down(url, tried[url])
+                continue
+            except BaseException:
+                await _close_quietly(client)
+                raise
+            self.unreachable.pop(url, None)
+            self._clients[worker] = (url, client)
+            return url, client
+        raise ServerUnreachableError("; ".join(f"server {url}: {tried[url]}" for url in self.urls))
+
+    def _down(self, url: str, reason: str) -> None:
+        """Leave `url` out of the next connections; say so the first time (the other servers go on)."""
+        if url not in self.unreachable and len(self.urls) > 1:
+            self._notice(f"server {url} is unreachable ({reason}): its rollouts go to the other servers")
+        self.unreachable[url] = reason
+
+    def report(self) -> list[str]:
+        """With several servers, one line: the results each gave, and which could not be reached."""
+        if len(self.urls) == 1:
+            return []
+        parts = [f"{url} {self.ran[url]}" + (" (unreachable)" if url in self.unreachable else "")
+                 for url in self.urls]
+        return ["rollouts per server: " + ", ".join(parts)]
+
+    async def _image(self, url: str, task: LoadedTask) -> str:
+        """Server `url`'s name for the task's image, built there from the environment directory sent to it."""
         assert task.environment is not None
-        tag = task.environment.tag
-        if tag not in self._images:
-            self._images[tag] = asyncio.ensure_future(self._build(task.environment.context))
+        key = (url, task.environment.tag)
+        if key not in self._images:
+            self._images[key] = asyncio.ensure_future(self._build(url, task.environment.context))
         try:
-            return await asyncio.shield(self._images[tag])
+            return await asyncio.shield(self._images[key])
         except Refused:
             raise
         except Exception as exc:
             raise Refused(f"the server could not build its Docker image: {exc}") from exc
 
-    async def _build(self, context: Path) -> str:
+    async def _build(self, url: str, context: Path) -> str:
         body = await asyncio.to_thread(pack, context)
         # A build may take minutes: no read deadline beyond the server's own build.
         timeout = httpx.Timeout(30.0, read=None)
-        async with httpx.AsyncClient(base_url=http_url(self.url), timeout=timeout) as http:
+        async with httpx.AsyncClient(base_url=http_url(url), timeout=timeout) as http:
             answer = await http.post(IMAGES_PATH, content=body, headers={"Content-Type": "application/x-tar"})
         if answer.status_code != 200:
             try:
