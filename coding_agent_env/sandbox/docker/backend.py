@@ -24,14 +24,20 @@ it exits. How commands reach the launcher is the backend's transport, chosen onc
 `control` (a socket to PID 1, for a daemon on this host) or `exec` (the engine's exec API, any daemon); see
 `control` and `engine_exec`. Either way the environment travels outside any argv.
 
-Containers of a server that died are removed, with their host directories, by `reap_orphans()`, run before the
-first create.
+Groups (`snapshot`, `fork`, see `template`): a set-up sandbox is paused and committed into an image (its
+tmpfs volumes staged into the layer first), each member is a container of that image made as `create` makes
+one, its own tmpfs volumes filled from the stage once it runs. The image goes with the template's release, or
+with its last member to close.
+
+Containers of a server that died are removed, with their host directories, and then its template images, by
+`reap_orphans()`, run before the first create.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -40,13 +46,14 @@ import docker.errors
 import docker.types
 
 from coding_agent_env.settings.backends import DockerConfig
-from coding_agent_env.errors import SandboxError, SandboxUnavailableError
+from coding_agent_env.errors import SandboxError, SandboxUnavailableError, SandboxUnsupportedError
 from coding_agent_env.sandbox.base import (
     BackendStatus,
     Sandbox,
     SandboxBackend,
     SandboxLimits,
     SandboxSpec,
+    SandboxTemplate,
     image_env,
     scopes,
 )
@@ -58,6 +65,7 @@ from coding_agent_env.sandbox.docker.layout import AGENTS_DIR, RELAY_SOCKET, San
 from coding_agent_env.sandbox.docker.reaper import LABEL_OWNER, LABEL_ROLLOUT, owner, reap
 from coding_agent_env.sandbox.docker.sandbox import DockerSandbox, discard
 from coding_agent_env.sandbox.docker.seed import Seeder
+from coding_agent_env.sandbox.docker.template import DockerTemplate, fill, freeze
 from coding_agent_env.sandbox.docker.transport import DockerTransport
 from coding_agent_env.sandbox.launcher.client import SANDBOX_UID
 from coding_agent_env.settings import Settings
@@ -89,6 +97,7 @@ class DockerBackend(SandboxBackend):
         """Whether the engine bounds a container's writable layer (`storage_opt`); None: not known yet."""
         self._image_envs: dict[str, dict[str, str]] = {}
         self._image_ids: dict[str, str] = {}
+        self._image_volumes: dict[str, tuple[str, ...]] = {}
         self._seeder = Seeder()
 
     def client(self) -> docker.DockerClient:
@@ -172,6 +181,16 @@ class DockerBackend(SandboxBackend):
             raise SandboxError(f"building {tag} failed: {exc.msg}: {tail}"[:1000]) from exc
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
+        await self._admit(spec)
+        layout = SandboxLayout.of(spec)
+        image = spec.image or self._config.image
+        seeded = _claimed(spec, layout)
+        box = await self._make(spec, layout, image, seeded, None)
+        seeds = () if self._sized else seeded
+        return await box.opened(self._start(box, spec, seeds))
+
+    async def _admit(self, spec: SandboxSpec) -> None:
+        """Reap once per backend, before its first sandbox; refuse a network policy the server does not allow."""
         if not self._reaped:
             self._reaped = True
             await self.reap_orphans()
@@ -179,9 +198,14 @@ class DockerBackend(SandboxBackend):
             raise SandboxUnavailableError("network policy 'host' is not allowed by this server's operator")
         if spec.network == "llm" and spec.relay is None:
             raise SandboxError("network policy 'llm' needs a relay endpoint")
-        layout = SandboxLayout.of(spec)
+
+    async def _make(self, spec: SandboxSpec, layout: SandboxLayout, image: str, no_copy: tuple[str, ...],
+                    env: Mapping[str, str] | None) -> DockerSandbox:
+        """A created (not started) container of `image` for `spec`, as its `DockerSandbox`; `no_copy`: the
+        mounts the engine leaves empty (filled once started); `env`: the image's ENV, None to look it up."""
         transport = self._transport()
-        creating = asyncio.ensure_future(call("create container", self._create_container, spec, transport, layout))
+        creating = asyncio.ensure_future(call("create container", self._create_container, spec, transport, layout,
+                                              image, no_copy))
         try:
             container_id = await asyncio.shield(creating)
         except BaseException:
@@ -190,7 +214,8 @@ class DockerBackend(SandboxBackend):
             await transport.close()
             raise
         try:
-            env = await self._image_env(spec.image or self._config.image)
+            if env is None:
+                env = await self._image_env(image)
         except BaseException:
             await asyncio.shield(self._discard(creating))
             await transport.close()
@@ -202,8 +227,51 @@ class DockerBackend(SandboxBackend):
                             scopes=self._scopes({**engine, **launcher}, sized),
                             engine_here=self._config.daemon_url.startswith("unix://"))
         box.task_env = MappingProxyType({**env, **spec.env})
-        seeds = () if sized else _claimed(spec, layout)
-        return await box.opened(self._start(box, spec, seeds))
+        return box
+
+    # -- groups: a set-up sandbox frozen into an image, members forked from it (see `template`) ----------------
+
+    def fork_refusal(self, spec: SandboxSpec) -> str | None:
+        """None, but for an image already known to declare a VOLUME (no commit holds one); a layout found
+        uncapturable only at `snapshot` is refused there."""
+        volumes = self._image_volumes.get(spec.image or self._config.image)
+        if volumes:
+            return f"the image declares VOLUME {sorted(volumes)[0]!r}, which a template image cannot hold"
+        return None
+
+    async def snapshot(self, sandbox: Sandbox) -> SandboxTemplate:
+        """Freeze `sandbox` (a `DockerSandbox` of this backend) into a template image (`template.freeze`); the
+        sandbox is closed (its container removed) whatever happens."""
+        try:
+            if not isinstance(sandbox, DockerSandbox) or sandbox.closed:
+                raise SandboxError("only an open sandbox of the Docker backend can be frozen into a template")
+            spec = sandbox.spec
+            env = await self._image_env(spec.image or self._config.image)
+            return await freeze(self.client().api, sandbox.id, spec, sandbox.sandbox_layout, env)
+        finally:
+            await asyncio.shield(sandbox.close())
+
+    async def fork(self, spec: SandboxSpec, template: SandboxTemplate) -> Sandbox:
+        """A member of `template`'s group, made as `create(spec)` makes a sandbox (own container, network, relay,
+        limits, launcher) but of the template's image, its own tmpfs volumes filled from it once started."""
+        layout = SandboxLayout.of(spec)
+        if not isinstance(template, DockerTemplate):
+            raise SandboxUnsupportedError(self.name, "group", f"template {template.id} is not a Docker template")
+        template.admit(spec, layout)
+        await self._admit(spec)
+        template.joined()
+        try:
+            box = await self._make(spec, layout, template.image_id, template.captured, template.env)
+        except BaseException:
+            await asyncio.shield(template.left())
+            raise
+        box.after_close(template.left)
+        return await box.opened(self._start_member(box, template))
+
+    async def _start_member(self, box: DockerSandbox, template: DockerTemplate) -> None:
+        await box.start()
+        labels = {LABEL_ROLLOUT: box.spec.rollout_id, LABEL_OWNER: owner()}
+        await fill(self.client().api, template, box.id, labels)
 
     async def _start(self, box: DockerSandbox, spec: SandboxSpec, seeds: tuple[str, ...]) -> None:
         """Start the container; then copy what the image holds at `seeds` (the mounts over the image's own
@@ -219,11 +287,13 @@ class DockerBackend(SandboxBackend):
     async def _image_env(self, image: str) -> dict[str, str]:
         """The image's ENV (its `Config.Env`), looked up once per image name for the backend's lifetime (a
         Harbor task's image is named by its content hash; a tag rebuilt under a running server keeps the ENV it
-        had when first used)."""
+        had when first used). Its id and declared VOLUMEs are kept with it."""
         if image not in self._image_envs:
             inspected = await call("inspect image", self.client().api.inspect_image, image)
+            config = inspected.get("Config") or {}
             self._image_ids[image] = str(inspected.get("Id") or image)
-            self._image_envs[image] = image_env((inspected.get("Config") or {}).get("Env"))
+            self._image_volumes[image] = tuple(config.get("Volumes") or ())
+            self._image_envs[image] = image_env(config.get("Env"))
         return self._image_envs[image]
 
     async def _discard(self, creating: asyncio.Future[str]) -> None:
@@ -236,11 +306,11 @@ class DockerBackend(SandboxBackend):
     def _spec_limits(self, spec: SandboxSpec) -> SandboxLimits:
         return spec.limits or SandboxLimits.from_settings(self._settings)
 
-    def _create_container(self, spec: SandboxSpec, transport: DockerTransport, layout: SandboxLayout) -> str:
+    def _create_container(self, spec: SandboxSpec, transport: DockerTransport, layout: SandboxLayout, image: str,
+                          no_copy: tuple[str, ...]) -> str:
         c = self._config
         sized = self._is_sized()
         engine, _ = self._limits(self._spec_limits(spec), sized)
-        image = spec.image or c.image
         made = transport.container_spec(c.relay_port if spec.network == "llm" else None, layout)
         volumes = {path: {"bind": path, "mode": "ro"} for path in c.host_binds}
         if spec.network == "llm":
@@ -276,9 +346,8 @@ class DockerBackend(SandboxBackend):
             # the bound and the image's files stay visible (a plain volume would show them, bounded by nothing).
             options = f"size={engine['disk']},mode=0755,uid={SANDBOX_UID},gid={SANDBOX_UID}"
             driver = docker.types.DriverConfig("local", {"type": "tmpfs", "device": "tmpfs", "o": options})
-            seeded = _claimed(spec, layout)
             kwargs["mounts"] = [docker.types.Mount(path, None, type="volume", driver_config=driver,
-                                                   **({"no_copy": True} if path in seeded else {}))
+                                                   **({"no_copy": True} if path in no_copy else {}))
                                 for path in (layout.paths.workdir, *layout.roots)]
         # The low-level API: `containers.create` would inspect the new container (one more round trip).
         api = self.client().api
@@ -292,10 +361,11 @@ class DockerBackend(SandboxBackend):
                 raise
             # overlay2 over xfs without project quotas: the workdir's tmpfs instead, from now on.
             self._sized = False
-            return self._create_container(spec, transport, layout)
+            return self._create_container(spec, transport, layout, image, no_copy)
 
     async def reap_orphans(self) -> int:
-        """Remove labelled containers whose owning server (on this host) is gone, with their host dirs."""
+        """Remove labelled containers whose owning server (on this host) is gone, with their host dirs, and
+        its template images."""
         return await call("reap containers", reap, self.client().api, self._settings.state_dir)
 
     async def aclose(self) -> None:
@@ -311,7 +381,11 @@ def _claimed(spec: SandboxSpec, layout: SandboxLayout) -> tuple[str, ...]:
 
 
 def _create(api: Any, kwargs: dict[str, Any]) -> str:
-    """Create a container with the SDK's own argument mapping; returns its id."""
+    """Create a container with the SDK's own argument mapping; returns its id. The SDK also declares each bind's
+    target a volume of the container's config (`Config.Volumes`): the binds need no such entry, and a commit
+    would make them VOLUMEs of a template's image (fresh anonymous volumes over its members' paths)."""
     from docker.models.containers import _create_container_args
 
-    return str(api.create_container(**_create_container_args(dict(kwargs, version=api._version)))["Id"])
+    args = _create_container_args(dict(kwargs, version=api._version))
+    args.pop("volumes", None)
+    return str(api.create_container(**args)["Id"])

@@ -1,4 +1,5 @@
-"""Labels of this project's containers, and the startup reaper that removes those a dead server left behind."""
+"""Labels of this project's containers and template images, and the startup reaper that removes those a dead
+server left behind."""
 
 from __future__ import annotations
 
@@ -13,13 +14,16 @@ import docker.errors
 from coding_agent_env.pids import pid_alive
 from coding_agent_env.sandbox.launcher.inside.treeops import remove_tree
 
-__all__ = ["LABEL_HOSTDIR", "LABEL_OWNER", "LABEL_ROLLOUT", "owner", "reap"]
+__all__ = ["LABEL_HOSTDIR", "LABEL_OWNER", "LABEL_ROLLOUT", "LABEL_TEMPLATE", "owner", "reap"]
 
 LABEL_ROLLOUT = "coding-agent-env.rollout"
 LABEL_OWNER = "coding-agent-env.owner"
 """`host/pid` of the server that made the container."""
 LABEL_HOSTDIR = "coding-agent-env.hostdir"
 """The container's host directory (control transport), removed with it."""
+LABEL_TEMPLATE = "coding-agent-env.template"
+"""On a template's image (`template`), with `LABEL_OWNER`: the template's id. The containers forked from it
+inherit it (image labels are), so an operator can tell a group's members."""
 
 
 def owner() -> str:
@@ -28,15 +32,16 @@ def owner() -> str:
 
 
 def reap(api: Any, state_dir: Path) -> int:
-    """Remove labelled containers whose owning server (on this host) is gone, with their host dirs; how many.
-    Blocking (SDK calls through `api`, a `docker.APIClient`): run it in a thread. One listing, labels included:
-    a container another server removes meanwhile is no error."""
+    """Remove labelled containers whose owning server (on this host) is gone, with their host dirs, then that
+    server's template images; how many of both. Blocking (SDK calls through `api`, a `docker.APIClient`): run
+    it in a thread. One listing each, labels included: a container or image another server removes meanwhile is
+    no error."""
     host = socket.gethostname()
     reaped = 0
     for found in api.containers(all=True, filters={"label": LABEL_ROLLOUT}):
         labels = found.get("Labels") or {}
-        owner_host, _, pid = labels.get(LABEL_OWNER, "").rpartition("/")
-        if owner_host != host or not pid.isdigit() or pid_alive(int(pid)):
+        pid = _dead_owner(labels, host)
+        if pid is None:
             continue
         try:
             api.remove_container(found["Id"], force=True, v=True)
@@ -50,4 +55,30 @@ def reap(api: Any, state_dir: Path) -> int:
                 and os.path.basename(hostdir).startswith(f"{pid}-docker-")):
             with contextlib.suppress(OSError):
                 remove_tree(hostdir)  # iterative, never following a symlink
+    return reaped + _reap_templates(api, host)
+
+
+def _reap_templates(api: Any, host: str) -> int:
+    """Remove the template images of dead servers on `host` (after their containers: an image a container
+    still uses cannot go). Not forced: one some other container still uses (not ours to remove) stays."""
+    reaped = 0
+    for found in api.images(filters={"label": LABEL_TEMPLATE}):
+        if _dead_owner(found.get("Labels") or {}, host) is None:
+            continue
+        try:
+            api.remove_image(found["Id"], force=False, noprune=False)
+            reaped += 1
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: in use by a container we do not own; anything else is real
+                raise
     return reaped
+
+
+def _dead_owner(labels: dict[str, str], host: str) -> int | None:
+    """The pid of the server on `host` that `labels` name as owner, if it is gone; else None."""
+    owner_host, _, pid = labels.get(LABEL_OWNER, "").rpartition("/")
+    if owner_host != host or not pid.isdigit() or pid_alive(int(pid)):
+        return None
+    return int(pid)

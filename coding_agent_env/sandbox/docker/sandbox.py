@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -67,6 +67,10 @@ class DockerSandbox(LauncherSandbox):
         engine_here: bool = False,
     ) -> None:
         layout = layout if layout is not None else SandboxLayout.of(spec)
+        self.spec = spec
+        """What it was made for (a template made of it forks members of the same)."""
+        self.sandbox_layout = layout
+        self._after_close: list[Callable[[], Awaitable[None]]] = []
         super().__init__(transport, LAYOUT, layout.paths, timeouts=timeouts, rlimits=rlimits, command_uid=SANDBOX_UID,
                          writable_roots=layout.roots, users=spec.users)
         self._docker = transport
@@ -158,6 +162,11 @@ class DockerSandbox(LauncherSandbox):
                 self._mark = HIGH_WATER.mark(Path(f"/proc/{pid}/root{self.paths.workdir}"), _FULL_SLACK)
         return self._mark
 
+    def after_close(self, callback: Callable[[], Awaitable[None]]) -> None:
+        """Await `callback` once the container is removed (a template's member count, say); it must not
+        raise."""
+        self._after_close.append(callback)
+
     async def start(self) -> None:
         """Start the container; ready once its directories exist (and the forwarder listens under `llm`)."""
         await self._docker.boot(self._api, self.id, self._forward_port)
@@ -216,7 +225,11 @@ class DockerSandbox(LauncherSandbox):
             except SandboxFileNotFoundError:
                 pass  # already gone
             finally:
-                await self._docker.close()
+                try:
+                    await self._docker.close()
+                finally:
+                    for callback in self._after_close:
+                        await asyncio.shield(callback())
 
 
 async def discard(api: Any, container_id: str) -> None:

@@ -28,7 +28,7 @@ import docker.errors
 from coding_agent_env.sandbox.docker import tar
 from coding_agent_env.sandbox.docker.engine import call
 
-__all__ = ["Seeder"]
+__all__ = ["Seeder", "copy_from_image"]
 
 _CHUNK = 256 * 1024
 _PEEK = 64 * 1024
@@ -55,13 +55,23 @@ class Seeder:
         todo = self.wanted(image_id, paths)
         if not todo:
             return ()
-        copied, bare = await call("copy the image's files into the sandbox", _copy, api, image_id, target, todo,
-                                  dict(labels))
+        pairs = [(path, posixpath.dirname(path)) for path in todo]
+        copied, bare = await copy_from_image(api, image_id, target, pairs, labels)
         self._bare.update((image_id, path) for path in bare)
         return copied
 
 
-def _copy(api: Any, image_id: str, target: str, paths: Sequence[str],
+async def copy_from_image(api: Any, image_id: str, target: str, pairs: Sequence[tuple[str, str]],
+                          labels: Mapping[str, str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """For each `(path, directory)` of `pairs`: copy the directory image `image_id` holds at `path` (itself and
+    its content) into `directory` of the running container `target`, keeping its name. Returns (the paths
+    copied, those where the image holds nothing but an empty directory, or no directory). The helper container
+    (never started) carries `labels`, the reaper's, and is removed before this returns, whatever happens.
+    A container's archive stays locked while it is read: the helper is what lets the copy stream."""
+    return await call("copy the image's files into the sandbox", _copy, api, image_id, target, pairs, dict(labels))
+
+
+def _copy(api: Any, image_id: str, target: str, pairs: Sequence[tuple[str, str]],
           labels: dict[str, str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(paths copied, paths where the image holds nothing); blocking."""
     host_config = api.create_host_config(network_mode="none")
@@ -71,7 +81,7 @@ def _copy(api: Any, image_id: str, target: str, paths: Sequence[str],
     copied: list[str] = []
     bare: list[str] = []
     try:
-        for path in paths:
+        for path, directory in pairs:
             try:
                 stream, stat = api.get_archive(source, path, chunk_size=_CHUNK)
             except docker.errors.NotFound:
@@ -86,7 +96,7 @@ def _copy(api: Any, image_id: str, target: str, paths: Sequence[str],
                     bare.append(path)  # the directory alone
                     continue
                 body = iter([head]) if rest is None else itertools.chain([head], rest)
-                api.put_archive(target, posixpath.dirname(path), body)
+                api.put_archive(target, directory, body)
                 copied.append(path)
             finally:
                 getattr(stream, "close", lambda: None)()
