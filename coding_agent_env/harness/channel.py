@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
@@ -67,10 +68,13 @@ class ServerRefusedError(HarnessError):
 class Channel:
     """One open `/ws` connection (one server session). `ask` sends a request and returns its reply's data;
     calls from several threads take turns. `close` sends `close` (the server ends the session and tears its
-    episode down) and drops the socket; idempotent, and safe from any thread."""
+    episode down) and drops the socket; idempotent, and safe from any thread. `on_closed` is called once, when
+    an opened channel closes (a server pool's count of its sessions)."""
 
-    def __init__(self, base_url: str, *, connect_timeout_s: float, message_timeout_s: float) -> None:
+    def __init__(self, base_url: str, *, connect_timeout_s: float, message_timeout_s: float,
+                 on_closed: Callable[[], None] | None = None) -> None:
         self.base_url = base_url
+        self._on_closed = on_closed
         self.message_timeout_s = message_timeout_s
         self._lock = threading.Lock()
         self._exit = ExitStack()  # the connection is a context (websockets wants one); close() exits it
@@ -133,6 +137,8 @@ class Channel:
         finally:
             with contextlib.suppress(OSError, WebSocketException, RuntimeError):
                 self._exit.close()
+            if self._on_closed is not None:
+                self._on_closed()
 
 
 def reply_data(frame: dict[str, Any], kind: str) -> dict[str, Any]:

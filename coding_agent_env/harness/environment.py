@@ -36,7 +36,7 @@ import asyncio
 import functools
 import logging
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Self, TypeVar
 
@@ -117,7 +117,7 @@ class _Environment:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         *,
         message_timeout_s: float = 600.0,
         connect_timeout_s: float = 10.0,
@@ -125,7 +125,9 @@ class _Environment:
         unscored_reward: float | None = 0.0,
         **task_defaults: Any,
     ) -> None:
-        """`base_url`: the server (`http://host:port`). `task_defaults`: task fields every row gets unless it gives
+        """`base_url`: the server (`http://host:port`), or several (a list, or comma-separated): each connection
+        opens on the server with the fewest of this process's sessions and its episodes stay there.
+        `task_defaults`: task fields every row gets unless it gives
         its own (`sandbox="local"`, `command_timeout_s=30`, or a whole task for a dataset of bare prompts).
         `message_timeout_s` bounds each exchange with the server (above the longest setup, command and verify);
         `final_answer` is what `get_reward` answers with (verify reads it at `$FINAL_ANSWER_FILE`);
@@ -149,7 +151,14 @@ class _Environment:
 
     @property
     def base_url(self) -> str:
+        """The server(s) given, comma-separated."""
         return self._link.factory.base_url
+
+    @property
+    def server(self) -> str | None:
+        """The server this instance's connection is open to; None while it has none."""
+        channel = self._link.channel
+        return None if channel is None or channel.closed else channel.base_url
 
     def reset(self, **row: Any) -> str:
         """Start an episode of the row's task (ending this instance's previous one) and return its instruction,

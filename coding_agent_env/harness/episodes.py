@@ -28,11 +28,12 @@ Each WebSocket exchange has a deadline (`message_timeout_s`); a dropped connecti
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from coding_agent_env.harness.channel import Channel, HarnessError, reply_data
+from coding_agent_env.harness.servers import ServerPool
 
 __all__ = ["EpisodeSession", "EpisodeSessionFactory", "HarnessError", "HarnessTool", "ToolResult", "VerifyResult",
            "reply_data"]
@@ -75,15 +76,18 @@ class EpisodeSessionFactory:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         *,
         defaults: Mapping[str, Any] | None = None,
         message_timeout_s: float = 600.0,
         connect_timeout_s: float = 10.0,
     ) -> None:
-        """`defaults`: task arguments every episode gets unless its task gives them (e.g. `sandbox`).
+        """`base_url`: the server, or several (a list, or comma-separated): each session opens on the one with the
+        fewest sessions of this process (`ServerPool.shared`) and stays there; an unreachable one is skipped.
+        `defaults`: task arguments every episode gets unless its task gives them (e.g. `sandbox`).
         `message_timeout_s` bounds each exchange: above the longest setup, command and verify."""
-        self.base_url = base_url
+        self.servers = ServerPool.shared(base_url)
+        self.base_url = ",".join(self.servers.urls)
         self.defaults = dict(defaults or {})
         self.message_timeout_s = message_timeout_s
         self.connect_timeout_s = connect_timeout_s
@@ -103,9 +107,13 @@ class EpisodeSessionFactory:
         return arguments
 
     def connect(self) -> Channel:
-        """A new connection to the server (one server session); `ServerUnreachableError` when none can be made."""
-        return Channel(self.base_url, connect_timeout_s=self.connect_timeout_s,
-                       message_timeout_s=self.message_timeout_s)
+        """A new connection (one server session) to the least busy server (its `base_url`);
+        `ServerUnreachableError` (`NoServerError` with several) when none can be made."""
+        return self.servers.open(self._connect_to)[1]
+
+    def _connect_to(self, url: str) -> Channel:
+        return Channel(url, connect_timeout_s=self.connect_timeout_s, message_timeout_s=self.message_timeout_s,
+                       on_closed=lambda: self.servers.release(url))
 
 
 class EpisodeSession:
@@ -134,6 +142,11 @@ class EpisodeSession:
             HarnessTool(tool["name"], tool.get("description", ""), tool.get("input_schema") or {})
             for tool in observation.get("tools") or [] if tool.get("name") == TERMINAL
         ]
+
+    @property
+    def server(self) -> str:
+        """The server this episode runs on."""
+        return self._channel.base_url
 
     @property
     def episode_id(self) -> str | None:

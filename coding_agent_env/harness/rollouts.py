@@ -39,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from typing import Any
 
@@ -47,7 +47,9 @@ from pydantic import ValidationError
 from websockets.exceptions import WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
+from coding_agent_env.harness.channel import ServerUnreachableError
 from coding_agent_env.harness.episodes import HarnessError, VerifyResult, reply_data
+from coding_agent_env.harness.servers import ServerPool
 from coding_agent_env.llm.trace import trace_entries
 from coding_agent_env.models import RolloutRequest, RolloutResult, RolloutStatus, validation_summary
 from coding_agent_env.settings import Settings
@@ -64,15 +66,18 @@ class RolloutSessionFactory:
 
     def __init__(
         self,
-        base_url: str | None = None,
+        base_url: str | Sequence[str] | None = None,
         *,
         defaults: Mapping[str, Any] | None = None,
         settings: Settings | None = None,
         connect_timeout_s: float = 10.0,
     ) -> None:
-        """`base_url`: a coding-agent-env server; None: rollouts run in this process with `settings` (default:
-        from the environment). `defaults`: request fields every task gets unless it gives them."""
-        self.base_url = base_url
+        """`base_url`: a coding-agent-env server, or several (a list, or comma-separated: each rollout runs on the
+        one with the fewest of this process's rollouts, an unreachable one skipped); None: rollouts run in this
+        process with `settings` (default: from the environment). `defaults`: request fields every task gets
+        unless it gives them."""
+        self.servers = None if base_url is None else ServerPool.shared(base_url)
+        self.base_url = None if self.servers is None else ",".join(self.servers.urls)
         self.defaults = dict(defaults or {})
         self.settings = settings
         self.connect_timeout_s = connect_timeout_s
@@ -108,6 +113,8 @@ class RolloutSession:
         self._ws: ClientConnection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[RolloutResult] | None = None
+        self.server: str | None = None
+        """The server the rollout runs on (None: in this process)."""
         target = self._over_ws if factory.base_url is not None else self._in_process
         if factory.base_url is not None:
             self._connect()  # a server that cannot be reached fails create(), not a later wait
@@ -176,15 +183,19 @@ class RolloutSession:
         return self._result
 
     def _connect(self) -> None:
-        assert self._factory.base_url is not None
+        """Open the rollout's connection on the least busy server (`ServerUnreachableError` when none answers)."""
+        assert self._factory.servers is not None
         self._exit = ExitStack()
+        self.server, self._ws = self._factory.servers.open(self._connect_to)
+
+    def _connect_to(self, url: str) -> ClientConnection:
         try:
-            self._ws = self._exit.enter_context(connect(
-                ws_url(self._factory.base_url), open_timeout=self._factory.connect_timeout_s,
-                max_size=_MAX_FRAME_BYTES, compression=None,
+            return self._exit.enter_context(connect(
+                ws_url(url), open_timeout=self._factory.connect_timeout_s, max_size=_MAX_FRAME_BYTES,
+                compression=None,
             ))
         except (OSError, WebSocketException, TimeoutError) as exc:
-            raise HarnessError(f"cannot connect to {self._factory.base_url}: {exc}") from exc
+            raise ServerUnreachableError(f"cannot connect to {url}: {exc}") from exc
 
     def _over_ws(self) -> None:
         assert self._ws is not None
@@ -209,6 +220,8 @@ class RolloutSession:
             self._failure = HarnessError(f"the rollout's connection failed: {why}")
         finally:
             self._exit.close()
+            if self._factory.servers is not None and self.server is not None:
+                self._factory.servers.release(self.server)
             self._done.set()
 
     def _in_process(self) -> None:

@@ -92,7 +92,8 @@ def test_with_no_server_reachable_each_rollout_fails_naming_the_servers(tmp_path
         result = rec["result"]
         assert result["status"] == "infra_error" and result["reward"] is None
         assert result["error_detail"]["type"] == "ServerUnreachableError"
-        assert f"server {dead}: cannot connect" in result["error"] and f"server {other}: cannot connect" in result["error"]
+        assert f"server {dead}: cannot connect" in result["error"]
+        assert f"server {other}: cannot connect" in result["error"]
 
 
 def test_server_urls_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
