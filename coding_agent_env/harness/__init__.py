@@ -18,6 +18,7 @@ from coding_agent_env.harness.channel import (
     ServerRefusedError,
     ServerUnreachableError,
 )
+from coding_agent_env.harness.servers import NoServerError, ServerPool, server_urls
 
 __all__ = [
     "AsyncCodingEnvironment",
@@ -27,12 +28,15 @@ __all__ = [
     "EpisodeSessionFactory",
     "HarnessError",
     "HarnessTool",
+    "NoServerError",
     "RolloutSession",
     "RolloutSessionFactory",
+    "ServerPool",
     "ServerRefusedError",
     "ServerUnreachableError",
     "ToolResult",
     "VerifyResult",
+    "server_urls",
 ]
 
 _LAZY = {
