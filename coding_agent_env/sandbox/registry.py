@@ -30,6 +30,7 @@ BACKEND_CLASSES: Mapping[str, tuple[str, str | None]] = {
     "docker": ("coding_agent_env.sandbox.docker:DockerBackend", "docker"),
     "hf": ("coding_agent_env.sandbox.remote.hf:HfBackend", "hf"),
     "e2b": ("coding_agent_env.sandbox.remote.e2b:E2bBackend", "e2b"),
+    "k8s": ("coding_agent_env.sandbox.remote.k8s:K8sBackend", "k8s"),
 }
 """name -> (import path of the backend class, the pip extra its SDK comes with)."""
 

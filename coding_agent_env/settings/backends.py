@@ -9,6 +9,7 @@ fields, not repeated here.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -20,6 +21,7 @@ __all__ = [
     "DockerConfig",
     "E2bConfig",
     "HfConfig",
+    "K8sConfig",
     "LauncherTimeouts",
     "LocalConfig",
 ]
@@ -213,7 +215,50 @@ class E2bConfig(_RemoteConfig):
                                         "agents_dir": "E2B_AGENTS_DIR"}
 
 
-BackendConfig = Annotated[LocalConfig | DockerConfig | HfConfig | E2bConfig, Field(discriminator="kind")]
+class K8sConfig(_RemoteConfig):
+    """The Kubernetes backend (kubernetes-sigs/agent-sandbox): one `SandboxClaim` per rollout on a warm pool of
+    a `SandboxTemplate`. The Kubernetes API is reached by the `kubernetes` client's own rules (in-cluster service
+    account, else KUBECONFIG)."""
+
+    kind: Literal["k8s"] = "k8s"
+
+    namespace: str = "default"
+    """Namespace of the claims (and of the template and its warm pool)."""
+
+    template: str = "coding-agent-env"
+    """The `SandboxTemplate` sandboxes are made from; claims name the `SandboxWarmPool` of that name."""
+
+    router_url: str | None = None
+    """The sandbox router's URL; None: the SDK's in-cluster mode (the pod's IP, port 8888)."""
+
+    server_id: str = Field(default_factory=socket.gethostname, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+    """This server's identity, a label value on its claims (the reaper deletes claims bearing it at start);
+    default: the host name (in a Deployment, the pod's name)."""
+
+    claim_timeout_s: int = Field(default=180, gt=0)
+    """Deadline for a claim to be bound to a ready sandbox."""
+
+    runtime_dir: str = "/app"
+    """The in-pod runtime's base directory (its `SANDBOX_BASE_DIR`): file calls are relative to it."""
+
+    root: str = "/app/coding-agent-env"
+    """Directory in the pod under which the rollout's root lives; inside `runtime_dir`."""
+
+    ENV: ClassVar[Mapping[str, str]] = {"namespace": "K8S_NAMESPACE", "template": "K8S_SANDBOX_TEMPLATE",
+                                        "router_url": "K8S_SANDBOX_ROUTER_URL", "server_id": "K8S_SERVER_ID",
+                                        "public_relay": "K8S_PUBLIC_RELAY", "agents_dir": "K8S_AGENTS_DIR",
+                                        "claim_timeout_s": "K8S_CLAIM_TIMEOUT_S", "runtime_dir": "K8S_RUNTIME_DIR",
+                                        "root": "K8S_SANDBOX_ROOT"}
+
+    @model_validator(mode="after")
+    def _root_in_runtime_dir(self) -> K8sConfig:
+        base = self.runtime_dir.rstrip("/")
+        if not self.root.startswith(f"{base}/") or ".." in self.root.split("/"):
+            raise ValueError(f"the sandbox root {self.root!r} must be inside the runtime directory {base!r}")
+        return self
+
+
+BackendConfig = Annotated[LocalConfig | DockerConfig | HfConfig | E2bConfig | K8sConfig, Field(discriminator="kind")]
 """One enabled backend's configuration; its `kind` is the backend's name."""
 
 BACKEND_KINDS: Mapping[str, type[_Config]] = {
@@ -221,5 +266,6 @@ BACKEND_KINDS: Mapping[str, type[_Config]] = {
     "docker": DockerConfig,
     "hf": HfConfig,
     "e2b": E2bConfig,
+    "k8s": K8sConfig,
 }
 """Backend name -> its configuration model."""

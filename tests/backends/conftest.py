@@ -23,8 +23,10 @@ from coding_agent_env.sandbox import Backends, Sandbox, SandboxBackend
 from coding_agent_env.sandbox.docker import LABEL_OWNER
 from coding_agent_env.sandbox.remote.e2b import E2bBackend
 from coding_agent_env.settings import BackendConfig, DockerConfig, E2bConfig, HfConfig, LocalConfig, Settings
+from coding_agent_env.settings.backends import K8sConfig
 from tests.backends.rootfs import HOST_BINDS, IMAGE, ensure_image
 from tests.fakes.e2b_fake import FakeAsyncSandbox
+from tests.fakes.k8s_standin import LABEL_SANDBOX, K8sStandIn
 from tests.helpers import sandbox_processes, serving, wait_until
 
 _SERVER_START_S = 30.0
@@ -159,7 +161,33 @@ def kind_configs(kind: str, request: pytest.FixtureRequest,
     if kind == "e2b-fake":
         e2b = E2bConfig(root=str(settings.state_dir))
         return "e2b", (local, e2b), lambda enabled: {"e2b": E2bBackend(e2b, enabled, sdk=FakeAsyncSandbox)}
+    if kind == "k8s":
+        cluster = request.getfixturevalue("k8s_standin")
+        k8s = K8sConfig(router_url=cluster.router_url, server_id=f"test-{cluster.id}")
+        return "k8s", (local, k8s), real
     raise AssertionError(kind)
+
+
+@pytest.fixture(scope="session")
+def kubeconfig_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One KUBECONFIG for the session: the `kubernetes` client reads the variable once, when imported; each
+    stand-in writes its own cluster into this file."""
+    path = tmp_path_factory.mktemp("kube") / "config"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KUBECONFIG", str(path))
+        patch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # never the in-cluster config
+        yield path
+
+
+@pytest.fixture
+def k8s_standin(docker_engine: Any, kubeconfig_path: Path) -> Iterator[K8sStandIn]:
+    """The Kubernetes API + agent-sandbox + router stand-in (tests/fakes/k8s_standin.py), pods on the real
+    dockerd with no network, the session's KUBECONFIG pointing at it. Fails the test if a claim or a pod is
+    left."""
+    with K8sStandIn(docker_engine, kubeconfig=kubeconfig_path) as cluster:
+        yield cluster
+        claims, pods = cluster.claim_names(), cluster.pods()
+    assert not claims and not pods, f"claims left: {claims}; pods left: {[p.name for p in pods]}"
 
 
 @pytest.fixture
@@ -175,12 +203,18 @@ def no_leftover_containers(docker_engine: Any) -> Iterator[None]:
 
 def processes(box: Sandbox, settings: Settings, docker_engine: Any | None = None) -> list[str]:
     """Command lines of the sandbox's live processes, as an operator would see them."""
-    if box.backend != "docker":
+    if box.backend not in ("docker", "k8s"):
         return sandbox_processes(settings)
     import docker.errors
 
     try:
-        top = docker_engine.containers.get(box.id).top(ps_args="-eo pid,stat,args")
+        if box.backend == "k8s":  # the stand-in's pod
+            pods = docker_engine.containers.list(filters={"label": f"{LABEL_SANDBOX}={box.id}"})
+            if not pods:
+                return []
+            top = pods[0].top(ps_args="-eo pid,stat,args")
+        else:
+            top = docker_engine.containers.get(box.id).top(ps_args="-eo pid,stat,args")
     except docker.errors.NotFound:
         return []
     return [" ".join(row) for row in top.get("Processes") or [] if "Z" not in row[1] and "launcher.py init" not in row[2]]

@@ -28,7 +28,7 @@ from tests.backends.conftest import forwarder_source_path, processes
 from tests.helpers import poll, relay_port_refused
 
 OUT = 64 * 1024
-BACKENDS = ["local", "local-unisolated", "docker", "docker-exec", "hf", "e2b-fake"]
+BACKENDS = ["local", "local-unisolated", "docker", "docker-exec", "hf", "e2b-fake", "k8s"]
 """Backend kinds (see conftest `make_backend`); `docker-exec` is Docker's mode for a daemon not on this host."""
 STAND_INS = {"hf": "the hf-sandbox server runs on this host, not in a pod", "e2b-fake": "the e2b fake runs commands on this host, not in a VM"}
 
@@ -53,7 +53,7 @@ async def sandbox(kind: str, make_backend: Callable[[str], Any], assert_no_lefto
 
 @pytest.fixture
 def live(request: pytest.FixtureRequest, kind: str, settings: Settings) -> Callable[[Sandbox], list[str]]:
-    engine = request.getfixturevalue("docker_engine") if kind.startswith("docker") else None
+    engine = request.getfixturevalue("docker_engine") if kind.startswith("docker") or kind == "k8s" else None
     return lambda box: processes(box, settings, engine)
 
 
