@@ -6,6 +6,7 @@ forks no more. Real dockerd (see conftest)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import socket
@@ -22,10 +23,13 @@ from coding_agent_env.sandbox.docker.reaper import LABEL_TEMPLATE
 from coding_agent_env.settings import Settings
 from tests.backends.conftest import Target, processes
 from tests.backends.rootfs import IMAGE
+from tests.helpers import poll
 
 OUT = 64 * 1024
 CMD_S = 60.0
 TREE_FILES = 2000
+VOLUME_IMAGE = "coding-agent-env-test-volume:1"
+"""The test image declaring `VOLUME /data` (a Postgres image declares its data directory so)."""
 DEAD_PID = 2**22 + 1
 """Above the largest pid_max Linux allows: never a live process."""
 SETUP = (
@@ -80,7 +84,7 @@ async def opened(no_leftover_templates: None,
 
 
 def _spec(rollout: str, **changes: Any) -> SandboxSpec:
-    return SandboxSpec(rollout_id=rollout, image=IMAGE, writable_roots=("/solution",), **changes)
+    return SandboxSpec(**{"rollout_id": rollout, "image": IMAGE, "writable_roots": ("/solution",), **changes})
 
 
 async def _sh(box: Sandbox, command: str) -> tuple[int | None, str]:
@@ -100,6 +104,19 @@ async def _template(backend: SandboxBackend, made: list[Sandbox | SandboxTemplat
     return template
 
 
+def _members(engine: Any, rollout: str) -> list[Any]:
+    return engine.containers.list(all=True, filters={"label": f"{LABEL_ROLLOUT}={rollout}"})
+
+
+@pytest.fixture(scope="session")
+def volume_image(docker_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Built once, offline (nothing pulled, no container run)."""
+    context = tmp_path_factory.mktemp("volume-image")
+    (context / "Dockerfile").write_text(f"FROM {IMAGE}\nVOLUME /data\n")
+    docker_engine.images.build(path=str(context), tag=VOLUME_IMAGE, pull=False, rm=True, forcerm=True)
+    return VOLUME_IMAGE
+
+
 async def test_members_start_from_the_setup_and_keep_their_writes_and_processes(
     docker_backend: SandboxBackend, opened: list[Any], docker_engine: Any, settings: Settings
 ) -> None:
@@ -112,6 +129,9 @@ async def test_members_start_from_the_setup_and_keep_their_writes_and_processes(
     seen = "cat /workspace/set.txt $HOME/.rc /solution/sol.txt /tmp/t.txt; ls /workspace/pkg | wc -l; " \
            "stat -c %s /workspace/pkg/blob.bin; stat -c %U /workspace /solution"
     expected = f"from-setup\nhome\nroot\ntmp\n{TREE_FILES + 1}\n8000000\nsandbox\nsandbox\n"
+    config = docker_engine.api.inspect_image(getattr(template, "image_id"))["Config"]
+    # A VOLUME in the template's image would give members fresh anonymous volumes over the binds' paths.
+    assert not config.get("Volumes") and config["Labels"][LABEL_TEMPLATE] == template.id
     for box in (one, two):
         assert await _sh(box, seen) == (0, expected)
 
@@ -216,3 +236,34 @@ async def test_reaper_removes_a_dead_servers_templates_and_members(
             leftover.remove(force=True)
         for leftover in docker_engine.images.list(filters={"label": label}):
             docker_engine.images.remove(leftover.id, force=True)
+
+
+async def test_an_image_volume_is_refused_and_leaves_nothing(
+    backend_for: Callable[..., Target], opened: list[Any], volume_image: str, docker_engine: Any
+) -> None:
+    backend = backend_for("docker").backends.get("docker")
+    before = len(_templates(docker_engine))
+    box = await backend.create(_spec("fork-volume", image=volume_image))
+    opened.append(box)
+    assert (await _sh(box, "echo x > /workspace/x"))[0] == 0
+    assert "VOLUME '/data'" in (backend.fork_refusal(_spec("probe", image=volume_image)) or "")
+    with pytest.raises(SandboxUnsupportedError, match="/data"):
+        await backend.snapshot(box)
+    assert box.closed and not _members(docker_engine, "fork-volume")
+    assert len(_templates(docker_engine)) == before
+
+
+async def test_a_cancelled_fork_leaves_nothing_and_the_image_still_goes(
+    backend_for: Callable[..., Target], opened: list[Any], docker_engine: Any
+) -> None:
+    backend = backend_for("docker").backends.get("docker")
+    before = len(_templates(docker_engine))
+    template = await _template(backend, opened)
+    forking = asyncio.ensure_future(backend.fork(_spec("fork-cancelled"), template))
+    await poll(lambda: asyncio.to_thread(_members, docker_engine, "fork-cancelled"), "the member's container")
+    forking.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await forking
+    await poll(lambda: asyncio.to_thread(lambda: not _members(docker_engine, "fork-cancelled")), "its removal")
+    await template.release()
+    assert len(_templates(docker_engine)) == before

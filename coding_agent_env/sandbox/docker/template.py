@@ -139,9 +139,27 @@ async def freeze(api: Any, container_id: str, spec: SandboxSpec, layout: Sandbox
     template_id = secrets.token_hex(8)
     # Image labels go to every container made of it: ours replace the container's (its rollout, its host dir).
     labels = {LABEL_OWNER: owner(), LABEL_TEMPLATE: template_id, LABEL_ROLLOUT: "", LABEL_HOSTDIR: ""}
-    image_id = await call("capture the sandbox", _commit, api, container_id, captured, labels)
+    committing = asyncio.ensure_future(call("capture the sandbox", _commit, api, container_id, captured, labels))
+    try:
+        image_id = await asyncio.shield(committing)
+    except asyncio.CancelledError:
+        # The engine commits all the same: an image nobody would release. Removed once it exists.
+        await asyncio.shield(_drop(api, committing))
+        raise
     return DockerTemplate(api, image_id=image_id, spec=spec, layout=layout, captured=captured, env=env,
                           template_id=template_id)
+
+
+async def _drop(api: Any, committing: asyncio.Future[str]) -> None:
+    """Remove the image `committing` makes, once made."""
+    try:
+        image_id = await committing
+    except SandboxError:
+        return  # never made
+    try:
+        await call("remove template image", api.remove_image, image_id, force=False, noprune=False)
+    except SandboxError as exc:
+        log.warning("image %s of a cancelled snapshot left to the reaper: %s", image_id[:19], exc)
 
 
 def _commit(api: Any, container_id: str, captured: tuple[str, ...], labels: dict[str, str]) -> str:
