@@ -138,11 +138,11 @@ class ServerExecutor(Executor):
     once per environment and server per batch; the server must allow builds: `IMAGE_BUILDS=true`). `ran` counts
     the results each server gave."""
 
-    def __init__(self, urls: Sequence[str], concurrency: int, *,
+    def __init__(self, urls: str | Sequence[str], concurrency: int, *,
                  notice: Callable[[str], None] = log.warning) -> None:
-        if not urls:
+        self.urls = (urls,) if isinstance(urls, str) else tuple(urls)
+        if not self.urls:
             raise ValueError("no server URL")
-        self.urls = tuple(urls)
         self.ran: Counter[str] = Counter()
         self.unreachable: dict[str, str] = {}
         """Servers that could not be reached -> why (until one answers again)."""
