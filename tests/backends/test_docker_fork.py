@@ -104,8 +104,9 @@ async def _template(backend: SandboxBackend, made: list[Sandbox | SandboxTemplat
     return template
 
 
-def _members(engine: Any, rollout: str) -> list[Any]:
-    return engine.containers.list(all=True, filters={"label": f"{LABEL_ROLLOUT}={rollout}"})
+def _members(engine: Any, rollout: str) -> list[str]:
+    """Ids of the containers of `rollout` (one listing: a container removed meanwhile is no error)."""
+    return [found["Id"] for found in engine.api.containers(all=True, filters={"label": f"{LABEL_ROLLOUT}={rollout}"})]
 
 
 @pytest.fixture(scope="session")

@@ -271,7 +271,7 @@ class DockerBackend(SandboxBackend):
     async def _start_member(self, box: DockerSandbox, template: DockerTemplate) -> None:
         await box.start()
         labels = {LABEL_ROLLOUT: box.spec.rollout_id, LABEL_OWNER: owner()}
-        await fill(self.client().api, template, box.id, labels)
+        await fill(self.client().api, box, template, labels)
 
     async def _start(self, box: DockerSandbox, spec: SandboxSpec, seeds: tuple[str, ...]) -> None:
         """Start the container; then copy what the image holds at `seeds` (the mounts over the image's own

@@ -106,6 +106,11 @@ class ControlChannel(DockerTransport):
                     logs = await call("container logs", api.logs, container_id, tail=20)
                     why = "exited" if not state.get("Running") else f"is not ready after {_INIT_READY_S:.0f} s"
                     raise SandboxError(f"the container's init {why}: {logs.decode(errors='replace')[-500:]}")
+        except BaseException:
+            # Cancelled (or failed) just as PID 1 connected: that connection is nobody's but ours to close.
+            if accept.done() and not accept.cancelled() and accept.exception() is None:
+                accept.result()[0].close()
+            raise
         finally:
             if not accept.done():
                 accept.cancel()

@@ -11,9 +11,9 @@ the commit holds them. Its binds (the host's read-only directories, the launcher
 the agents) are not the sandbox's state: each member gets its own.
 
 `fill` (for `DockerBackend.fork`): a member's container of that image has its own tmpfs volumes (its own disk
-budget), empty at start; once it runs they are filled from `STAGE` of the image, streamed from a never-started
-container of it (`seed.copy_from_image`). The copy is bounded by the member's disk budget, as the setup's
-writes were by the template's.
+budget), empty at start; once it runs they are filled from `STAGE`, in its image layers: by `cp -a` inside it,
+or, for an image without `cp`, streamed from a never-started container of the image (`seed.copy_from_image`).
+The copy is bounded by the member's disk budget, as the setup's writes were by the template's.
 
 A layout it cannot capture is refused (`uncapturable`): a volume the image declares (`VOLUME`: the engine gives
 each container a fresh one, which no commit holds) or any other mount a commit would miss.
@@ -31,7 +31,7 @@ import secrets
 import tempfile
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coding_agent_env.errors import SandboxError, SandboxFileNotFoundError, SandboxUnsupportedError
 from coding_agent_env.sandbox.base import SandboxSpec, SandboxTemplate
@@ -41,6 +41,9 @@ from coding_agent_env.sandbox.docker.layout import LAYOUT, SandboxLayout
 from coding_agent_env.sandbox.docker.reaper import LABEL_HOSTDIR, LABEL_OWNER, LABEL_ROLLOUT, LABEL_TEMPLATE, owner
 from coding_agent_env.sandbox.docker.seed import copy_from_image
 
+if TYPE_CHECKING:
+    from coding_agent_env.sandbox.docker.sandbox import DockerSandbox
+
 __all__ = ["STAGE", "DockerTemplate", "fill", "freeze", "uncapturable"]
 
 log = logging.getLogger(__name__)
@@ -48,6 +51,8 @@ log = logging.getLogger(__name__)
 STAGE = f"{LAYOUT.base}/template"
 """Where a template's image keeps its captured mounts: `{STAGE}/{i}/{basename}` for the i-th (root's only)."""
 _CHUNK = 256 * 1024
+_NOT_RUN = {126, 127}
+"""Exit codes of a command that never ran (not found, not executable): the image has no `cp`."""
 
 
 class DockerTemplate(SandboxTemplate):
@@ -184,10 +189,21 @@ def _commit(api: Any, container_id: str, captured: tuple[str, ...], labels: dict
     return str(api.commit(container_id, conf={"Labels": labels}, pause=False)["Id"])
 
 
-async def fill(api: Any, template: DockerTemplate, container_id: str, labels: Mapping[str, str]) -> None:
-    """Copy each captured mount of `template` from its image's `STAGE` onto the running member's own mount
-    there; the helper container carries `labels` (the member's, for the reaper)."""
-    pairs = [(f"{STAGE}/{i}/{posixpath.basename(path)}", posixpath.dirname(path))
-             for i, path in enumerate(template.captured)]
-    if pairs:
-        await copy_from_image(api, template.image_id, container_id, pairs, labels)
+async def fill(api: Any, box: DockerSandbox, template: DockerTemplate, labels: Mapping[str, str]) -> None:
+    """Copy each captured mount of `template` from its image's `STAGE` onto the running member `box`'s own mount
+    there: within the container (`cp -a` as root: owners, modes, times, links kept; the fastest way, no byte
+    leaves the container), or where the image has no `cp`, through the archive API from a helper container
+    carrying `labels` (the member's, for the reaper). `SandboxError` when a copy fails (more than the member's
+    disk budget, say)."""
+    streamed: list[tuple[str, str]] = []
+    for i, path in enumerate(template.captured):
+        source = f"{STAGE}/{i}/{posixpath.basename(path)}"
+        # `SOURCE/.` onto the mount point: its content, and the directory's own owner, mode and times.
+        code, _, err = await box.run_machinery(["cp", "-a", "--", f"{source}/.", path], privileged=True)
+        if code in _NOT_RUN:
+            streamed.append((source, posixpath.dirname(path)))
+        elif code != 0:
+            detail = err.decode(errors="replace").strip()[-300:]
+            raise SandboxError(f"cannot fill {path} from template {template.id}: {detail}")
+    if streamed:
+        await copy_from_image(api, template.image_id, box.id, streamed, labels)
