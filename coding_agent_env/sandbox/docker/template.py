@@ -184,7 +184,8 @@ def _commit(api: Any, container_id: str, captured: tuple[str, ...], labels: dict
             finally:
                 getattr(stream, "close", lambda: None)()
             spool.seek(0)
-            api.put_archive(container_id, f"{STAGE}/{i}", spool)
+            # In chunks: given the file itself, the HTTP client would send it 8 KiB at a time.
+            api.put_archive(container_id, f"{STAGE}/{i}", iter(lambda: spool.read(_CHUNK), b""))
     # Already paused: the engine would pause it again around the commit.
     return str(api.commit(container_id, conf={"Labels": labels}, pause=False)["Id"])
 
