@@ -97,6 +97,8 @@ class K8sStandIn:
         self.gone: dict[tuple[str, str], dict[str, Any]] = {}
         self._sockets: dict[str, str] = {}
         """Sandbox name -> its pod runtime's socket (what the router's name index resolves to)."""
+        self.commands: list[str] = []
+        """Every command string the router passed to a pod's `/execute`."""
         self.created: list[dict[str, Any]] = []
         """Every claim as it was created (the wire body the SDK sent)."""
         self._rv = 0
@@ -299,13 +301,15 @@ class K8sStandIn:
             return JSONResponse(obj)
         if store is not self.claims:
             return _status(405, "MethodNotAllowed", "sandboxes are the controller's")
-        del self.claims[key]
-        obj["metadata"]["deletionTimestamp"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        self.gone[key] = obj
+        # The real controller removes the pod after the claim is gone; here first, so a claim listed as gone
+        # has no pod left behind (what the tests check).
         sandbox = obj.get("status", {}).get("sandbox", {}).get("name")
         if sandbox:
             self.sandboxes.pop((p["ns"], sandbox), None)
             await asyncio.to_thread(self._remove_pod, sandbox)
+        self.claims.pop(key, None)
+        obj["metadata"]["deletionTimestamp"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.gone[key] = obj
         await self._bump(obj)
         return JSONResponse(obj)
 
@@ -330,10 +334,13 @@ class K8sStandIn:
         url = f"http://pod/{request.path_params['path']}"
         if request.url.query:
             url += f"?{request.url.query}"
+        body = await request.body()
+        if request.path_params["path"] == "execute":
+            self.commands.append(json.loads(body).get("command", ""))
         transport = httpx.AsyncHTTPTransport(uds=self._sockets[sandbox_id])
         try:
             async with httpx.AsyncClient(transport=transport, timeout=timeout) as client:
-                reply = await client.request(request.method, url, content=await request.body(), headers=headers)
+                reply = await client.request(request.method, url, content=body, headers=headers)
         except httpx.HTTPError:
             return JSONResponse({"detail": f"Could not connect to the backend sandbox: {sandbox_id}"},
                                 status_code=502)

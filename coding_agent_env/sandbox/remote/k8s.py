@@ -25,10 +25,12 @@ import asyncio
 import contextlib
 import functools
 import json
+import os
 import posixpath
 import re
 import secrets
 import shlex
+import traceback
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
@@ -39,6 +41,8 @@ from k8s_agent_sandbox import SandboxClient
 from k8s_agent_sandbox.exceptions import SandboxError as SdkError
 from k8s_agent_sandbox.exceptions import SandboxRequestError
 from k8s_agent_sandbox.models import SandboxDirectConnectionConfig, SandboxInClusterConnectionConfig
+from kubernetes import config as kube_config
+from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException
 
@@ -94,9 +98,23 @@ async def _call(what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T
     except ApiException as exc:
         raise SandboxUnavailableError(f"{what}: the Kubernetes API answered {exc.status} {exc.reason}") from exc
     except (SdkError, TimeoutError, ConfigException, requests.RequestException) as exc:
+        # The SDK's frames hold the watch it abandoned (an open response): cleared, it is closed now, not
+        # whenever a garbage collection reaches the exception's traceback.
+        traceback.clear_frames(exc.__traceback__)
         raise SandboxUnavailableError(f"{what}: {type(exc).__name__}: {exc}") from exc
     except (OSError, ValueError, RuntimeError) as exc:  # connection failures, the SDK's malformed-reply errors
         raise SandboxError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+
+def _api_client() -> ApiClient:
+    """A Kubernetes API client configured by the `kubernetes` client's own rules: the pod's service account
+    in-cluster, else the kubeconfig (KUBECONFIG, read now, else ~/.kube/config)."""
+    configuration = Configuration()
+    try:
+        kube_config.load_incluster_config(client_configuration=configuration)
+    except ConfigException:
+        kube_config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
+    return ApiClient(configuration)
 
 
 @functools.cache
@@ -120,6 +138,7 @@ class K8sBackend(SandboxBackend):
         self._config = config
         self._settings = settings
         self._client: SandboxClient[Any] | None = None
+        self._api: ApiClient | None = None
         self._lock = asyncio.Lock()
         self._reaped = False
 
@@ -129,9 +148,9 @@ class K8sBackend(SandboxBackend):
             if self._client is None:
                 url = self._config.router_url
                 connection = SandboxDirectConnectionConfig(api_url=url) if url else SandboxInClusterConnectionConfig()
+                self._api = await _call("load the Kubernetes client configuration", _api_client)
                 # cleanup=False: teardown is ours (shielded, per sandbox) and the reaper's, never an atexit hook's.
-                self._client = await _call("connect to the Kubernetes API", SandboxClient,
-                                           connection_config=connection, cleanup=False)
+                self._client = SandboxClient(connection_config=connection, cleanup=False, api_client=self._api)
             return self._client
 
     def check(self) -> BackendStatus:
@@ -206,8 +225,13 @@ class K8sBackend(SandboxBackend):
                         _request_timeout=_DELETE_TIMEOUT_S)
 
     async def aclose(self) -> None:
-        """Forget the SDK's client (it holds no connection of its own; each sandbox's is closed with it)."""
-        self._client = None
+        """Close the SDK's Kubernetes API connections (each sandbox's own connection is closed with it)."""
+        async with self._lock:
+            api, self._api, self._client = self._api, None, None
+        if api is not None:
+            # ApiClient.close() ends only its thread pool; its HTTP connections are the REST client's pool's.
+            api.rest_client.pool_manager.clear()
+            await asyncio.to_thread(api.close)
 
 
 class K8sEngine(RemoteTransport):
@@ -273,12 +297,16 @@ class K8sEngine(RemoteTransport):
         return ["--env-file", path], {}
 
     async def close(self) -> None:
-        """Close the connection and delete the claim (idempotent; shielded: a cancelled teardown still
-        deletes it)."""
-        await _call("close the connection", self._pod.close_connection)
-        self._client.list_active_sandboxes()  # drops the closed handle from the client's table
-        if self._claim is not None:
-            # A thread cannot be cancelled: shielded, the deletion completes even when the teardown is cancelled.
-            await asyncio.shield(_call("delete claim", self._client.k8s_helper.delete_sandbox_claim, self._claim,
-                                       self._config.namespace, _request_timeout=_DELETE_TIMEOUT_S))
-            self._claim = None
+        """Close the connection and delete the claim (idempotent). Shielded: a cancelled teardown still
+        deletes it, in the background."""
+        await asyncio.shield(self._release())
+
+    async def _release(self) -> None:
+        try:
+            await _call("close the connection", self._pod.close_connection)
+            self._client.list_active_sandboxes()  # drops the closed handle from the client's table
+        finally:
+            if self._claim is not None:
+                await _call("delete claim", self._client.k8s_helper.delete_sandbox_claim, self._claim,
+                            self._config.namespace, _request_timeout=_DELETE_TIMEOUT_S)
+                self._claim = None
