@@ -231,9 +231,11 @@ class K8sConfig(_RemoteConfig):
     router_url: str | None = None
     """The sandbox router's URL; None: the SDK's in-cluster mode (the pod's IP, port 8888)."""
 
-    server_id: str = Field(default_factory=socket.gethostname, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-    """This server's identity, a label value on its claims (the reaper deletes claims bearing it at start);
-    default: the host name (in a Deployment, the pod's name)."""
+    server_id: str = Field(default_factory=socket.gethostname, validate_default=True,
+                           pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+    """This server's identity, a label value on its claims (the reaper deletes, at start, claims bearing it made
+    by another life of it): unique per running server process; default: the host name (in a Deployment, the
+    pod's name). A host name that is no label value (over 63 characters, say) must be replaced here."""
 
     claim_timeout_s: int = Field(default=180, gt=0)
     """Deadline for a claim to be bound to a ready sandbox."""

@@ -1,6 +1,7 @@
 """The sandbox contract, run against every backend: local (bubblewrap, and its unisolated fallback), docker
-(a real dockerd, .ci/run starts one), hf (hf-sandbox's own in-pod server run on loopback) and e2b (a fake of
-its SDK: the E2B cloud is unreachable here; see tests/fakes/e2b_fake.py).
+(a real dockerd, .ci/run starts one), hf (hf-sandbox's own in-pod server run on loopback), e2b (a fake of
+its SDK: the E2B cloud is unreachable here; see tests/fakes/e2b_fake.py) and k8s (a stand-in for a Kubernetes
+cluster with agent-sandbox whose pods are network-less containers on the real dockerd: tests/fakes/k8s_standin.py).
 
 A case that needs what a backend's stand-in cannot give (a VM boundary, a pod network) is skipped for it with
 that reason.

@@ -32,7 +32,7 @@ def k8s(backend_for: Callable[..., Target]) -> Target:
 async def test_a_claim_is_a_labelled_v1beta1_claim_on_the_templates_pool(k8s: Target, k8s_standin: K8sStandIn) -> None:
     from coding_agent_env.sandbox.remote.k8s import LABEL_LIFE, LABEL_ROLLOUT, LABEL_SERVER, life
 
-    box = await k8s.backends.get("k8s").create(SandboxSpec(rollout_id="r/1 odd:id", deadline_s=100))
+    box = await k8s.backends.get("k8s").create(SandboxSpec(rollout_id="r/1 ödd:id", deadline_s=100))
     try:
         [body] = k8s_standin.created
         config = k8s.settings.backend_config("k8s")
@@ -41,7 +41,7 @@ async def test_a_claim_is_a_labelled_v1beta1_claim_on_the_templates_pool(k8s: Ta
         assert body["spec"]["warmPoolRef"] == {"name": "coding-agent-env"}
         labels = body["metadata"]["labels"]
         assert labels[LABEL_SERVER] == config.server_id and labels[LABEL_LIFE] == life()
-        assert labels[LABEL_ROLLOUT] == "r-1-odd-id"
+        assert labels[LABEL_ROLLOUT] == "r-1--dd-id"
         assert body["spec"]["lifecycle"]["shutdownPolicy"] == "Delete"
         # The sandbox is the claim's bound Sandbox (a warm pool's pod, not named after the claim).
         assert box.id.startswith("coding-agent-env-") and box.isolation == "k8s-pod" and box.network == "none"

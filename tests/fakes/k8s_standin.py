@@ -82,7 +82,8 @@ class K8sStandIn:
     """`with K8sStandIn(docker_client, ...) as cluster:` -> `cluster.kubeconfig`, `cluster.router_url`.
 
     `network`: the pods' Docker network mode (`none` or `host` only). `binds`: host paths mounted read-only at
-    the same path in every pod (the image's baked-in agents). `kubeconfig`: the file to write. Exiting stops the server and removes every pod."""
+    the same path in every pod (the image's baked-in agents). `kubeconfig`: the file to write. Exiting stops the
+    server and removes every pod."""
 
     def __init__(self, docker: Any, *, warmpool: str = "coding-agent-env", network: str = "none",
                  binds: tuple[str, ...] = (), memory_mb: int = 1024, pids: int = 512, base_dir: str = "/app",

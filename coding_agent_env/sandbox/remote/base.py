@@ -13,7 +13,7 @@ import abc
 import asyncio
 import base64
 
-from coding_agent_env.settings.backends import E2bConfig, HfConfig, LauncherTimeouts
+from coding_agent_env.settings.backends import E2bConfig, HfConfig, K8sConfig, LauncherTimeouts
 from coding_agent_env.errors import (
     SandboxError,
     SandboxFileError,
@@ -62,7 +62,7 @@ def refuse_layout(spec: SandboxSpec, backend: str) -> None:
                                                         "never as root or another user")
 
 
-def llm_refusal(config: HfConfig | E2bConfig, backend: str, network: str) -> str | None:
+def llm_refusal(config: HfConfig | E2bConfig | K8sConfig, backend: str, network: str) -> str | None:
     """Why a remote backend refuses network policy `network` (`llm` needs the operator's public relay opt-in)."""
     if network != "llm" or config.public_relay:
         return None
@@ -71,7 +71,7 @@ def llm_refusal(config: HfConfig | E2bConfig, backend: str, network: str) -> str
             "token, never the key)")
 
 
-def check_public_relay(spec: SandboxSpec, config: HfConfig | E2bConfig, backend: str) -> str | None:
+def check_public_relay(spec: SandboxSpec, config: HfConfig | E2bConfig | K8sConfig, backend: str) -> str | None:
     """The relay URL a remote sandbox with network policy `llm` gets (the server's public relay route), None for
     other policies; `SandboxUnavailableError` when the operator has not enabled it for this backend."""
     if spec.network != "llm":

@@ -125,7 +125,7 @@ def life() -> str:
 
 def _label_value(text: str) -> str:
     """`text` as a Kubernetes label value (alphanumerics, `-_.`, at most 63, alphanumeric at both ends)."""
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text)[:63]
+    safe = "".join(ch if (ch.isascii() and ch.isalnum()) or ch in "-_." else "-" for ch in text)[:63]
     return safe.strip("-_.") or "none"
 
 
