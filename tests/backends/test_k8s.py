@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from coding_agent_env.errors import SandboxUnavailableError
+from coding_agent_env.errors import BackendRefusedError, SandboxUnavailableError
 from coding_agent_env.sandbox import SandboxSpec
 from coding_agent_env.sandbox.registry import BACKEND_CLASSES
 from coding_agent_env.settings import Settings
@@ -133,6 +134,16 @@ async def test_commands_environment_never_travels_in_a_command_string(k8s: Targe
     finally:
         await box.close()
     assert k8s_standin.commands and not [c for c in k8s_standin.commands if "token-0123" in c]
+
+
+async def test_no_kubernetes_configuration_is_a_refusal_before_anything_runs(
+    k8s: Target, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
+    reason = await k8s.backends.get("k8s").refusal()
+    assert reason is not None and "Kubernetes" in reason
+    with pytest.raises(BackendRefusedError, match="k8s"):
+        await k8s.backends.check_usable("k8s")
 
 
 def test_settings_from_the_environment_use_the_k8s_names() -> None:

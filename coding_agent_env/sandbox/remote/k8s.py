@@ -161,6 +161,14 @@ class K8sBackend(SandboxBackend):
                   "egress, `llm` needs it to allow the server's public relay route")
         return BackendStatus(self.name, True, "k8s-pod", detail, rlimits(self._settings, nproc=False))
 
+    async def refusal(self) -> str | None:
+        """Why no claim can be made: no Kubernetes configuration (neither in-cluster nor a kubeconfig)."""
+        try:
+            await self._sdk()
+        except SandboxUnavailableError as exc:
+            return str(exc)
+        return None
+
     def network_refusal(self, network: str) -> str | None:
         if network == "host":
             return "network policy 'host' on the k8s backend: a pod's network is its template's NetworkPolicy"
