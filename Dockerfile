@@ -8,6 +8,9 @@
 # Both can be locally built or imported images; tests/image builds from `docker import`ed ones.
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 ARG NODE_IMAGE=node:20-bookworm-slim
+# The package's extras in the image: the Space's by default; a cluster's server image adds `k8s,postgres`
+# (deploy/: `docker build --build-arg EXTRAS=server,ui,k8s,postgres .`).
+ARG EXTRAS=server,ui
 
 FROM ${NODE_IMAGE} AS node
 
@@ -37,8 +40,9 @@ RUN ln -sf ../lib/node_modules/npm/bin/npm-cli.js /usr/local/bin/npm \
 RUN useradd --create-home --uid 1000 user
 WORKDIR /app
 COPY --chown=user:user . /app
+ARG EXTRAS
 RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-compile "/app[server,ui]"
+ && /opt/venv/bin/pip install --no-compile "/app[${EXTRAS}]"
 
 # The pinned CLI agents (OpenCode, Pi) from npm into AGENTS_DIR, once, here; never per rollout.
 RUN coding-agent-env agents install && npm cache clean --force && coding-agent-env agents list

@@ -1,5 +1,5 @@
 """Batch runs: many tasks, k attempts each, bounded concurrency, live progress, a resumable JSONL journal, a
-summary (mean reward, pass@k, per-phase times) and the results store (SQLite)."""
+summary (mean reward, pass@k, per-phase times) and the results store (SQLite, or PostgreSQL for several replicas)."""
 
 from coding_agent_env.runs.batch import BatchPlan, Job, run_batch
 from coding_agent_env.runs.executor import Executor, InProcessExecutor, ServerExecutor

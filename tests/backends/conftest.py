@@ -197,7 +197,7 @@ def no_leftover_containers(docker_engine: Any) -> Iterator[None]:
     yield
     left = docker_engine.containers.list(all=True, filters={"label": f"{LABEL_OWNER}={owner}"})
     for container in left:
-        container.remove(force=True)
+        container.remove(force=True, v=True)  # its tmpfs volumes too
     assert not left, f"containers left behind: {[c.id[:12] for c in left]}"
 
 
