@@ -1,6 +1,6 @@
 """GRPO groups with a shared setup: a group of G rollouts of one task whose setup does real work (a package
-tree of small modules, byte-compiled, and a large data file written and hashed: about 3 s here at the
-defaults), run as one group (`group_id`: set up once, every member forked from the template) beside the same G
+tree of small modules, byte-compiled, and a large data file written and hashed, in the home directory as
+installers put them: about 3 s here at the defaults), run as one group (`group_id`: set up once, every member forked from the template) beside the same G
 rollouts as independent members, at the same concurrency (G), in the same run. Prints wall time and CPU per
 group (the host's busy CPU time over the group's run: run it on a quiet machine), their ratios, and the fork's p50/p99 per member
 (target: at least 4x less wall per group; a local fork under 50 ms p50).
@@ -30,19 +30,22 @@ from coding_agent_env.settings import DockerConfig, Settings  # noqa: E402
 
 
 def setup_command(modules: int, data_mb: int) -> str:
+    """Dependencies installed where installers put them, in the home directory (a package tree byte-compiled, a
+    large data file written and hashed), and a small project in the workdir."""
     dirs = max(1, modules // 100)
     return (
-        f"mkdir -p pkg && for d in $(seq {dirs}); do mkdir -p pkg/m$d && touch pkg/m$d/__init__.py && "
-        f"for f in $(seq {min(modules, 100)}); do printf 'VALUE = %d\\n\\ndef f(x):\\n    return x * VALUE\\n' $f "
-        f"> pkg/m$d/f$f.py; done; done && touch pkg/__init__.py && python3 -m compileall -q pkg && "
-        f"head -c {data_mb}M /dev/urandom > data.bin && sha256sum data.bin > data.sha256"
+        f"mkdir -p ~/deps/pkg && cd ~/deps && for d in $(seq {dirs}); do mkdir -p pkg/m$d && "
+        f"touch pkg/m$d/__init__.py && for f in $(seq {min(modules, 100)}); do "
+        f"printf 'VALUE = %d\\n\\ndef f(x):\\n    return x * VALUE\\n' $f > pkg/m$d/f$f.py; done; done && "
+        f"touch pkg/__init__.py && python3 -m compileall -q pkg && head -c {data_mb}M /dev/urandom > data.bin && "
+        f"sha256sum data.bin > data.sha256 && cd - && printf 'print(1)\\n' > main.py"
     )
 
 
 def member(index: int, setup: str, group: str | None, sandbox: str) -> RolloutRequest:
     return RolloutRequest.model_validate({
         "instruction": "count the modules", "agent": "oracle", "sandbox": sandbox, "setup": [setup],
-        "solution": [f"find pkg -name '*.py' | wc -l > count-{index}", "test -s data.bin"],
+        "solution": [f"find ~/deps/pkg -name '*.py' | wc -l > count-{index}", "test -s ~/deps/data.bin"],
         "verify": [f"test -s count-{index}"], "command_timeout_s": 600, **({"group_id": group} if group else {}),
     })
 

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
+import json
 import logging
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -66,6 +68,15 @@ SET_KEYS = frozenset({"split", "index"})
 group (every member passing the same seed gets the same task); a `task_id` column alone names one too."""
 ROW_KEYS = TASK_KEYS | SET_KEYS | {"seed", "episode_id"}
 """The row's columns `reset` sends; every other column (`prompt`, TRL's own, the dataset's) is ignored."""
+
+
+def _row_group(arguments: dict[str, Any]) -> dict[str, Any]:
+    """`arguments` in the group of every row giving the same task, when it gives a task with setup and no group."""
+    if "group_id" in arguments or not (arguments.get("setup") or arguments.get("setup_scripts")):
+        return arguments
+    task = {key: value for key, value in arguments.items() if key in TASK_KEYS}
+    digest = hashlib.sha256(json.dumps(task, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    return {**arguments, "group_id": f"row-{digest}"}
 
 
 class _NotATool:
@@ -123,6 +134,7 @@ class _Environment:
         connect_timeout_s: float = 10.0,
         final_answer: str = "done",
         unscored_reward: float | None = 0.0,
+        group_rows: bool = True,
         **task_defaults: Any,
     ) -> None:
         """`base_url`: the server (`http://host:port`), or several (a list, or comma-separated): each connection
@@ -132,13 +144,17 @@ class _Environment:
         `message_timeout_s` bounds each exchange with the server (above the longest setup, command and verify);
         `final_answer` is what `get_reward` answers with (verify reads it at `$FINAL_ANSWER_FILE`);
         `unscored_reward` is `get_reward`'s value for an episode that was never scored (None: TRL 1.16 then leaves
-        the rollout out of its group's baseline and gives it no advantage). Connects on the first
-        `reset`, not here: TRL makes a probe instance before training starts."""
+        the rollout out of its group's baseline and gives it no advantage). `group_rows`: a row that gives a task
+        with setup commands and no `group_id` is in the group of every row with the same task (TRL repeats a row
+        for each member of its GRPO group): their setup runs once and each member's sandbox is forked from it
+        (see `Task.group_id`); False: every episode sets up on its own. Connects on the first `reset`, not here:
+        TRL makes a probe instance before training starts."""
         self._link = _Link(EpisodeSessionFactory(base_url, defaults=_clean(task_defaults),
                                                  message_timeout_s=message_timeout_s,
                                                  connect_timeout_s=connect_timeout_s))
         self._finalizer = weakref.finalize(self, _Link.close, self._link)  # on collection, and at exit
         self._final_answer = final_answer
+        self._group_rows = group_rows
         self._unscored_reward = None if unscored_reward is None else float(unscored_reward)
         self._episode: EpisodeSession | None = None
         self._no_episode = "call reset first"
@@ -180,6 +196,8 @@ class _Environment:
         if SET_KEYS & arguments.keys():  # a task of the set runs as the set holds it: no task fields beside it
             arguments = {k: v for k, v in arguments.items() if k in SET_KEYS | {"seed", "episode_id"}
                          or (k in given and k in TASK_KEYS)}
+        if self._group_rows and not SET_KEYS & arguments.keys():
+            arguments = _row_group(arguments)
         if not (TASK_KEYS | SET_KEYS) & arguments.keys():
             self._no_episode = "the row names no task (no instruction, files, setup or verify column)"
             self._ask_bare_reset()  # ends the previous episode; the session stays

@@ -56,3 +56,18 @@ def test_a_rollout_group_id_is_honoured_by_name(server: LiveServer) -> None:
     with CodingEnvironment(server.http, split="train") as env:
         env.reset(split="train", index=1, group_id="mine")
         assert group_of(env)["group_id"] == "mine"
+
+
+def test_trainer_rows_of_one_task_share_one_setup_unless_told_not_to(server: LiveServer) -> None:
+    """TRL repeats a dataset row for each member of its group: identical inline rows are one group."""
+    row = {"instruction": "Inline.", "setup": [SETUP], "verify": ["test -f done"]}
+    with CodingEnvironment(server.http) as a, CodingEnvironment(server.http) as b, \
+            CodingEnvironment(server.http) as other, CodingEnvironment(server.http, group_rows=False) as alone:
+        a.reset(**row)
+        b.reset(**row)
+        other.reset(**{**row, "instruction": "Another task."})
+        alone.reset(**row)
+        groups = [group_of(env) for env in (a, b, other)]
+        assert groups[0]["template"] == groups[1]["template"] != groups[2]["template"]
+        assert a.terminal("cat stamp") == b.terminal("cat stamp") != alone.terminal("cat stamp")
+        assert alone.report is not None and alone.report.get("group") is None
