@@ -187,3 +187,17 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def rollouts_finished(server: Any) -> int:
+    """The rollouts a live server itself counted as finished (its Prometheus counter, every label summed)."""
+    import httpx
+
+    text = httpx.get(f"{server.http}/metrics", timeout=10).text
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("coding_agent_env_rollouts_finished_total{")))
+
+
+def dead_url() -> str:
+    """A loopback URL nothing listens at."""
+    return f"http://127.0.0.1:{free_port()}"

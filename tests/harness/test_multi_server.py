@@ -9,28 +9,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 
 from coding_agent_env.harness import CodingEnvironment, EpisodeSessionFactory, HarnessError, RolloutSessionFactory
 from coding_agent_env.harness import ServerUnreachableError
 from coding_agent_env.harness.servers import NoServerError, ServerPool, server_urls
-from tests.helpers import free_port, wait_until
+from tests.helpers import dead_url, rollouts_finished, wait_until
 from tests.protocol.live import ORACLE_TASK, LiveServer
 
 TASK: dict[str, Any] = {"instruction": "Put 42 in answer.txt.", "verify": ["grep -qx 42 answer.txt"],
                         "sandbox": "local"}
 
 
-def finished(server: LiveServer) -> int:
-    """The rollouts the server itself counted as finished (its Prometheus counter, every label summed)."""
-    text = httpx.get(f"{server.http}/metrics", timeout=10).text
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("coding_agent_env_rollouts_finished_total{")))
-
-
-def dead_url() -> str:
-    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
 
 
 # --- the pool's choice ------------------------------------------------------------------------------------------
@@ -136,7 +126,7 @@ def test_rollout_sessions_spread_across_two_servers(make_live: Callable[..., Liv
         for session in sessions:
             session.close()
     wait_until(lambda: factory.servers.outstanding() == {first.http: 0, second.http: 0}, "the servers released")
-    assert finished(first) == 1 and finished(second) == 1  # each server ran one (its own counter)
+    assert rollouts_finished(first) == 1 and rollouts_finished(second) == 1  # each server ran one (its own counter)
 
 
 def test_an_unreachable_url_is_skipped(make_live: Callable[..., LiveServer]) -> None:

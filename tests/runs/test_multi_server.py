@@ -11,12 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from coding_agent_env.cli.main import main
 from coding_agent_env.settings import Settings
-from tests.helpers import free_port
+from tests.helpers import dead_url, rollouts_finished
 from tests.protocol.live import LiveServer
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tasks"
@@ -37,15 +36,6 @@ def records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def finished(server: LiveServer) -> int:
-    """The rollouts the server itself counted as finished (its Prometheus counter, every label summed)."""
-    text = httpx.get(f"{server.http}/metrics", timeout=10).text
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("coding_agent_env_rollouts_finished_total{")))
-
-
-def dead_url() -> str:
-    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
 
 
 def run(tmp_path: Path, *servers: str) -> tuple[int, list[dict[str, Any]]]:
@@ -63,7 +53,7 @@ def test_a_batch_spreads_across_two_servers(make_live: Callable[..., LiveServer]
     code, done = run(tmp_path, first.http, second.http)
     assert code == 0
     assert len(done) == TASKS and all(rec["result"]["reward"] == 1.0 for rec in done), done
-    counts = finished(first), finished(second)
+    counts = rollouts_finished(first), rollouts_finished(second)
     assert sum(counts) == TASKS and min(counts) >= TASKS // 2 - 1, counts  # 4 workers: two on each server
     printed = capsys.readouterr().out
     assert f"rollouts per server: {first.http} {counts[0]}, {second.http} {counts[1]}" in printed
@@ -75,7 +65,7 @@ def test_an_unreachable_server_is_said_and_the_other_runs_the_batch(
     code, done = run(tmp_path, f"{dead}, {live.http}")  # one comma-separated value
     assert code == 0
     assert len(done) == TASKS and all(rec["result"]["reward"] == 1.0 for rec in done), done
-    assert finished(live) == TASKS
+    assert rollouts_finished(live) == TASKS
     captured = capsys.readouterr()
     said = re.findall(rf"server {re.escape(dead)} is unreachable \(cannot connect: .+?\): its rollouts go to "
                       "the other servers", captured.err)
