@@ -48,7 +48,16 @@ CREATE INDEX IF NOT EXISTS rollouts_task ON rollouts (task_id);
 CREATE INDEX IF NOT EXISTS rollouts_run ON rollouts (run_id)
 """
 # `result` stays TEXT (not jsonb): export writes it back byte for byte; the charts' two fields are cast per query.
-DIALECT = Dialect(rowid="seq", contains="strpos({column}, ?) > 0", json_field="(({column})::jsonb -> '{key}')::text")
+# A result holding a NUL character (`\u0000` in its JSON: a sandbox's output may) cannot be cast to jsonb; its
+# chart fields are then null rather than the query failing for every row.
+DIALECT = Dialect(
+    rowid="seq", contains="strpos({column}, ?) > 0",
+    json_field="(CASE WHEN strpos({column}, '\\u0000') = 0 THEN (({column})::jsonb -> '{key}')::text END)",
+)
+
+
+STATEMENT_TIMEOUT_MS = 30_000
+"""The longest a statement may run (a prune of many rows included); past it, it fails (a store error)."""
 
 
 def _driver() -> Any:
@@ -69,9 +78,13 @@ class PostgresBackend(Backend):
         self._psycopg = _driver()
         self._exclusive = False
         self._conn = self._connect()
-        with self.exclusive():
-            for statement in statements(SCHEMA):
-                self._conn.execute(statement)
+        try:
+            with self.exclusive():
+                for statement in statements(SCHEMA):
+                    self._conn.execute(statement)
+        except BaseException:
+            self._conn.close()
+            raise
 
     def _connect(self) -> Any:
         psycopg = self._psycopg
@@ -82,6 +95,14 @@ class PostgresBackend(Backend):
                                      f"{self._redacted(exc)}") from None
         params.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
         params.setdefault("application_name", _APPLICATION)
+        # Every statement has a deadline, and a connection a failover left half-open is found dead in seconds,
+        # not after the kernel's retransmissions (minutes): the writer thread and shutdown never hang on it.
+        params.setdefault("options", f"-c statement_timeout={STATEMENT_TIMEOUT_MS}")
+        params.setdefault("keepalives", 1)
+        params.setdefault("keepalives_idle", 10)
+        params.setdefault("keepalives_interval", 5)
+        params.setdefault("keepalives_count", 3)
+        params.setdefault("tcp_user_timeout", STATEMENT_TIMEOUT_MS)
         try:
             return psycopg.connect(autocommit=True, **params)
         except psycopg.Error as exc:

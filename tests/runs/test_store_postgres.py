@@ -272,3 +272,21 @@ def test_a_dropped_connection_is_replaced_without_losing_the_write(postgres_serv
         store.add(run, Record("t", 1, RolloutResult(rollout_id="after", task_id="t", agent="oracle", sandbox="local",
                                                     status=RolloutStatus.COMPLETED, reward=1.0)))
         assert [row.rollout_id for row in store.rollouts()] == ["after"]
+
+
+def test_a_result_holding_a_nul_character_does_not_break_the_charts(postgres_url: str) -> None:
+    """A sandbox's output may hold NUL; jsonb cannot: that row's chart fields are empty, every other row's kept."""
+    from coding_agent_env.models import CommandResult, Timings
+
+    plain = RolloutResult(rollout_id="plain", task_id="t", agent="oracle", sandbox="local",
+                          status=RolloutStatus.COMPLETED, reward=1.0, timings=Timings(total_s=2.5))
+    nul = plain.model_copy(update={"rollout_id": "nul", "setup_results": [
+        CommandResult(cmd="printf 'x\\0y'", exit_code=0, stdout="x\x00y", stderr="", duration_s=0.1)]})
+    with ResultsStore(postgres_url) as store:
+        run = store.new_run("batch", "nul")
+        for result in (plain, nul):
+            store.add(run, Record("t", 1, result))
+        measured = {row.rollout_id: fields for row, fields in store.measures()}
+        assert measured["plain"]["timings"]["total_s"] == 2.5
+        assert measured["nul"] == {"timings": {}, "limits_hit": []}
+        assert store.result("nul").setup_results[0].stdout == "x\x00y"  # type: ignore[union-attr]

@@ -12,6 +12,7 @@ server's event loop. A store that cannot be reached is a note in the view, its U
 from __future__ import annotations
 
 import html
+import logging
 import time
 from typing import Any
 
@@ -35,6 +36,8 @@ _CHART_LIMIT = 5000
 """Rollouts the charts read at most (the newest matching the filters)."""
 CHARTS = ("pass", "rewards", "phases", "throughput", "limits", "tasks")
 """The chart tables, in the order the view's outputs take them (`tasks` is a table: the curriculum's view)."""
+
+log = logging.getLogger(__name__)
 
 
 def _when(stamp: float) -> str:
@@ -88,8 +91,12 @@ def chart_tables(settings: Settings, task: str, agent: str, status: str, min_rew
         with store:
             filters = Filters(run_id or None, task or None, agent or None, status or None, _bound(min_reward),
                               _bound(max_reward))
-            measured = store.measures(filters, _CHART_LIMIT)
-            outcomes = store.task_outcomes(filters)[:_LIST_LIMIT]
+            try:
+                measured = store.measures(filters, _CHART_LIMIT)
+                outcomes = store.task_outcomes(filters)[:_LIST_LIMIT]
+            except ResultsStoreError:  # a database down mid-way: empty charts, the list's notice says why
+                log.exception("runs view: the charts' query failed")
+                measured, outcomes = [], []
     rows = [row for row, _ in measured]
     tables = {"pass": charts.per_task(rows), "rewards": charts.reward_histogram(rows),
               "phases": charts.phase_times(measured), "throughput": charts.throughput(rows),
