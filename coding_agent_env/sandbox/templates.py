@@ -8,7 +8,8 @@ setup with it. Every member awaits the same value; an exception while making it 
 and is not kept (the next member to join makes it anew).
 
 Lifetime: members `leave` (each once). The value is released once no member holds it and none joined for
-`idle_s` (members of a group may run a few at a time), or when `aclose` ends the registry; what is released is
+`idle_s` (members of a group may run a few at a time), or when `aclose` ends the registry; a value still being
+made when its last member leaves is cancelled (its making cleans up after itself); what is released is
 the caller's `release(value)`, called once, shielded. Only the event loop's thread uses a registry.
 """
 
@@ -110,8 +111,16 @@ class GroupTemplates:
 
     def _leave(self, key: Hashable, entry: _Entry[object]) -> None:
         entry.holders -= 1
-        if entry.holders == 0 and entry.making.done() and self._entries.get(key) is entry:
+        if entry.holders or self._entries.get(key) is not entry:
+            return
+        if entry.making.done():
             self._schedule(key, entry)
+        else:
+            # Every member left before it was made (cancelled, disconnected): nobody waits for it, and a
+            # template nobody holds must not be made (nor kept) outside the sessions' capacity.
+            del self._entries[key]
+            entry.making.cancel()
+            self._start_release(entry)
 
     def _schedule(self, key: Hashable, entry: _Entry[object]) -> None:
         if self._closed or entry.idle is not None:

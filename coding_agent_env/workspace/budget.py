@@ -35,8 +35,10 @@ class Budget:
         clean_room_s = (settings.provision_timeout_s + setups * per_command) * len(steps) if request.artifacts else 0.0
         setup_s = setups * per_command + STAGE_SLACK_S * len(steps)
         return cls(
-            # A group member's provisioning may wait for its group's template: a sandbox and the setup, made once.
-            provision_s=settings.provision_timeout_s + (setup_s if request.group_id is not None else 0.0),
+            # A group member's provisioning may wait for its group's template (a sandbox, the setup and the
+            # snapshot, made once), then forks its own sandbox.
+            provision_s=settings.provision_timeout_s * (2 if request.group_id is not None else 1)
+            + (setup_s if request.group_id is not None else 0.0),
             setup_s=setup_s,
             agent_s=sum(step.agent_timeout_s for step in steps) + STAGE_SLACK_S * len(steps),
             verify_s=sum(len(step.verify) for step in steps) * per_command + STAGE_SLACK_S * len(steps) + clean_room_s,

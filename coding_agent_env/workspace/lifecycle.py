@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coding_agent_env.aio import shielded
+from coding_agent_env.errors import SandboxUnsupportedError
 from coding_agent_env.models import CommandResult, ErrorInfo, GroupReport, Task
 from coding_agent_env.models.results import StepResult
 from coding_agent_env.models.task import SOLUTION_ROOT
@@ -130,12 +131,14 @@ class Workspace:
         then `set_up` reports that failure). The member holds the template until its teardown."""
         assert self.task.group_id is not None
         backend = self.backend()
+        await backend.refusal()  # probes the backend off the loop once, before fork_refusal reads what it found
         refusal = "the task has no setup to share" if not self.task.setup else backend.fork_refusal(spec)
         if refusal is not None:
             self.group = GroupReport(group_id=self.task.group_id, setup="per_member", note=refusal)
             return None
         task = self.task
-        deadline_s = Budget.for_request(task, self.settings).provision_s  # a member's: the template's setup's too
+        # A member's provisioning is the template's (a sandbox, the setup, the snapshot) and then its own fork.
+        deadline_s = Budget.for_request(task, self.settings).provision_s - self.settings.provision_timeout_s
 
         def prepare(sandbox: Sandbox) -> None:
             if task.verify_files_root == "/tests":
@@ -147,7 +150,11 @@ class Workspace:
 
         lease = self.backends.templates.join(group_key(task, spec, self.backend_name), make, release_setup)
         self.resources.callback(lease.leave)  # after the member's sandbox is closed (last acquired first)
-        made = await lease.value()
+        try:
+            made = await lease.value()
+        except SandboxUnsupportedError as exc:  # the backend found out only when freezing (an image's VOLUME)
+            self.group = GroupReport(group_id=task.group_id, setup="per_member", note=str(exc))
+            return None
         self._group_setup = made
         self.group = GroupReport(
             group_id=task.group_id, setup="forked", made_here=lease.created, template_setup_s=made.setup_s,

@@ -268,3 +268,24 @@ async def test_a_cancelled_fork_leaves_nothing_and_the_image_still_goes(
     await poll(lambda: asyncio.to_thread(lambda: not _members(docker_engine, "fork-cancelled")), "its removal")
     await template.release()
     assert len(_templates(docker_engine)) == before
+
+
+async def test_a_group_on_an_image_docker_cannot_freeze_sets_up_per_member(
+    backend_for: Callable[..., Target], volume_image: str, no_leftover_templates: None,
+    no_leftover_containers: None,
+) -> None:
+    """The backend learns of the image's VOLUME only when freezing the first template: the group's members then
+    run their setup themselves, each scored, none failed by the refusal."""
+    from coding_agent_env.models import RolloutRequest, RolloutStatus
+    from coding_agent_env.rollout import run_rollout
+
+    target = backend_for("docker")
+    request = RolloutRequest.model_validate({
+        "instruction": "x", "agent": "oracle", "sandbox": "docker", "image": volume_image, "group_id": "vol",
+        "setup": ["echo set-up > marker"], "solution": ["cat marker > seen"], "verify": ["grep -q set-up seen"],
+    })
+    results = await asyncio.gather(*(run_rollout(request, backends=target.backends) for _ in range(2)))
+    for result in results:
+        assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, result.error
+        assert result.group is not None and result.group.setup == "per_member", result.group
+        assert "VOLUME" in (result.group.note or "") or "volume" in (result.group.note or "").lower()

@@ -146,13 +146,14 @@ async def test_a_member_crash_leaves_the_others_untouched(group_settings: Settin
 async def test_the_template_expires_and_a_later_member_sets_up_anew(group_settings: Settings,
                                                                      no_leftovers: None) -> None:
     async with Backends(group_settings) as backends:
-        first = await run_rollout(member(0, []), backends=backends)
+        stamped = ["date +%s%N", SETUP]  # prints when it ran
+        first = await run_rollout(member(0, [], setup=stamped), backends=backends)
         await poll(lambda: len(backends.templates) == 0, "the template to expire")
         await backends.templates.drain()
-        later = await run_rollout(member(1, []), backends=backends)
+        later = await run_rollout(member(1, [], setup=stamped), backends=backends)
         assert first.group and later.group and first.group.made_here and later.group.made_here
         assert first.group.template != later.group.template
-        assert first.setup_results[0].stdout == later.setup_results[0].stdout  # same command, no output
+        assert first.setup_results[0].stdout != later.setup_results[0].stdout  # the setup ran again
 
 
 async def test_members_of_other_tasks_never_share_a_template(group_settings: Settings, no_leftovers: None) -> None:

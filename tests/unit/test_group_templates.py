@@ -90,11 +90,11 @@ async def test_the_first_members_cancellation_does_not_cancel_the_making() -> No
     first = registry.join("g", maker.make, maker.release)
     waiting = asyncio.ensure_future(first.value())
     await asyncio.sleep(0)
+    other = registry.join("g", maker.make, maker.release)  # a second member waits for the same making
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
     first.leave()
-    other = registry.join("g", maker.make, maker.release)
     maker.gate.set()
     assert await other.value() == "t0"
     other.leave()
@@ -117,3 +117,17 @@ async def test_close_releases_held_values_and_cancels_one_being_made() -> None:
     held.leave()
     making.leave()
     assert maker.released == ["t0"]
+
+
+async def test_a_making_every_member_left_is_cancelled_and_never_kept() -> None:
+    registry, maker = GroupTemplates(idle_s=10), Maker()
+    maker.gate.clear()
+    leases = [registry.join(f"g{i}", maker.make, maker.release) for i in range(3)]
+    for lease in leases:
+        lease.leave()
+    assert len(registry) == 0
+    await registry.drain()
+    maker.gate.set()
+    assert all(lease.entry.making.cancelled() for lease in leases)
+    assert maker.made == [] and maker.released == []
+    await registry.aclose()
