@@ -465,10 +465,16 @@ class SandboxTemplate(abc.ABC):
     backend: str
     id: str
     """Names it in logs, reports and the reaper's labels."""
+    _released: bool = False
+
+    @property
+    def released(self) -> bool:
+        """Whether `release` was called: no member may be forked from it any more."""
+        return self._released
 
     async def release(self) -> None:
         """Give back what the template holds (once; later calls return at once)."""
-        if getattr(self, "_released", False):
+        if self._released:
             return
         self._released = True
         await self._release()

@@ -71,14 +71,12 @@ class DockerTemplate(SandboxTemplate):
         self.env = MappingProxyType(dict(env))
         self._api = api
         self._open = 0
-        """Members made or being made from it and not closed yet."""
-        self._gone = False
-        """Released: no member may be forked any more; the image goes with the last open one."""
+        """Members made or being made from it and not closed yet; once released, the image goes with the last."""
 
     def admit(self, spec: SandboxSpec, layout: SandboxLayout) -> None:
         """Check a member's `spec` may be forked from this template (`SandboxUnsupportedError` naming `group`
         if not): not released, and the same image, layout and users as the template's own spec."""
-        if self._gone:
+        if self.released:
             raise SandboxUnsupportedError("docker", "group", f"template {self.id} was released: fork no more from it")
         mine = self.spec
         if (spec.image, layout, spec.users) != (mine.image, self.layout, mine.users):
@@ -93,14 +91,13 @@ class DockerTemplate(SandboxTemplate):
         """A member closed (or was never made): the last one after `release` removes the image. Never raises:
         an image it cannot remove now is the reaper's at the next start."""
         self._open -= 1
-        if self._gone and self._open == 0:
+        if self.released and self._open == 0:
             try:
                 await self._remove()
             except SandboxError as exc:
                 log.warning("template %s: image %s left to the reaper: %s", self.id, self.image_id[:19], exc)
 
     async def _release(self) -> None:
-        self._gone = True
         if self._open == 0:
             await self._remove()
 

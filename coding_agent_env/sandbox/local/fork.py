@@ -82,7 +82,6 @@ class LocalTemplate(SandboxTemplate):
         self.modes = {sub: (root / sub).stat().st_mode & 0o7777 for sub in subdirs}
         self._give_uid = give_uid
         self.forks = 0
-        self.released = False
         self._uid_given = False
 
     def fork_started(self) -> None:
@@ -99,7 +98,6 @@ class LocalTemplate(SandboxTemplate):
             self._give_uid()
 
     async def _release(self) -> None:
-        self.released = True
         try:
             # Unmounting its tmpfs frees it at once, or as soon as no member's overlay uses it any more.
             await asyncio.to_thread(functools.partial(_remove, self.root))
