@@ -1,14 +1,17 @@
 """GRPO groups with a shared setup: a group of G rollouts of one task whose setup does real work (a package
 tree of small modules, byte-compiled, and a large data file written and hashed, in the home directory as
-installers put them: about 3 s here at the defaults), run as one group (`group_id`: set up once, every member forked from the template) beside the same G
-rollouts as independent members, at the same concurrency (G), in the same run. Prints wall time and CPU per
-group (the host's busy CPU time over the group's run: run it on a quiet machine), their ratios, and the fork's p50/p99 per member
-(target: at least 4x less wall per group; a local fork under 50 ms p50).
+installers put them: about 3 s here at the defaults), run as one group (`group_id`: set up once, every member
+forked from the template) beside the same G rollouts as independent members, at the same concurrency (G), in
+the same run. Prints wall time and CPU per group (the host's busy CPU time over the group's run: run it on a
+quiet machine), their ratios, the fork's p50/p99 per member (target: at least 4x less wall per group; a local
+fork under 50 ms p50), and the bound no fork can pass here (independent wall over the template's setup).
 
 On the local backend (as root: overlay forks), and on Docker when a daemon answers at DOCKER_HOST and the
-backend forks (the offline test image of tests/backends, imported if missing).
+backend forks (the offline test image of tests/backends, imported if missing), its templates frozen as
+`--docker-fork` says (`DOCKER_FORK`: auto, layers or image).
 
     .venv/bin/python bench/group.py [ROUNDS] [--group G] [--data-mb MB] [--modules N] [--no-docker]
+                                    [--docker-fork auto|layers|image]
 """
 
 from __future__ import annotations
@@ -90,15 +93,20 @@ async def compare(backends: Backends, sandbox: str, rounds: int, size: int, setu
         await backends.templates.drain()
     g_wall, a_wall = pct(grouped_wall, 0.5), pct(alone_wall, 0.5)
     g_cpu, a_cpu = pct(grouped_cpu, 0.5), pct(alone_cpu, 0.5)
-    print(f"{sandbox}: a group of {size}, {rounds} round(s), template setup "
-          f"{pct([r.group.template_setup_s or 0 for r in results if r.group], 0.5):.2f} s")
+    template_s = pct([r.group.template_setup_s or 0 for r in results if r.group], 0.5)
+    methods = sorted({r.group.method or "?" for r in results if r.group})
+    print(f"{sandbox}: a group of {size}, {rounds} round(s), template ({'/'.join(methods)}) setup {template_s:.2f} s")
     print(f"  wall per group  grouped {g_wall:7.2f} s   independent {a_wall:7.2f} s   {a_wall / g_wall:5.2f}x less")
     print(f"  CPU per group   grouped {g_cpu:7.2f} s   independent {a_cpu:7.2f} s   {a_cpu / max(g_cpu, 1e-9):5.2f}x less")
     ms = [f * 1000 for f in forks]
     print(f"  fork per member p50 {pct(ms, 0.5):7.2f} ms   p99 {pct(ms, 0.99):7.2f} ms   (target: p50 < 50 ms local)")
+    # A group cannot take less than its template's setup: with C cores, G independent members take about G/C
+    # setups, so no way of forking gains more than this here.
+    print(f"  bound: independent / template setup = {a_wall / max(template_s, 1e-9):5.2f}x "
+          f"(what a free snapshot, fork and run would reach on {os.cpu_count()} CPUs)")
 
 
-async def docker_backends(settings: Settings) -> Backends | None:
+async def docker_backends(settings: Settings, fork: str) -> Backends | None:
     host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     try:
         import docker
@@ -113,7 +121,7 @@ async def docker_backends(settings: Settings) -> Backends | None:
     except Exception as exc:  # any failure to reach the daemon means: no docker rows
         print(f"docker: skipped (no daemon at {host}: {type(exc).__name__})")
         return None
-    config = DockerConfig(host=host, image=IMAGE, host_binds=HOST_BINDS)
+    config = DockerConfig(host=host, image=IMAGE, host_binds=HOST_BINDS, fork=fork)
     backends = Backends(settings.with_backends(*settings.backends, config))
     refusal = backends.get("docker").fork_refusal(SandboxSpec(rollout_id="probe"))
     if refusal is not None:
@@ -130,6 +138,7 @@ async def main() -> None:
     parser.add_argument("--data-mb", type=int, default=300)
     parser.add_argument("--modules", type=int, default=3000)
     parser.add_argument("--no-docker", action="store_true")
+    parser.add_argument("--docker-fork", choices=("auto", "layers", "image"), default="auto")
     args = parser.parse_args()
     setup = setup_command(args.modules, args.data_mb)
     with bench_settings() as base:
@@ -141,7 +150,7 @@ async def main() -> None:
             else:
                 print(f"local: skipped (the backend does not fork here: {refusal})")
         if not args.no_docker:
-            docker = await docker_backends(settings)
+            docker = await docker_backends(settings, args.docker_fork)
             if docker is not None:
                 async with docker:
                     await compare(docker, "docker", args.rounds, args.group, setup)

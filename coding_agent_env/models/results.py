@@ -156,6 +156,9 @@ class GroupReport(WireModel):
         "(`note` says why)."
     )
     template: str | None = Field(default=None, description="The template's id (forked members of one share it).")
+    method: str | None = Field(default=None, description="How the template was frozen: overlay (local: an overlay "
+                               "of its root), layers (Docker: its container's layer under each member's overlays) "
+                               "or image (Docker: committed).")
     made_here: bool = Field(default=False, description="Whether this member's start made the template.")
     template_setup_s: float | None = Field(default=None, description="Seconds the template's setup took.")
     fork_s: float | None = Field(default=None, description="Seconds forking this member's sandbox took.")

@@ -465,6 +465,8 @@ class SandboxTemplate(abc.ABC):
     backend: str
     id: str
     """Names it in logs, reports and the reaper's labels."""
+    method: str
+    """How it was frozen (`GroupReport.method`): `overlay` (local), `layers` or `image` (Docker)."""
     _released: bool = False
 
     @property

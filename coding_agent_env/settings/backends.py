@@ -137,11 +137,18 @@ class DockerConfig(_Config):
     host: the socket lives in a bind-mounted host directory); `exec`, the engine's exec API (any daemon);
     `auto`: `control` for a `unix://` daemon whose socket path fits, else `exec`."""
 
+    fork: Literal["auto", "layers", "image"] = "auto"
+    """How a group's set-up sandbox is frozen for its members: `layers`, kept as its stopped container's own layer,
+    which members see through overlay volumes (nothing copied; needs a daemon on this host with the overlay2
+    driver and the server running as root); `image`, committed into an image (copies what setup wrote; any
+    engine); `auto`: `layers` where it can, else `image`."""
+
     timeouts: LauncherTimeouts = LauncherTimeouts()
 
     ENV: ClassVar[Mapping[str, str]] = {"host": "DOCKER_HOST", "image": "DOCKER_IMAGE",
                                         "host_binds": "DOCKER_HOST_BINDS",
-                                        "relay_port": "DOCKER_RELAY_PORT", "transport": "DOCKER_TRANSPORT"}
+                                        "relay_port": "DOCKER_RELAY_PORT", "transport": "DOCKER_TRANSPORT",
+                                        "fork": "DOCKER_FORK"}
 
     @field_validator("host_binds", mode="before")
     @classmethod

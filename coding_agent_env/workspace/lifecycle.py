@@ -159,6 +159,7 @@ class Workspace:
         self.group = GroupReport(
             group_id=task.group_id, setup="forked", made_here=lease.created, template_setup_s=made.setup_s,
             template=made.template.id if made.template is not None else None,
+            method=made.template.method if made.template is not None else None,
         )
         if made.template is None:
             return None

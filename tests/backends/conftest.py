@@ -148,12 +148,15 @@ def kind_configs(kind: str, request: pytest.FixtureRequest,
         return "local", (local,), real
     if kind == "local-unisolated":  # the operator's explicit opt-in to unisolated commands
         return "local", (local.model_copy(update={"isolation": "none"}),), real
-    if kind in ("docker", "docker-exec"):
+    if kind in ("docker", "docker-exec", "docker-image", "docker-layers"):
         request.getfixturevalue("docker_engine")
         request.getfixturevalue("no_leftover_containers")
         # `docker-exec`: the transport for daemons not on this host (machinery copied in, commands as execs).
         transport = "exec" if kind == "docker-exec" else "auto"
-        docker = DockerConfig(host=_docker_host(), image=IMAGE, host_binds=HOST_BINDS, transport=transport)
+        # `docker-image`: group templates committed into images, as on a daemon whose layers the server cannot read;
+        # `docker-layers`: kept as their layers or refused.
+        fork = {"docker-image": "image", "docker-layers": "layers"}.get(kind, "auto")
+        docker = DockerConfig(host=_docker_host(), image=IMAGE, host_binds=HOST_BINDS, transport=transport, fork=fork)
         return "docker", (local, docker), real
     if kind == "hf":
         url, token = request.getfixturevalue("hf_server")

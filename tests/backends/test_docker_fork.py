@@ -1,8 +1,13 @@
-"""Groups on the Docker backend (issue 34): a set-up sandbox frozen into a template image, members forked from
-it. Members start from the set-up files (workdir, home, a further root, a tree of thousands of files), their
-writes and processes are their own, their limits and network policy are their own; the image goes with the
-template's release (or its last member), a dead server's templates go with the reaper, and a released template
-forks no more. Real dockerd (see conftest)."""
+"""Groups on the Docker backend (issue 34): a set-up sandbox frozen into a template, kept as its stopped
+container's layer (`layers`, members see it through overlay volumes: the default where the server reads the
+engine's layers, as here) or committed into an image (`image`, kind `docker-image`), members forked from it.
+Members start from the set-up files (workdir, home, a further root, a tree of thousands of files, what root
+wrote in /etc and /opt, what setup deleted or replaced in the image's files), their writes and processes are
+their own, their limits and network policy are their own; the template's container or image goes with its
+release (or its last member), each member's fork directory with it, a dead server's templates and fork
+directories go with the reaper, and a released template forks no more. A setup whose result overlay volumes
+cannot show (a new top-level file) is committed instead, or refused when the server is set to `layers`. Real
+dockerd (see conftest)."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import dataclasses
 import os
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,10 +25,11 @@ from coding_agent_env.errors import SandboxUnsupportedError
 from coding_agent_env.sandbox import Sandbox, SandboxSpec
 from coding_agent_env.sandbox.base import SandboxBackend, SandboxLimits, SandboxTemplate
 from coding_agent_env.sandbox.docker import LABEL_OWNER, LABEL_ROLLOUT
-from coding_agent_env.sandbox.docker.reaper import LABEL_TEMPLATE
+from coding_agent_env.sandbox.docker.reaper import LABEL_FORKDIR, LABEL_TEMPLATE
+from coding_agent_env.sandbox.docker.template import ImageTemplate, LayerTemplate
 from coding_agent_env.settings import Settings
 from tests.backends.conftest import Target, processes
-from tests.backends.rootfs import IMAGE
+from tests.backends.rootfs import HOST_BINDS, IMAGE
 from tests.helpers import poll
 
 OUT = 64 * 1024
@@ -44,19 +51,46 @@ def _owner() -> str:
     return f"{socket.gethostname()}/{os.getpid()}"
 
 
+FORK_IMAGE = "coding-agent-env-test-fork:1"
+"""The test image with files in the sandbox user's home and in /etc that setup deletes or replaces."""
+EXPECTED_METHOD = {"docker": "layers", "docker-exec": "layers", "docker-image": "image"}
+
+
 def _templates(engine: Any) -> list[str]:
     """This server's template images."""
     return [image.id for image in engine.images.list(filters={"label": [LABEL_TEMPLATE, f"{LABEL_OWNER}={_owner()}"]})]
 
 
-@pytest.fixture(params=["docker", "docker-exec"])
+def _held(engine: Any, template: SandboxTemplate) -> bool:
+    """Whether what `template` holds (its image, or its kept container) is still on the engine."""
+    if isinstance(template, LayerTemplate):
+        return bool(engine.api.containers(all=True, filters={"id": template.container_id}))
+    assert isinstance(template, ImageTemplate)
+    return bool(engine.images.list(filters={"label": f"{LABEL_TEMPLATE}={template.id}"}))
+
+
+@pytest.fixture(params=["docker", "docker-exec", "docker-image"])
 def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(params=["docker", "docker-image"])
+def method_kind(request: pytest.FixtureRequest) -> str:
+    """Each way of freezing, on the control transport."""
     return str(request.param)
 
 
 @pytest.fixture
 def docker_backend(kind: str, backend_for: Callable[..., Target]) -> SandboxBackend:
     return backend_for(kind, sandbox_allow_host_network=True).backends.get("docker")
+
+
+@pytest.fixture
+def no_leftover_fork_dirs(settings: Settings) -> Iterator[None]:
+    """Fails the test if a member's fork directory is left under the state dir."""
+    yield
+    left = [str(path) for path in settings.state_dir.glob(f"{os.getpid()}-docker-*") if (path / "0").exists()]
+    assert not left, f"fork directories left: {left}"
 
 
 @pytest.fixture
@@ -70,8 +104,8 @@ def no_leftover_templates(docker_engine: Any) -> Iterator[None]:
 
 
 @pytest.fixture
-async def opened(no_leftover_templates: None,
-                 no_leftover_containers: None) -> AsyncIterator[list[Sandbox | SandboxTemplate]]:
+async def opened(no_leftover_templates: None, no_leftover_containers: None,
+                 no_leftover_fork_dirs: None) -> AsyncIterator[list[Sandbox | SandboxTemplate]]:
     """Sandboxes and templates a test made: closed and released after it, whatever happened (before the
     leftover checks)."""
     made: list[Sandbox | SandboxTemplate] = []
@@ -92,12 +126,13 @@ async def _sh(box: Sandbox, command: str) -> tuple[int | None, str]:
     return ran.exit_code, ran.stdout.decode() + ran.stderr.decode()
 
 
-async def _template(backend: SandboxBackend, made: list[Sandbox | SandboxTemplate]) -> SandboxTemplate:
-    """A template of a sandbox set up by `SETUP`."""
-    box = await backend.create(_spec("fork-template"))
+async def _template(backend: SandboxBackend, made: list[Sandbox | SandboxTemplate], setup: str = SETUP,
+                    spec: SandboxSpec | None = None, user: str | None = None) -> SandboxTemplate:
+    """A template of a sandbox (of `spec`) set up by `setup` (run as `user`)."""
+    box = await backend.create(spec or _spec("fork-template"))
     made.append(box)
-    code, out = await _sh(box, SETUP)
-    assert code == 0, out
+    ran = await box.exec(["bash", "-c", setup], timeout=CMD_S, max_output_bytes=OUT, user=user)
+    assert ran.exit_code == 0, ran.stdout + ran.stderr
     template = await backend.snapshot(box)
     made.append(template)
     assert box.closed
@@ -119,7 +154,7 @@ def volume_image(docker_engine: Any, tmp_path_factory: pytest.TempPathFactory) -
 
 
 async def test_members_start_from_the_setup_and_keep_their_writes_and_processes(
-    docker_backend: SandboxBackend, opened: list[Any], docker_engine: Any, settings: Settings
+    kind: str, docker_backend: SandboxBackend, opened: list[Any], docker_engine: Any, settings: Settings
 ) -> None:
     assert docker_backend.fork_refusal(_spec("probe")) is None
     template = await _template(docker_backend, opened)
@@ -130,11 +165,14 @@ async def test_members_start_from_the_setup_and_keep_their_writes_and_processes(
     seen = "cat /workspace/set.txt $HOME/.rc /solution/sol.txt /tmp/t.txt; ls /workspace/pkg | wc -l; " \
            "stat -c %s /workspace/pkg/blob.bin; stat -c %U /workspace /solution"
     expected = f"from-setup\nhome\nroot\ntmp\n{TREE_FILES + 1}\n8000000\nsandbox\nsandbox\n"
-    config = docker_engine.api.inspect_image(getattr(template, "image_id"))["Config"]
-    # A VOLUME in the template's image would give members fresh anonymous volumes over the binds' paths.
-    assert not config.get("Volumes") and config["Labels"][LABEL_TEMPLATE] == template.id
+    assert template.method == EXPECTED_METHOD[kind]
+    if isinstance(template, ImageTemplate):
+        config = docker_engine.api.inspect_image(template.image)["Config"]
+        # A VOLUME in the template's image would give members fresh anonymous volumes over the binds' paths.
+        assert not config.get("Volumes") and config["Labels"][LABEL_TEMPLATE] == template.id
     for box in (one, two):
         assert await _sh(box, seen) == (0, expected)
+        assert docker_engine.api.inspect_container(box.id)["Config"]["Labels"][LABEL_TEMPLATE] == template.id
 
     assert (await _sh(one, "echo mine > /workspace/set.txt && echo new > /solution/new && rm $HOME/.rc"))[0] == 0
     sleeper = await one.spawn(["sleep", "1000"])
@@ -147,14 +185,17 @@ async def test_members_start_from_the_setup_and_keep_their_writes_and_processes(
             assert not [p for p in processes(box, settings, docker_engine) if "sleep 1000" in p]
         assert [p for p in processes(one, settings, docker_engine) if "sleep 1000" in p], "the test cannot see it"
         assert (await _sh(one, "cat /workspace/set.txt"))[1] == "mine\n"
+        if isinstance(template, LayerTemplate):  # the kept layer itself: never written by a member
+            upper = docker_engine.api.inspect_container(template.container_id)["GraphDriver"]["Data"]["UpperDir"]
+            assert Path(f"{upper}/home/sandbox/.rc").read_text() == "home\n"
     finally:
         await sleeper.kill()
 
 
 async def test_members_have_their_own_limits_and_network(
-    backend_for: Callable[..., Target], opened: list[Any], docker_engine: Any, settings: Settings
+    method_kind: str, backend_for: Callable[..., Target], opened: list[Any], docker_engine: Any, settings: Settings
 ) -> None:
-    backend = backend_for("docker", sandbox_allow_host_network=True).backends.get("docker")
+    backend = backend_for(method_kind, sandbox_allow_host_network=True).backends.get("docker")
     template = await _template(backend, opened)
     small = dataclasses.replace(SandboxLimits.from_settings(settings), memory_mb=300, max_processes=77)
     big = dataclasses.replace(small, memory_mb=600, max_processes=99)
@@ -174,35 +215,37 @@ async def test_members_have_their_own_limits_and_network(
     assert (await _sh(lean, "ls /sys/class/net"))[1].split() == ["lo"]
 
 
-async def test_release_removes_the_image_with_the_last_member_and_refuses_further_forks(
-    backend_for: Callable[..., Target], opened: list[Any], docker_engine: Any
+async def test_release_removes_what_it_holds_with_the_last_member_and_refuses_further_forks(
+    method_kind: str, backend_for: Callable[..., Target], opened: list[Any], docker_engine: Any
 ) -> None:
-    backend = backend_for("docker").backends.get("docker")
-    before = len(_templates(docker_engine))
+    backend = backend_for(method_kind).backends.get("docker")
     template = await _template(backend, opened)
-    assert len(_templates(docker_engine)) == before + 1
+    assert _held(docker_engine, template)
     member = await backend.fork(_spec("fork-last"), template)
     opened.append(member)
+    forkdir = docker_engine.api.inspect_container(member.id)["Config"]["Labels"].get(LABEL_FORKDIR)
+    assert (forkdir is not None) == (template.method == "layers")
     await template.release()
     await template.release()  # idempotent
-    assert len(_templates(docker_engine)) == before + 1, "removed under an open member"
+    assert _held(docker_engine, template), "removed under an open member"
     with pytest.raises(SandboxUnsupportedError, match="released"):
         await backend.fork(_spec("fork-late"), template)
     assert (await _sh(member, "cat /workspace/set.txt"))[1] == "from-setup\n"
     await member.close()
-    assert len(_templates(docker_engine)) == before
+    assert not _held(docker_engine, template)
+    assert forkdir is None or not os.path.exists(forkdir)
     owned = docker_engine.containers.list(all=True, filters={"label": f"{LABEL_OWNER}={_owner()}"})
     assert not owned
 
 
-async def test_release_without_members_removes_the_image_at_once(
-    backend_for: Callable[..., Target], opened: list[Any], docker_engine: Any
+async def test_release_without_members_removes_what_it_holds_at_once(
+    method_kind: str, backend_for: Callable[..., Target], opened: list[Any], docker_engine: Any
 ) -> None:
-    backend = backend_for("docker").backends.get("docker")
-    before = len(_templates(docker_engine))
+    backend = backend_for(method_kind).backends.get("docker")
     template = await _template(backend, opened)
+    assert _held(docker_engine, template)
     await template.release()
-    assert len(_templates(docker_engine)) == before
+    assert not _held(docker_engine, template)
 
 
 async def test_member_of_another_layout_is_refused(
@@ -254,11 +297,10 @@ async def test_an_image_volume_is_refused_and_leaves_nothing(
     assert len(_templates(docker_engine)) == before
 
 
-async def test_a_cancelled_fork_leaves_nothing_and_the_image_still_goes(
-    backend_for: Callable[..., Target], opened: list[Any], docker_engine: Any
+async def test_a_cancelled_fork_leaves_nothing_and_the_template_still_goes(
+    method_kind: str, backend_for: Callable[..., Target], opened: list[Any], docker_engine: Any
 ) -> None:
-    backend = backend_for("docker").backends.get("docker")
-    before = len(_templates(docker_engine))
+    backend = backend_for(method_kind).backends.get("docker")
     template = await _template(backend, opened)
     forking = asyncio.ensure_future(backend.fork(_spec("fork-cancelled"), template))
     await poll(lambda: asyncio.to_thread(_members, docker_engine, "fork-cancelled"), "the member's container")
@@ -267,7 +309,7 @@ async def test_a_cancelled_fork_leaves_nothing_and_the_image_still_goes(
         await forking
     await poll(lambda: asyncio.to_thread(lambda: not _members(docker_engine, "fork-cancelled")), "its removal")
     await template.release()
-    assert len(_templates(docker_engine)) == before
+    assert not _held(docker_engine, template)
 
 
 async def test_a_group_on_an_image_docker_cannot_freeze_sets_up_per_member(
@@ -289,3 +331,185 @@ async def test_a_group_on_an_image_docker_cannot_freeze_sets_up_per_member(
         assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, result.error
         assert result.group is not None and result.group.setup == "per_member", result.group
         assert "VOLUME" in (result.group.note or "") or "volume" in (result.group.note or "").lower()
+
+
+@pytest.fixture(scope="session")
+def fork_image(docker_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The test image with files of its own in the sandbox user's home and in /etc (built once, offline)."""
+    context = tmp_path_factory.mktemp("fork-image")
+    for name, text in {"keep.txt": "kept\n", "gone.txt": "deleted by setup\n", "old.txt": "replaced dir\n",
+                       "image.conf": "deleted by root\n"}.items():
+        (context / name).write_text(text)
+    (context / "Dockerfile").write_text(
+        f"FROM {IMAGE}\nCOPY --chown=1000:1000 keep.txt gone.txt /home/sandbox/\n"
+        "COPY --chown=1000:1000 old.txt /home/sandbox/dir/old.txt\nCOPY image.conf /etc/image.conf\n")
+    docker_engine.images.build(path=str(context), tag=FORK_IMAGE, pull=False, rm=True, forcerm=True)
+    return FORK_IMAGE
+
+
+async def test_members_see_what_setup_deleted_replaced_and_wrote_as_root(
+    method_kind: str, backend_for: Callable[..., Target], opened: list[Any], fork_image: str
+) -> None:
+    """The image's own files: one deleted, a directory replaced by a new one, one of root's deleted; root's
+    writes in /etc and /opt. A member sees exactly the set-up state (a whiteout or an opaque directory in the
+    kept layer means there what it meant in the template)."""
+    backend = backend_for(method_kind).backends.get("docker")
+    spec = _spec("fork-root", image=fork_image, users=True)
+    setup = ("rm /home/sandbox/gone.txt && rm -rf /home/sandbox/dir && mkdir /home/sandbox/dir && "
+             "echo new > /home/sandbox/dir/new.txt && chown -R 1000:1000 /home/sandbox/dir && "
+             "rm /etc/image.conf && echo by-root > /etc/marker && mkdir -p /opt/tool && echo t > /opt/tool/t")
+    template = await _template(backend, opened, setup, spec, user="root")
+    assert template.method == EXPECTED_METHOD[method_kind]
+    member = await backend.fork(dataclasses.replace(spec, rollout_id="fork-root-member"), template)
+    opened.append(member)
+    seen = ("cat ~/keep.txt; ls -A ~/dir; ls ~/gone.txt /etc/image.conf 2>&1 | wc -l; cat /etc/marker /opt/tool/t; "
+            "ls /home/sandbox/gone.txt >/dev/null 2>&1 || echo gone; stat -c %U:%a ~ /tmp")
+    assert await _sh(member, seen) == (0, "kept\nnew.txt\n2\nby-root\nt\ngone\nsandbox:755\nroot:1777\n")
+    # Its own writes there: its own (root's too).
+    ran = await member.exec(["bash", "-c", "echo mine > /etc/marker && rm ~/keep.txt"], timeout=CMD_S,
+                            max_output_bytes=OUT, user="root")
+    assert ran.exit_code == 0, ran.stderr
+    other = await backend.fork(dataclasses.replace(spec, rollout_id="fork-root-other"), template)
+    opened.append(other)
+    assert await _sh(other, "cat /etc/marker ~/keep.txt") == (0, "by-root\nkept\n")
+
+
+async def test_a_setup_the_layers_cannot_show_is_committed_or_refused(
+    backend_for: Callable[..., Target], opened: list[Any], docker_engine: Any
+) -> None:
+    """A new file at the top of the file system (no overlay volume can show one): committed under `auto` (the
+    member still sees it), refused under `layers` (naming it), leaving nothing either way."""
+    spec = _spec("fork-top", users=True)
+    auto = backend_for("docker").backends.get("docker")
+    template = await _template(auto, opened, "echo top > /topfile", spec, user="root")
+    assert isinstance(template, ImageTemplate) and template.method == "image"
+    member = await auto.fork(dataclasses.replace(spec, rollout_id="fork-top-member"), template)
+    opened.append(member)
+    assert await _sh(member, "cat /topfile") == (0, "top\n")
+
+    strict = backend_for("docker-layers").backends.get("docker")
+    box = await strict.create(dataclasses.replace(spec, rollout_id="fork-top-strict"))
+    opened.append(box)
+    ran = await box.exec(["bash", "-c", "echo top > /topfile"], timeout=CMD_S, max_output_bytes=OUT, user="root")
+    assert ran.exit_code == 0
+    with pytest.raises(SandboxUnsupportedError, match="/topfile"):
+        await strict.snapshot(box)
+    assert box.closed and not _members(docker_engine, "fork-top-strict")
+
+
+async def test_reaper_removes_a_dead_servers_kept_layers_and_fork_dirs(
+    backend_for: Callable[..., Target], docker_engine: Any, settings: Settings, tmp_path: Path
+) -> None:
+    """A dead server's template container and member, and the member's fork directory (only under the state
+    dir and named for the dead server: a label elsewhere steers no removal)."""
+    backend = backend_for("docker").backends.get("docker")
+    dead = f"{socket.gethostname()}/{DEAD_PID}"
+    forkdir = settings.state_dir / f"{DEAD_PID}-docker-0123456789ab"
+    (forkdir / "0" / "upper").mkdir(parents=True)
+    decoy = tmp_path / f"{DEAD_PID}-docker-decoy"
+    decoy.mkdir()
+    made = [
+        docker_engine.containers.create(IMAGE, command=["/usr/bin/true"], network_mode="none",
+                                        labels={LABEL_ROLLOUT: "group-dead", LABEL_OWNER: dead}),
+        docker_engine.containers.create(IMAGE, command=["/usr/bin/true"], network_mode="none",
+                                        labels={LABEL_ROLLOUT: "fork-dead", LABEL_OWNER: dead,
+                                                LABEL_FORKDIR: str(forkdir)}),
+        docker_engine.containers.create(IMAGE, command=["/usr/bin/true"], network_mode="none",
+                                        labels={LABEL_ROLLOUT: "fork-decoy", LABEL_OWNER: dead,
+                                                LABEL_FORKDIR: str(decoy)}),
+    ]
+    try:
+        assert await backend.reap_orphans() >= 3
+        assert not docker_engine.containers.list(all=True, filters={"label": f"{LABEL_OWNER}={dead}"})
+        assert not forkdir.exists() and decoy.is_dir()
+    finally:
+        for container in made:
+            for leftover in docker_engine.containers.list(all=True, filters={"id": container.id}):
+                leftover.remove(force=True)
+
+
+def _group_member(index: int) -> Any:
+    from coding_agent_env.models import RolloutRequest
+
+    return RolloutRequest.model_validate({
+        "instruction": "x", "agent": "oracle", "sandbox": "docker", "image": IMAGE, "group_id": "docker-g",
+        "setup": ["mkdir -p pkg && for i in $(seq 50); do echo $i > pkg/$i; done && echo home > ~/set-up"],
+        "solution": [f"touch mine-{index}", "cat ~/set-up > seen"],
+        "verify": ["test -f pkg/50", "test $(ls mine-* | wc -l) = 1", "grep -q home seen"],
+    })
+
+
+async def test_a_group_of_rollouts_forks_its_members_from_the_kept_layer(
+    backend_for: Callable[..., Target], settings: Settings, no_leftover_containers: None,
+    no_leftover_fork_dirs: None,
+) -> None:
+    """Three rollouts of one group at once: one template (kept as its layer), each member scored on its own
+    writes only; the template and every fork directory go once the group is idle."""
+    from coding_agent_env.models import RolloutStatus
+    from coding_agent_env.rollout import run_rollout
+
+    target = backend_for("docker", group_idle_s=0.2)
+    results = await asyncio.gather(*(run_rollout(_group_member(i), backends=target.backends) for i in range(3)))
+    for result in results:
+        assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, result.error
+        assert result.group is not None and result.group.setup == "forked" and result.group.method == "layers"
+    assert len({r.group.template for r in results if r.group}) == 1
+    assert sum(bool(r.group and r.group.made_here) for r in results) == 1
+    await poll(lambda: not len(target.backends.templates), "the idle template's release")
+    await target.backends.templates.drain()
+
+
+_CRASHING_SERVER = """
+import asyncio, sys
+from coding_agent_env.models import RolloutRequest
+from coding_agent_env.rollout import run_rollout
+from coding_agent_env.sandbox import Backends
+from coding_agent_env.settings import Settings
+
+async def main():
+    async with Backends(Settings.from_env()) as backends:
+        request = RolloutRequest(instruction="x", agent="oracle", group_id="g", setup=["echo set > ~/s"],
+                                 solution=["sleep 300"], verify=["true"], sandbox="docker")
+        await asyncio.gather(*(run_rollout(request, backends=backends) for _ in range(3)))
+
+asyncio.run(main())
+"""
+
+
+async def test_a_server_killed_mid_group_leaves_nothing_after_its_restart(
+    backend_for: Callable[..., Target], settings: Settings, docker_engine: Any
+) -> None:
+    """kill -9 of a server whose group runs (its template kept as a stopped container, three members with their
+    fork directories): the next start's reaper removes all of it."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.backends.conftest import _docker_host
+
+    env = {**os.environ, "STATE_DIR": str(settings.state_dir), "SANDBOX_BACKENDS": "docker,local",
+           "DOCKER_HOST": _docker_host(), "DOCKER_IMAGE": IMAGE, "DOCKER_HOST_BINDS": ",".join(HOST_BINDS)}
+    server = subprocess.Popen([sys.executable, "-c", _CRASHING_SERVER], env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    owned = f"{LABEL_OWNER}={socket.gethostname()}/{server.pid}"
+
+    def forkdirs() -> list[Path]:
+        return [p for p in settings.state_dir.glob(f"{server.pid}-docker-*") if (p / "0").exists()]
+
+    try:
+        def running() -> bool:
+            assert server.poll() is None, server.stderr.read() if server.stderr else ""
+            found = docker_engine.api.containers(all=True, filters={"label": owned})
+            return len(found) >= 4 and len(forkdirs()) >= 3  # the kept template and three members
+
+        await poll(lambda: asyncio.to_thread(running), "a group running", timeout_s=120)
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+        if server.stderr:
+            server.stderr.close()
+    assert docker_engine.api.containers(all=True, filters={"label": owned})  # the crash left them, as crashes do
+    restarted = backend_for("docker").backends.get("docker")
+    assert await restarted.reap_orphans() >= 4
+    assert not docker_engine.api.containers(all=True, filters={"label": owned})
+    assert not forkdirs()

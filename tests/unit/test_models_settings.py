@@ -67,14 +67,14 @@ def test_each_backend_is_configured_from_its_own_variables() -> None:
         "SANDBOX_BACKENDS": "docker,local,hf,e2b", "BWRAP_PATH": "/opt/bwrap", "SANDBOX_UID_BASE": "5000",
         "SANDBOX_UID_COUNT": "8", "SANDBOX_RELAY_PORT": "9001", "LOCAL_ISOLATION": "none",
         "DOCKER_HOST": "unix:///d.sock", "DOCKER_IMAGE": "img:1", "DOCKER_HOST_BINDS": "/usr, /opt",
-        "DOCKER_RELAY_PORT": "9002", "DOCKER_TRANSPORT": "exec", "HF_SANDBOX_URL": "http://127.0.0.1:1",
+        "DOCKER_RELAY_PORT": "9002", "DOCKER_TRANSPORT": "exec", "DOCKER_FORK": "image", "HF_SANDBOX_URL": "http://127.0.0.1:1",
         "HF_SANDBOX_TOKEN": "hf-token", "HF_SANDBOX_IMAGE": "py", "E2B_API_KEY": "e2b-key", "E2B_TEMPLATE": "tpl",
     })
     assert settings.sandbox_backends == ("docker", "local", "hf", "e2b") and settings.default_backend == "docker"
     local, docker, hf, e2b = (settings.backend_config(name) for name in ("local", "docker", "hf", "e2b"))
     assert local == LocalConfig(bwrap_path="/opt/bwrap", uid_base=5000, uid_count=8, relay_port=9001, isolation="none")
     assert docker == DockerConfig(host="unix:///d.sock", image="img:1", host_binds=("/usr", "/opt"),
-                                  relay_port=9002, transport="exec")
+                                  relay_port=9002, transport="exec", fork="image")
     assert isinstance(hf, HfConfig) and hf.url == "http://127.0.0.1:1" and hf.image == "py"
     assert hf.token is not None and hf.token.get_secret_value() == "hf-token"
     assert isinstance(e2b, E2bConfig) and e2b.template == "tpl"

@@ -24,10 +24,11 @@ it exits. How commands reach the launcher is the backend's transport, chosen onc
 `control` (a socket to PID 1, for a daemon on this host) or `exec` (the engine's exec API, any daemon); see
 `control` and `engine_exec`. Either way the environment travels outside any argv.
 
-Groups (`snapshot`, `fork`, see `template`): a set-up sandbox is paused and committed into an image (its
-tmpfs volumes staged into the layer first), each member is a container of that image made as `create` makes
-one, its own tmpfs volumes filled from the stage once it runs. The image goes with the template's release, or
-with its last member to close.
+Groups (`snapshot`, `fork`, see `template`): a set-up sandbox is paused (its tmpfs volumes staged into its layer),
+then kept as its stopped container's layer (`layers`: members see it through overlay volumes, each member's
+writes in its own fork directory) or committed into an image (`DockerConfig.fork`); each member is a container
+made as `create` makes one, its own tmpfs volumes filled from the stage once it runs. The template's container
+or image goes with its release, or with its last member to close.
 
 Containers of a server that died are removed, with their host directories, and then its template images, by
 `reap_orphans()`, run before the first create.
@@ -37,7 +38,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -61,11 +63,19 @@ from coding_agent_env.sandbox.docker.control import ControlChannel
 from coding_agent_env.sandbox.docker.engine import SDK_ERRORS, call, translate
 from coding_agent_env.sandbox.docker.engine_exec import EngineExec
 from coding_agent_env.sandbox.docker.hostdir import HostDir
-from coding_agent_env.sandbox.docker.layout import AGENTS_DIR, RELAY_SOCKET, SandboxLayout
-from coding_agent_env.sandbox.docker.reaper import LABEL_OWNER, LABEL_ROLLOUT, owner, reap
+from coding_agent_env.sandbox.docker.layers import ForkDir, upper_fs_refusal
+from coding_agent_env.sandbox.docker.layout import AGENTS_DIR, LAYOUT, RELAY_SOCKET, TESTS, SandboxLayout
+from coding_agent_env.sandbox.docker.reaper import (
+    LABEL_FORKDIR,
+    LABEL_OWNER,
+    LABEL_ROLLOUT,
+    LABEL_TEMPLATE,
+    owner,
+    reap,
+)
 from coding_agent_env.sandbox.docker.sandbox import DockerSandbox, discard
 from coding_agent_env.sandbox.docker.seed import Seeder
-from coding_agent_env.sandbox.docker.template import DockerTemplate, fill, freeze
+from coding_agent_env.sandbox.docker.template import STAGE, DockerTemplate, LayerTemplate, fill, freeze
 from coding_agent_env.sandbox.docker.transport import DockerTransport
 from coding_agent_env.sandbox.launcher.client import SANDBOX_UID
 from coding_agent_env.settings import Settings
@@ -200,12 +210,13 @@ class DockerBackend(SandboxBackend):
             raise SandboxError("network policy 'llm' needs a relay endpoint")
 
     async def _make(self, spec: SandboxSpec, layout: SandboxLayout, image: str, no_copy: tuple[str, ...],
-                    env: Mapping[str, str] | None) -> DockerSandbox:
+                    env: Mapping[str, str] | None, extra: _Extra | None = None) -> DockerSandbox:
         """A created (not started) container of `image` for `spec`, as its `DockerSandbox`; `no_copy`: the
-        mounts the engine leaves empty (filled once started); `env`: the image's ENV, None to look it up."""
+        mounts the engine leaves empty (filled once started); `env`: the image's ENV, None to look it up;
+        `extra`: a group member's further mounts and labels."""
         transport = self._transport()
         creating = asyncio.ensure_future(call("create container", self._create_container, spec, transport, layout,
-                                              image, no_copy))
+                                              image, no_copy, extra or _Extra()))
         try:
             container_id = await asyncio.shield(creating)
         except BaseException:
@@ -240,31 +251,72 @@ class DockerBackend(SandboxBackend):
         return None
 
     async def snapshot(self, sandbox: Sandbox) -> SandboxTemplate:
-        """Freeze `sandbox` (a `DockerSandbox` of this backend) into a template image (`template.freeze`); the
-        sandbox is closed (its container removed) whatever happens."""
+        """Freeze `sandbox` (a `DockerSandbox` of this backend) into a template (`template.freeze`: kept as its
+        layer, or committed into an image, as `DockerConfig.fork` says); the sandbox is closed whatever happens,
+        its container removed unless the template keeps it."""
         try:
             if not isinstance(sandbox, DockerSandbox) or sandbox.closed:
                 raise SandboxError("only an open sandbox of the Docker backend can be frozen into a template")
             spec = sandbox.spec
-            env = await self._image_env(spec.image or self._config.image)
-            return await freeze(self.client().api, sandbox.id, spec, sandbox.sandbox_layout, env)
+            image = spec.image or self._config.image
+            env = await self._image_env(image)
+            method = self._config.fork
+            why_not = self._layers_refusal() if method != "image" else None
+            if why_not is not None:
+                if method == "layers":
+                    why_not = f"a template cannot be kept as its layer: {why_not}"
+                    raise SandboxUnsupportedError(self.name, "group", why_not)
+                method = "image"
+            template = await freeze(self.client().api, sandbox.id, spec, sandbox.sandbox_layout, env,
+                                    image=self._image_ids.get(image, image), method=method,
+                                    own=self._own_tops(sandbox.sandbox_layout))
+            if isinstance(template, LayerTemplate):
+                sandbox.keep_container()
+            return template
         finally:
             await asyncio.shield(sandbox.close())
 
+    def _layers_refusal(self) -> str | None:
+        """Why no template can be kept as its layer here, before looking at one (`layers`): a daemon on another
+        host (its layer paths are not this host's), a sized writable layer (a member's overlays would escape the
+        bound), a state dir that cannot hold an overlay's upper layer."""
+        if not self._config.daemon_url.startswith("unix://"):
+            return "the Docker daemon is not on this host"
+        if self._sized:
+            return "the engine sizes writable layers, which a member's overlays would escape"
+        return upper_fs_refusal(self._settings.state_dir)
+
+    def _own_tops(self, layout: SandboxLayout) -> frozenset[str]:
+        """The top-level names a member mounts at itself or that are the sandbox's machinery (`layers.plan`)."""
+        paths = (LAYOUT.base, TESTS, layout.paths.workdir, *layout.roots, *self._config.host_binds)
+        return frozenset(p.strip("/") for p in paths if p.strip("/") and "/" not in p.strip("/"))
+
     async def fork(self, spec: SandboxSpec, template: SandboxTemplate) -> Sandbox:
         """A member of `template`'s group, made as `create(spec)` makes a sandbox (own container, network, relay,
-        limits, launcher) but of the template's image, its own tmpfs volumes filled from it once started."""
+        limits, launcher) but of the template's image (and over a kept layer, its overlays), its own tmpfs
+        volumes filled from the template once started."""
         layout = SandboxLayout.of(spec)
         if not isinstance(template, DockerTemplate):
             raise SandboxUnsupportedError(self.name, "group", f"template {template.id} is not a Docker template")
         template.admit(spec, layout)
         await self._admit(spec)
         template.joined()
+        forkdir: ForkDir | None = None
         try:
-            box = await self._make(spec, layout, template.image_id, template.captured, template.env)
+            extra = _Extra(labels={LABEL_TEMPLATE: template.id})
+            if isinstance(template, LayerTemplate):
+                forkdir = ForkDir.make(self._settings.state_dir)
+                extra = _Extra(mounts=forkdir.mounts(template.overlays),
+                               binds={template.stage: STAGE} if template.stage is not None else {},
+                               labels={LABEL_TEMPLATE: template.id, LABEL_FORKDIR: str(forkdir.path)})
+            box = await self._make(spec, layout, template.image, template.captured, template.env, extra)
         except BaseException:
+            if forkdir is not None:
+                forkdir.remove()
             await asyncio.shield(template.left())
             raise
+        if forkdir is not None:
+            box.after_close(_removing(forkdir))  # once the container (and so its overlays) is gone
         box.after_close(template.left)
         return await box.opened(self._start_member(box, template))
 
@@ -307,7 +359,7 @@ class DockerBackend(SandboxBackend):
         return spec.limits or SandboxLimits.from_settings(self._settings)
 
     def _create_container(self, spec: SandboxSpec, transport: DockerTransport, layout: SandboxLayout, image: str,
-                          no_copy: tuple[str, ...]) -> str:
+                          no_copy: tuple[str, ...], extra: _Extra) -> str:
         c = self._config
         sized = self._is_sized()
         engine, _ = self._limits(self._spec_limits(spec), sized)
@@ -318,10 +370,11 @@ class DockerBackend(SandboxBackend):
             volumes[spec.relay.socket_path] = {"bind": RELAY_SOCKET, "mode": "rw"}
         if spec.agents_dir is not None:
             volumes[spec.agents_dir] = {"bind": AGENTS_DIR, "mode": "ro"}
+        volumes.update({source: {"bind": target, "mode": "ro"} for source, target in extra.binds.items()})
         kwargs: dict[str, Any] = dict(
             image=image,
             command=made.command,
-            labels={LABEL_ROLLOUT: spec.rollout_id, LABEL_OWNER: owner(), **made.labels},
+            labels={LABEL_ROLLOUT: spec.rollout_id, LABEL_OWNER: owner(), **made.labels, **extra.labels},
             network_mode="host" if spec.network == "host" else "none",
             volumes={**volumes, **made.volumes},
             mem_limit=engine["memory"],
@@ -349,6 +402,8 @@ class DockerBackend(SandboxBackend):
             kwargs["mounts"] = [docker.types.Mount(path, None, type="volume", driver_config=driver,
                                                    **({"no_copy": True} if path in no_copy else {}))
                                 for path in (layout.paths.workdir, *layout.roots)]
+        if extra.mounts:
+            kwargs["mounts"] = [*kwargs.get("mounts", []), *extra.mounts]
         # The low-level API: `containers.create` would inspect the new container (one more round trip).
         api = self.client().api
         try:
@@ -361,7 +416,7 @@ class DockerBackend(SandboxBackend):
                 raise
             # overlay2 over xfs without project quotas: the workdir's tmpfs instead, from now on.
             self._sized = False
-            return self._create_container(spec, transport, layout, image, no_copy)
+            return self._create_container(spec, transport, layout, image, no_copy, extra)
 
     async def reap_orphans(self) -> int:
         """Remove labelled containers whose owning server (on this host) is gone, with their host dirs, and
@@ -372,6 +427,22 @@ class DockerBackend(SandboxBackend):
         client, self._client = self._client, None
         if client is not None:
             await asyncio.to_thread(client.close)
+
+
+@dataclass(frozen=True)
+class _Extra:
+    """A group member's further mounts (overlay volumes), read-only binds (host path: target) and labels."""
+
+    mounts: list[docker.types.Mount] = field(default_factory=list)
+    binds: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def _removing(forkdir: ForkDir) -> Callable[[], Awaitable[None]]:
+    async def remove() -> None:
+        await asyncio.to_thread(forkdir.remove)
+
+    return remove
 
 
 def _claimed(spec: SandboxSpec, layout: SandboxLayout) -> tuple[str, ...]:

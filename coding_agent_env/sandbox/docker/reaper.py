@@ -14,16 +14,18 @@ import docker.errors
 from coding_agent_env.pids import pid_alive
 from coding_agent_env.sandbox.launcher.inside.treeops import remove_tree
 
-__all__ = ["LABEL_HOSTDIR", "LABEL_OWNER", "LABEL_ROLLOUT", "LABEL_TEMPLATE", "owner", "reap"]
+__all__ = ["LABEL_FORKDIR", "LABEL_HOSTDIR", "LABEL_OWNER", "LABEL_ROLLOUT", "LABEL_TEMPLATE", "owner", "reap"]
 
 LABEL_ROLLOUT = "coding-agent-env.rollout"
 LABEL_OWNER = "coding-agent-env.owner"
 """`host/pid` of the server that made the container."""
 LABEL_HOSTDIR = "coding-agent-env.hostdir"
 """The container's host directory (control transport), removed with it."""
+LABEL_FORKDIR = "coding-agent-env.forkdir"
+"""A group member's fork directory (its overlays' upper layers, `layers.ForkDir`), removed with it."""
 LABEL_TEMPLATE = "coding-agent-env.template"
-"""On a template's image (`template`), with `LABEL_OWNER`: the template's id. The containers forked from it
-inherit it (image labels are), so an operator can tell a group's members."""
+"""On a template's image (`template`), with `LABEL_OWNER`, and on every member: the template's id, so an
+operator can tell a group's members."""
 
 
 def owner() -> str:
@@ -32,10 +34,10 @@ def owner() -> str:
 
 
 def reap(api: Any, state_dir: Path) -> int:
-    """Remove labelled containers whose owning server (on this host) is gone, with their host dirs, then that
-    server's template images; how many of both. Blocking (SDK calls through `api`, a `docker.APIClient`): run
-    it in a thread. One listing each, labels included: a container or image another server removes meanwhile is
-    no error."""
+    """Remove labelled containers whose owning server (on this host) is gone (group templates kept as their
+    layer among them), with their host and fork dirs, then that server's template images; how many of both.
+    Blocking (SDK calls through `api`, a `docker.APIClient`): run it in a thread. One listing each, labels
+    included: a container or image another server removes meanwhile is no error."""
     host = socket.gethostname()
     reaped = 0
     for found in api.containers(all=True, filters={"label": LABEL_ROLLOUT}):
@@ -48,13 +50,14 @@ def reap(api: Any, state_dir: Path) -> int:
             reaped += 1
         except docker.errors.NotFound:
             pass
-        hostdir = labels.get(LABEL_HOSTDIR)
-        # Only a directory this backend makes (under our state dir, named for the dead server): a label is
-        # just a string, and must not steer a recursive removal anywhere else.
-        if (hostdir and os.path.dirname(hostdir) == str(state_dir)
-                and os.path.basename(hostdir).startswith(f"{pid}-docker-")):
-            with contextlib.suppress(OSError):
-                remove_tree(hostdir)  # iterative, never following a symlink
+        for label in (LABEL_HOSTDIR, LABEL_FORKDIR):
+            hostdir = labels.get(label)
+            # Only a directory this backend makes (under our state dir, named for the dead server): a label is
+            # just a string, and must not steer a recursive removal anywhere else.
+            if (hostdir and os.path.dirname(hostdir) == str(state_dir)
+                    and os.path.basename(hostdir).startswith(f"{pid}-docker-")):
+                with contextlib.suppress(OSError):
+                    remove_tree(hostdir)  # iterative, never following a symlink
     return reaped + _reap_templates(api, host)
 
 

@@ -71,6 +71,7 @@ class DockerSandbox(LauncherSandbox):
         """What it was made for (a template made of it forks members of the same)."""
         self.sandbox_layout = layout
         self._after_close: list[Callable[[], Awaitable[None]]] = []
+        self._keep = False
         super().__init__(transport, LAYOUT, layout.paths, timeouts=timeouts, rlimits=rlimits, command_uid=SANDBOX_UID,
                          writable_roots=layout.roots, users=spec.users)
         self._docker = transport
@@ -162,6 +163,10 @@ class DockerSandbox(LauncherSandbox):
                 self._mark = HIGH_WATER.mark(Path(f"/proc/{pid}/root{self.paths.workdir}"), _FULL_SLACK)
         return self._mark
 
+    def keep_container(self) -> None:
+        """Closing leaves the (stopped) container to whoever took it over (a template kept as its layer)."""
+        self._keep = True
+
     def after_close(self, callback: Callable[[], Awaitable[None]]) -> None:
         """Await `callback` once the container is removed (a template's member count, say); it must not
         raise."""
@@ -221,7 +226,8 @@ class DockerSandbox(LauncherSandbox):
                     self._hits_at_close = []
         finally:
             try:
-                await call("remove container", self._api.remove_container, self.id, force=True, v=True)
+                if not self._keep:
+                    await call("remove container", self._api.remove_container, self.id, force=True, v=True)
             except SandboxFileNotFoundError:
                 pass  # already gone
             finally:

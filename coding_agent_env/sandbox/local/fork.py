@@ -73,6 +73,7 @@ class LocalTemplate(SandboxTemplate):
     counts its members alive."""
 
     backend = "local"
+    method = "overlay"
 
     def __init__(self, root: Path, uid: int | None, subdirs: tuple[str, ...], give_uid: Callable[[], None]) -> None:
         self.id = root.name
