@@ -101,9 +101,10 @@ def docker_backend(kind: str, backend_for: Callable[..., Target]) -> SandboxBack
 
 @pytest.fixture
 def no_leftover_fork_dirs(settings: Settings) -> Iterator[None]:
-    """Fails the test if a member's fork directory is left under the state dir."""
+    """Fails the test if a member's fork directory (or any of this backend's directories: every sandbox is
+    closed by then) is left under the state dir."""
     yield
-    left = [str(path) for path in settings.state_dir.glob(f"{os.getpid()}-docker-*") if (path / "0").exists()]
+    left = [str(path) for path in settings.state_dir.glob(f"{os.getpid()}-docker-*")]
     assert not left, f"fork directories left: {left}"
 
 
@@ -238,8 +239,11 @@ async def test_release_removes_what_it_holds_with_the_last_member_and_refuses_fu
     assert _held(docker_engine, template)
     member = await backend.fork(_spec("fork-last"), template)
     opened.append(member)
-    forkdir = docker_engine.api.inspect_container(member.id)["Config"]["Labels"].get(LABEL_FORKDIR)
+    inspected = docker_engine.api.inspect_container(member.id)
+    forkdir = inspected["Config"]["Labels"].get(LABEL_FORKDIR)
     assert (forkdir is not None) == (template.method == "layers")
+    volumes = [m["Name"] for m in inspected["Mounts"] if m["Type"] == "volume"]
+    assert len(volumes) == 2 + (len(getattr(template, "overlays", ())))  # workdir, /solution, the overlays
     await template.release()
     await template.release()  # idempotent
     assert _held(docker_engine, template), "removed under an open member"
@@ -249,6 +253,7 @@ async def test_release_removes_what_it_holds_with_the_last_member_and_refuses_fu
     await member.close()
     assert not _held(docker_engine, template)
     assert forkdir is None or not os.path.exists(forkdir)
+    assert not [v for v in volumes if docker_engine.api.volumes(filters={"name": v}).get("Volumes")]
     owned = docker_engine.containers.list(all=True, filters={"label": f"{LABEL_OWNER}={_owner()}"})
     assert not owned
 
@@ -529,8 +534,12 @@ async def test_a_server_killed_mid_group_leaves_nothing_after_its_restart(
         server.wait()
         if server.stderr:
             server.stderr.close()
-    assert docker_engine.api.containers(all=True, filters={"label": owned})  # the crash left them, as crashes do
-    restarted = backend_for("docker").backends.get("docker")
-    assert await restarted.reap_orphans() >= 4
-    assert not docker_engine.api.containers(all=True, filters={"label": owned})
-    assert not forkdirs()
+    try:
+        assert docker_engine.api.containers(all=True, filters={"label": owned})  # the crash left them
+        restarted = backend_for("docker").backends.get("docker")
+        assert await restarted.reap_orphans() >= 4
+        assert not docker_engine.api.containers(all=True, filters={"label": owned})
+        assert not list(settings.state_dir.glob(f"{server.pid}-docker-*"))
+    finally:
+        for found in docker_engine.api.containers(all=True, filters={"label": owned}):
+            docker_engine.api.remove_container(found["Id"], force=True, v=True)

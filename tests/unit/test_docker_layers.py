@@ -13,9 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from coding_agent_env.sandbox.docker.layers import ForkDir, layers_refusal, plan, upper_fs_refusal
+from coding_agent_env.sandbox.docker.layers import ForkDir, layers_refusal, plan, same_files_refusal, upper_fs_refusal
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="whiteouts and trusted.* xattrs need root")
+
+ROOM = 100
+"""A member's upper and work directory paths' length."""
 
 
 def _layer(root: Path, name: str, dirs: tuple[str, ...] = (), whiteouts: tuple[str, ...] = (),
@@ -46,7 +49,7 @@ def test_each_top_level_directory_is_shown_by_the_layers_that_hold_it(tmp_path: 
     mid = _layer(tmp_path, "mid", dirs=("etc", "opt", "srv"), whiteouts=("home",))
     base = _layer(tmp_path, "base", dirs=("home/sandbox", "etc", "opt", "proc"))
     os.chmod(upper / "home", 0o751)
-    planned = plan(str(upper), f"{mid}:{base}", frozenset({"workspace", ".coding-agent-env"}))
+    planned = plan(str(upper), f"{mid}:{base}", frozenset({"workspace", ".coding-agent-env"}), ROOM)
     assert not isinstance(planned, str), planned
     shown = {o.target: [Path(p).resolve() for p in o.lowers] for o in planned}
     # /home: the template's only (the middle layer deleted it: the base's is not shown);
@@ -70,14 +73,14 @@ def test_what_no_overlay_volume_can_show_is_refused(tmp_path: Path, make: Callab
     upper = _layer(tmp_path, "upper", dirs=("home",))
     base = _layer(tmp_path, "base", dirs=("srv",))
     make(upper)
-    planned = plan(str(upper), str(base), frozenset())
+    planned = plan(str(upper), str(base), frozenset(), ROOM)
     assert isinstance(planned, str) and why in planned
 
 
 def test_a_layer_path_the_options_cannot_carry_is_refused(tmp_path: Path) -> None:
     upper = _layer(tmp_path, "up:per", dirs=("home",))
     (tmp_path / "up:per" / "link").unlink()  # no short link to hide the colon behind
-    assert "cannot carry" in str(plan(str(upper), str(_layer(tmp_path, "base")), frozenset()))
+    assert "cannot carry" in str(plan(str(upper), str(_layer(tmp_path, "base")), frozenset(), ROOM))
 
 
 def test_refusals_name_what_is_missing(tmp_path: Path) -> None:
@@ -90,7 +93,7 @@ def test_a_fork_dir_gives_each_overlay_its_upper_with_the_templates_owner_and_mo
     upper = _layer(tmp_path, "upper", dirs=("tmp",))
     os.chmod(upper / "tmp", 0o1777)
     os.chown(upper / "tmp", 1000, 1000)
-    planned = plan(str(upper), str(_layer(tmp_path, "base")), frozenset())
+    planned = plan(str(upper), str(_layer(tmp_path, "base")), frozenset(), ROOM)
     assert not isinstance(planned, str)
     forkdir = ForkDir.make(tmp_path / "state")
     try:
@@ -120,3 +123,40 @@ def test_a_state_dir_on_an_overlay_cannot_hold_upper_layers(tmp_path: Path) -> N
         assert "overlay" in str(upper_fs_refusal(tmp_path / "merged" / "state"))
     finally:
         subprocess.run(["umount", str(tmp_path / "merged")], check=True)
+
+
+def test_records_of_renames_across_directories_are_refused_where_the_kernel_makes_them(tmp_path: Path) -> None:
+    """With the kernel's `redirect_dir` (or `metacopy`) on, a directory renamed across directories is recorded
+    by its path from the root, which a member's mount at one top-level directory cannot resolve: refused (the
+    template is then committed). A rename within its directory (a relative record) still resolves."""
+    upper = _layer(tmp_path, "upper", dirs=("home/sandbox/moved", "home/sandbox/renamed"))
+    base = _layer(tmp_path, "base", dirs=("home/sandbox",))
+    os.setxattr(upper / "home/sandbox/renamed", "trusted.overlay.redirect", b"old-name")
+    assert not isinstance(plan(str(upper), str(base), frozenset(), ROOM, renames=True), str)
+    os.setxattr(upper / "home/sandbox/moved", "trusted.overlay.redirect", b"/opt/elsewhere")
+    assert "renamed a directory" in str(plan(str(upper), str(base), frozenset(), ROOM, renames=True))
+    # Where the kernel makes no such records, the layer is not searched for them.
+    assert not isinstance(plan(str(upper), str(base), frozenset(), ROOM, renames=False), str)
+
+
+def test_too_many_top_level_entries_or_too_long_options_are_refused(tmp_path: Path) -> None:
+    upper = _layer(tmp_path, "upper", dirs=tuple(f"d{i}" for i in range(70)))
+    assert "more than 64" in str(plan(str(upper), str(_layer(tmp_path, "base")), frozenset(), ROOM))
+    few = _layer(tmp_path, "few", dirs=("home",))
+    assert "options" in str(plan(str(few), str(_layer(tmp_path, "b2")), frozenset(), 2000))
+
+
+def test_the_daemon_is_asked_who_serves_its_socket(tmp_path: Path) -> None:
+    """A socket served by a process of this namespace as root (this test, as root): fine; no socket: refused,
+    saying why."""
+    import socket
+
+    path = tmp_path / "d.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        server.bind(str(path))
+        server.listen(1)
+        assert same_files_refusal(str(path)) is None
+    finally:
+        server.close()
+    assert "cannot say who serves it" in str(same_files_refusal(str(tmp_path / "none.sock")))

@@ -63,7 +63,7 @@ from coding_agent_env.sandbox.docker.control import ControlChannel
 from coding_agent_env.sandbox.docker.engine import SDK_ERRORS, call, translate
 from coding_agent_env.sandbox.docker.engine_exec import EngineExec
 from coding_agent_env.sandbox.docker.hostdir import HostDir
-from coding_agent_env.sandbox.docker.layers import ForkDir, upper_fs_refusal
+from coding_agent_env.sandbox.docker.layers import ForkDir, same_files_refusal, upper_fs_refusal
 from coding_agent_env.sandbox.docker.layout import AGENTS_DIR, LAYOUT, RELAY_SOCKET, TESTS, SandboxLayout
 from coding_agent_env.sandbox.docker.reaper import (
     LABEL_FORKDIR,
@@ -109,6 +109,8 @@ class DockerBackend(SandboxBackend):
         self._image_ids: dict[str, str] = {}
         self._image_volumes: dict[str, tuple[str, ...]] = {}
         self._seeder = Seeder()
+        self._layers_why: tuple[str | None] | None = None
+        """Why templates cannot be kept as layers here (`_layers_refusal`), once asked."""
 
     def client(self) -> docker.DockerClient:
         if self._client is None:
@@ -258,37 +260,53 @@ class DockerBackend(SandboxBackend):
             if not isinstance(sandbox, DockerSandbox) or sandbox.closed:
                 raise SandboxError("only an open sandbox of the Docker backend can be frozen into a template")
             spec = sandbox.spec
-            image = spec.image or self._config.image
-            env = await self._image_env(image)
+            env = await self._image_env(spec.image or self._config.image)
             method = self._config.fork
-            why_not = self._layers_refusal() if method != "image" else None
+            why_not = await self._layers_refusal() if method != "image" else None
             if why_not is not None:
                 if method == "layers":
                     why_not = f"a template cannot be kept as its layer: {why_not}"
                     raise SandboxUnsupportedError(self.name, "group", why_not)
                 method = "image"
-            template = await freeze(self.client().api, sandbox.id, spec, sandbox.sandbox_layout, env,
-                                    image=self._image_ids.get(image, image), method=method,
-                                    own=self._own_tops(sandbox.sandbox_layout))
+            template = await freeze(self.client().api, sandbox.id, spec, sandbox.sandbox_layout, env, method=method,
+                                    own=self._own_tops(sandbox.sandbox_layout),
+                                    room=ForkDir.room(self._settings.state_dir))
             if isinstance(template, LayerTemplate):
                 sandbox.keep_container()
             return template
         finally:
             await asyncio.shield(sandbox.close())
 
-    def _layers_refusal(self) -> str | None:
-        """Why no template can be kept as its layer here, before looking at one (`layers`): a daemon on another
-        host (its layer paths are not this host's), a sized writable layer (a member's overlays would escape the
-        bound), a state dir that cannot hold an overlay's upper layer."""
-        if not self._config.daemon_url.startswith("unix://"):
+    async def _layers_refusal(self) -> str | None:
+        """Why no template can be kept as its layer here, before looking at one (`layers`); asked once: a daemon
+        that does not see this server's files at the same paths (on another host, or in another mount namespace:
+        the peer of its socket is not a root process of this one's), a rootless or user-remapped daemon, a sized
+        writable layer (a member's overlays would escape the bound), a state dir that cannot hold upper layers."""
+        if self._layers_why is None:
+            self._layers_why = (await asyncio.to_thread(self._probe_layers),)
+        return self._layers_why[0]
+
+    def _probe_layers(self) -> str | None:
+        url = self._config.daemon_url
+        if not url.startswith("unix://"):
             return "the Docker daemon is not on this host"
         if self._sized:
             return "the engine sizes writable layers, which a member's overlays would escape"
+        why = same_files_refusal(url.removeprefix("unix://"))
+        if why is not None:
+            return why
+        try:
+            options = " ".join(self.client().api.info().get("SecurityOptions") or [])
+        except SDK_ERRORS as exc:
+            return f"the daemon's security options are not known: {translate(exc, 'docker')}"
+        if "name=rootless" in options or "name=userns" in options:
+            return "the daemon is rootless or remaps users"
         return upper_fs_refusal(self._settings.state_dir)
 
     def _own_tops(self, layout: SandboxLayout) -> frozenset[str]:
         """The top-level names a member mounts at itself or that are the sandbox's machinery (`layers.plan`)."""
-        paths = (LAYOUT.base, TESTS, layout.paths.workdir, *layout.roots, *self._config.host_binds)
+        tests = (TESTS,) if layout.paths.tests is not None else ()  # a link the member's init makes
+        paths = (LAYOUT.base, *tests, layout.paths.workdir, *layout.roots, *self._config.host_binds)
         return frozenset(p.strip("/") for p in paths if p.strip("/") and "/" not in p.strip("/"))
 
     async def fork(self, spec: SandboxSpec, template: SandboxTemplate) -> Sandbox:
@@ -315,9 +333,7 @@ class DockerBackend(SandboxBackend):
                 forkdir.remove()
             await asyncio.shield(template.left())
             raise
-        if forkdir is not None:
-            box.after_close(_removing(forkdir))  # once the container (and so its overlays) is gone
-        box.after_close(template.left)
+        box.after_close(_leaving(box, template, forkdir))
         return await box.opened(self._start_member(box, template))
 
     async def _start_member(self, box: DockerSandbox, template: DockerTemplate) -> None:
@@ -438,11 +454,17 @@ class _Extra:
     labels: dict[str, str] = field(default_factory=dict)
 
 
-def _removing(forkdir: ForkDir) -> Callable[[], Awaitable[None]]:
-    async def remove() -> None:
-        await asyncio.to_thread(forkdir.remove)
+def _leaving(box: DockerSandbox, template: DockerTemplate, forkdir: ForkDir | None) -> Callable[[], Awaitable[None]]:
+    """What a member's close does once its container is gone: its fork directory removed (not while the
+    container may still run: then it is the reaper's), and the template told, whatever happens."""
+    async def leave() -> None:
+        try:
+            if forkdir is not None and box.removed:
+                await asyncio.to_thread(forkdir.remove)
+        finally:
+            await template.left()
 
-    return remove
+    return leave
 
 
 def _claimed(spec: SandboxSpec, layout: SandboxLayout) -> tuple[str, ...]:

@@ -14,7 +14,12 @@ the template.
 
 `plan` says what mounts a member needs, or why this template cannot be shown so (then it is committed, see
 `template`): a top-level entry setup made that is not a directory (a file, a link, a whole top-level directory
-deleted), or a path the mount options cannot carry. The top-level directories the member mounts something at
+deleted), more top-level directories than `_OVERLAYS_MAX`, a path the mount options cannot carry, or (where the
+kernel makes them) a record of a directory renamed across directories or of a metadata-only copy, which names a
+path from the root that a mount at one top-level directory cannot resolve. Before any of that the backend asks
+whether the daemon sees this server's files at the same paths at all (`same_files_refusal`, `upper_fs_refusal`).
+Nothing in the layer is trusted: it is read without following links, and only after the template's container
+is dead (nothing writes it any more). The top-level directories the member mounts something at
 itself (its workdir, its further roots, the operator's binds) and the sandbox's machinery are not mounted over:
 they are the member's own, as in any sandbox.
 
@@ -27,9 +32,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import secrets
+import socket
 import stat
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,11 +46,15 @@ import docker.types
 from coding_agent_env.errors import SandboxError
 from coding_agent_env.sandbox.launcher.inside.treeops import remove_tree
 
-__all__ = ["ForkDir", "Overlay", "layers_refusal", "plan", "upper_fs_refusal"]
+__all__ = ["ForkDir", "Overlay", "layers_refusal", "plan", "same_files_refusal", "upper_fs_refusal"]
 
 _KERNEL = frozenset({"proc", "sys", "dev"})
 """Top-level directories the engine mounts the kernel's file systems at: nothing setup wrote is there."""
 _OPAQUE = "trusted.overlay.opaque"
+_REDIRECT = "trusted.overlay.redirect"
+_METACOPY = "trusted.overlay.metacopy"
+_WALK_MAX = 1_000_000
+"""The most entries of a layer searched for the kernel's rename records (where it makes them)."""
 _OPTIONS_MAX = 3800
 """The kernel takes a mount's options in one page (4096 bytes): room for `upperdir` and `workdir` is kept."""
 _OVERLAYS_MAX = 64
@@ -79,6 +91,31 @@ def layers_refusal(driver: object, upper: object, lower: object) -> str | None:
     if not isinstance(lower, str) or not lower:
         return "the container's image layers are not known"
     return None
+
+
+def same_files_refusal(socket_path: str) -> str | None:
+    """Why the daemon serving the unix socket `socket_path` may not see this server's files at the same paths
+    (its layers, the members' fork directories), or None: its process (the socket's peer) is not visible from
+    here (another pid namespace: a server in a container given the host's socket), not root, or in another
+    mount namespace."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(5.0)
+        sock.connect(socket_path)
+        pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    except OSError as exc:
+        return f"the daemon's socket cannot say who serves it ({exc.strerror or type(exc).__name__})"
+    finally:
+        sock.close()
+    if pid <= 0:
+        return "the daemon's process is not visible from here (another pid namespace)"
+    if uid != 0:
+        return "the daemon does not run as root"
+    try:
+        theirs, ours = os.stat(f"/proc/{pid}/ns/mnt").st_ino, os.stat("/proc/self/ns/mnt").st_ino
+    except OSError:
+        return "the daemon's mount namespace cannot be read"
+    return None if theirs == ours else "the daemon runs in another mount namespace"
 
 
 def upper_fs_refusal(state_dir: Path) -> str | None:
@@ -133,29 +170,46 @@ def _short(layer_diff: str) -> str:
     return layer_diff
 
 
-def plan(upper: str, lower: str, own: frozenset[str]) -> tuple[Overlay, ...] | str:
+def plan(upper: str, lower: str, own: frozenset[str], room: int, *,
+         renames: bool | None = None) -> tuple[Overlay, ...] | str:
     """The overlays a member of a template kept as the layer `upper` over the image layers `lower` (the
     engine's `LowerDir`, colon-separated, top first) needs, or why there can be none. `own`: the top-level
-    names the member itself mounts at or that are the sandbox's machinery (not shown from the template).
-    Blocking (reads the layer): run it in a thread."""
+    names the member itself mounts at or that are the sandbox's machinery (not shown from the template);
+    `room`: the length of a member's upper and work directory paths (its mount options hold them too);
+    `renames`: whether the layer may hold the kernel's records of renamed directories or metadata-only copies,
+    which name paths from the file system's root that a member's mount at a top-level directory cannot resolve
+    (None: whether the kernel's overlay module makes them; then the layer is searched and any such record
+    refuses it). Blocking (reads the layer): run it in a thread. A layer that cannot be read is refused."""
+    try:
+        return _plan(upper, lower, own, room, _kernel_renames() if renames is None else renames)
+    except OSError as exc:
+        return f"the container's layer cannot be read ({exc.strerror})"
+
+
+def _plan(upper: str, lower: str, own: frozenset[str], room: int, renames: bool) -> tuple[Overlay, ...] | str:
     lowers = [_short(path) for path in lower.split(":") if path]
     if any(_UNSAFE & set(path) for path in (upper, *lowers)):
         return "a layer's path holds a character the mount options cannot carry"
-    overlays: list[Overlay] = []
-    names = sorted(os.listdir(upper))
+    with os.scandir(upper) as entries:
+        # Never more than the cap read: a setup can leave millions of entries.
+        names = sorted(entry.name for entry in itertools.islice(entries, _OVERLAYS_MAX + 1))
     if len(names) > _OVERLAYS_MAX:
-        return f"setup left {len(names)} top-level entries, more than {_OVERLAYS_MAX} overlays"
+        return f"setup left more than {_OVERLAYS_MAX} top-level entries (one overlay each)"
+    if renames:
+        found = _absolute_records(upper)
+        if found is not None:
+            return found
+    overlays: list[Overlay] = []
     for name in names:
         if name in _KERNEL or name in own:
             continue
         top = os.path.join(upper, name)
         kind = _kind(top)
-        shown_top = os.path.join(_short(upper), name)
         if kind not in ("dir", "opaque"):
             return f"setup left /{name} something other than a directory (a file, a link, or deleted it)"
         if _UNSAFE & set(name):
             return f"/{name}: a name the mount options cannot carry"
-        shown = [shown_top]
+        shown = [os.path.join(_short(upper), name)]
         for layer in lowers if kind == "dir" else []:
             below = _kind(os.path.join(layer, name))
             if below is None:
@@ -165,12 +219,54 @@ def plan(upper: str, lower: str, own: frozenset[str]) -> tuple[Overlay, ...] | s
             shown.append(os.path.join(layer, name))
             if below == "opaque":
                 break
-        if len(":".join(shown)) > _OPTIONS_MAX - 2 * 200:
+        if len("lowerdir=,upperdir=,workdir=") + len(":".join(shown)) + 2 * room > _OPTIONS_MAX:
             return f"/{name} is shown by more image layers than one mount's options can list"
         st = os.lstat(top)
         overlays.append(Overlay(f"/{name}", tuple(shown), st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode),
                                 (st.st_atime_ns, st.st_mtime_ns)))
     return tuple(overlays)
+
+
+def _kernel_renames() -> bool:
+    """Whether the kernel's overlay module records renamed directories (`redirect_dir`) or copies metadata only
+    (`metacopy`) by default: then a layer may hold records naming paths from its root."""
+    for parameter in ("redirect_dir", "metacopy"):
+        try:
+            value = Path(f"/sys/module/overlay/parameters/{parameter}").read_text().strip()
+        except OSError:
+            continue
+        if value in ("Y", "y", "1", "on"):
+            return True
+    return False
+
+
+def _absolute_records(upper: str) -> str | None:
+    """Why the layer cannot be shown at its top-level directories: a directory renamed across its parents (an
+    absolute `trusted.overlay.redirect`) or a metadata-only copy (`trusted.overlay.metacopy`) in it; or None.
+    Walks the layer without following links, at most `_WALK_MAX` entries (more: refused)."""
+    seen = 0
+    pending = [upper]
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                seen += 1
+                if seen > _WALK_MAX:
+                    return f"the layer holds more than {_WALK_MAX} entries to search for renamed directories"
+                redirect = _xattr(entry.path, _REDIRECT)
+                if (redirect or b"").startswith(b"/") or _xattr(entry.path, _METACOPY) is not None:
+                    return "setup renamed a directory across directories, or the kernel copied metadata only"
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+    return None
+
+
+def _xattr(path: str, name: str) -> bytes | None:
+    try:
+        return os.getxattr(path, name, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno in (errno.ENODATA, errno.ENOTSUP, errno.EPERM):
+            return None
+        raise
 
 
 class ForkDir:
@@ -180,13 +276,18 @@ class ForkDir:
     def __init__(self, path: Path) -> None:
         self.path = path
 
+    @staticmethod
+    def room(state_dir: Path) -> int:
+        """The length of the longest upper or work directory path a fork dir under `state_dir` gives (`plan`)."""
+        return len(str(state_dir / f"{os.getpid()}-docker-{'0' * 12}" / str(_OVERLAYS_MAX) / "upper"))
+
     @classmethod
     def make(cls, state_dir: Path) -> ForkDir:
         path = state_dir / f"{os.getpid()}-docker-{secrets.token_hex(6)}"
         if _UNSAFE & set(str(path)):
             raise SandboxError(f"the state dir {str(state_dir)[:200]!r} holds a character overlay options cannot carry")
-        state_dir.mkdir(parents=True, exist_ok=True)
         try:
+            state_dir.mkdir(parents=True, exist_ok=True)
             path.mkdir(mode=0o700)
         except OSError as exc:
             raise SandboxError(f"cannot make a group member's fork directory: {exc.strerror}") from exc
@@ -205,6 +306,8 @@ class ForkDir:
                 os.chmod(upper, overlay.mode)
                 os.utime(upper, ns=overlay.times)
                 options = f"lowerdir={':'.join(overlay.lowers)},upperdir={upper},workdir={work}"
+                if len(options) > _OPTIONS_MAX:
+                    raise SandboxError(f"the overlay at {overlay.target} needs longer mount options than fit")
                 driver = docker.types.DriverConfig("local", {"type": "overlay", "device": "overlay", "o": options})
                 # no_copy: the engine would fill an empty-looking volume with the image's files there, which
                 # would bring back what setup deleted.

@@ -35,7 +35,8 @@ def owner() -> str:
 
 def reap(api: Any, state_dir: Path) -> int:
     """Remove labelled containers whose owning server (on this host) is gone (group templates kept as their
-    layer among them), with their host and fork dirs, then that server's template images; how many of both.
+    layer among them), with their host and fork dirs (and any such dir no container names), then that server's
+    template images; how many containers and images.
     Blocking (SDK calls through `api`, a `docker.APIClient`): run it in a thread. One listing each, labels
     included: a container or image another server removes meanwhile is no error."""
     host = socket.gethostname()
@@ -58,7 +59,20 @@ def reap(api: Any, state_dir: Path) -> int:
                     and os.path.basename(hostdir).startswith(f"{pid}-docker-")):
                 with contextlib.suppress(OSError):
                     remove_tree(hostdir)  # iterative, never following a symlink
+    _reap_dirs(state_dir)
     return reaped + _reap_templates(api, host)
+
+
+def _reap_dirs(state_dir: Path) -> None:
+    """Remove this backend's directories of dead servers that no container names (a server killed between
+    making one and creating its container): `<pid>-docker-<hex>` under the state dir."""
+    if not state_dir.is_dir():
+        return
+    for entry in state_dir.iterdir():
+        pid, _, rest = entry.name.partition("-docker-")
+        if rest and pid.isdigit() and not pid_alive(int(pid)):
+            with contextlib.suppress(OSError):
+                remove_tree(str(entry))
 
 
 def _reap_templates(api: Any, host: str) -> int:

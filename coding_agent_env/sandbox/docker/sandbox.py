@@ -72,6 +72,7 @@ class DockerSandbox(LauncherSandbox):
         self.sandbox_layout = layout
         self._after_close: list[Callable[[], Awaitable[None]]] = []
         self._keep = False
+        self._removed = False
         super().__init__(transport, LAYOUT, layout.paths, timeouts=timeouts, rlimits=rlimits, command_uid=SANDBOX_UID,
                          writable_roots=layout.roots, users=spec.users)
         self._docker = transport
@@ -163,6 +164,11 @@ class DockerSandbox(LauncherSandbox):
                 self._mark = HIGH_WATER.mark(Path(f"/proc/{pid}/root{self.paths.workdir}"), _FULL_SLACK)
         return self._mark
 
+    @property
+    def removed(self) -> bool:
+        """Whether closing removed the container (or found it gone)."""
+        return self._removed
+
     def keep_container(self) -> None:
         """Closing leaves the (stopped) container to whoever took it over (a template kept as its layer)."""
         self._keep = True
@@ -228,14 +234,19 @@ class DockerSandbox(LauncherSandbox):
             try:
                 if not self._keep:
                     await call("remove container", self._api.remove_container, self.id, force=True, v=True)
+                    self._removed = True
             except SandboxFileNotFoundError:
-                pass  # already gone
+                self._removed = True  # already gone
             finally:
                 try:
                     await self._docker.close()
                 finally:
-                    for callback in self._after_close:
-                        await asyncio.shield(callback())
+                    # One shielded run: a cancellation while one callback runs does not skip the others.
+                    await asyncio.shield(self._closed_callbacks())
+
+    async def _closed_callbacks(self) -> None:
+        for callback in self._after_close:
+            await callback()
 
 
 async def discard(api: Any, container_id: str) -> None:

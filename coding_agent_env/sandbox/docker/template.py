@@ -174,13 +174,14 @@ def captured_mounts(mounts: list[dict[str, Any]], layout: SandboxLayout) -> tupl
 
 
 async def freeze(api: Any, container_id: str, spec: SandboxSpec, layout: SandboxLayout, env: Mapping[str, str],
-                 *, image: str, method: str, own: frozenset[str]) -> DockerTemplate:
+                 *, method: str, own: frozenset[str], room: int) -> DockerTemplate:
     """Freeze the sandbox's container (see the module docstring): paused, its captured mounts staged in its
     layer, then kept as its own layer (a `LayerTemplate`, which owns the stopped container from then on) where
-    `method` (`DockerConfig.fork`) allows and `layers.plan` can show it (`own`: the top-level names a member
-    mounts at itself), else committed (an `ImageTemplate`; the container stays the caller's to remove). `image`:
-    the image the container was made of. `SandboxUnsupportedError` naming `group` for a layout it cannot capture,
-    or when `method` is `layers` and the layer cannot be kept."""
+    `method` (`DockerConfig.fork`: `image`, `layers` or `auto`) allows and `layers.plan` can show it (`own`, `room`:
+    see there), else committed (an `ImageTemplate`; the container stays the caller's to remove). Members of a kept
+    layer are containers of the very image the container was made of (its id, whatever its tag names now).
+    `SandboxUnsupportedError` naming `group` for a layout it cannot capture, or when `method` is `layers` and the
+    layer cannot be kept."""
     inspected = await call("inspect container", api.inspect_container, container_id)
     mounts = list(inspected.get("Mounts") or [])
     why = uncapturable(mounts, layout)
@@ -192,7 +193,7 @@ async def freeze(api: Any, container_id: str, spec: SandboxSpec, layout: Sandbox
     labels = {LABEL_OWNER: owner(), LABEL_TEMPLATE: template_id, LABEL_ROLLOUT: "", LABEL_HOSTDIR: ""}
     graph = inspected.get("GraphDriver") or {}
     freezing = asyncio.ensure_future(call("capture the sandbox", _freeze, api, container_id, captured, labels,
-                                          method, graph, own))
+                                          method, graph, own, room))
     try:
         kept = await asyncio.shield(freezing)
     except asyncio.CancelledError:
@@ -203,10 +204,15 @@ async def freeze(api: Any, container_id: str, spec: SandboxSpec, layout: Sandbox
     if isinstance(kept, str):
         return ImageTemplate(api, image=kept, **common)
     overlays, stage = kept
-    return LayerTemplate(api, container_id=container_id, overlays=overlays, stage=stage, image=image, **common)
+    return LayerTemplate(api, container_id=container_id, overlays=overlays, stage=stage,
+                         image=str(inspected["Image"]), **common)
 
 
-async def _drop(api: Any, freezing: asyncio.Future[str | tuple[Any, ...]]) -> None:
+_Kept = tuple[tuple[Overlay, ...], str | None]
+"""A layer kept: its overlays, and the host path of its stage (None when nothing was captured)."""
+
+
+async def _drop(api: Any, freezing: asyncio.Future[str | _Kept]) -> None:
     """Remove the image `freezing` commits, once committed (a kept layer goes with the container)."""
     try:
         kept = await freezing
@@ -221,7 +227,7 @@ async def _drop(api: Any, freezing: asyncio.Future[str | tuple[Any, ...]]) -> No
 
 
 def _freeze(api: Any, container_id: str, captured: tuple[str, ...], labels: dict[str, str], method: str,
-            graph: Mapping[str, Any], own: frozenset[str]) -> str | tuple[tuple[Overlay, ...], str | None]:
+            graph: Mapping[str, Any], own: frozenset[str], room: int) -> str | _Kept:
     """Blocking: pause, stage the captured mounts in the layer; then (overlays, the stage's host path) of the
     layer kept (the container stopped), or the id of the image it was committed into."""
     api.pause(container_id)
@@ -235,7 +241,7 @@ def _freeze(api: Any, container_id: str, captured: tuple[str, ...], labels: dict
         # Stopped, its processes gone for good: the layer is a plain directory from now on, no mount's upper.
         api.kill(container_id)
         api.wait(container_id, timeout=_STOP_S)
-        planned = plan(upper, lower, own)
+        planned = plan(upper, lower, own, room)
         if not isinstance(planned, str):
             return planned, (upper + STAGE if captured else None)
         refusal = planned
@@ -298,9 +304,13 @@ async def fill(api: Any, box: DockerSandbox, template: DockerTemplate, labels: M
 
 def _put_host_tree(api: Any, container_id: str, host: str, directory: str) -> None:
     """Blocking: the host directory `host` (itself and its content, never following a link) into `directory` of
-    the container, by way of a host temporary file."""
+    the container, by way of a host temporary file. `SandboxError` when the directory cannot be read."""
     with tempfile.TemporaryFile() as spool:
-        with tarfile.open(fileobj=spool, mode="w", format=tarfile.PAX_FORMAT) as archive:
-            archive.add(host, arcname=posixpath.basename(host), recursive=True)
+        try:
+            with tarfile.open(fileobj=spool, mode="w", format=tarfile.PAX_FORMAT) as archive:
+                archive.add(host, arcname=posixpath.basename(host), recursive=True)
+        except (OSError, tarfile.TarError) as exc:
+            why = getattr(exc, "strerror", None) or type(exc).__name__  # not the host path
+            raise SandboxError(f"cannot read the template's staged {posixpath.basename(host)}: {why}") from exc
         spool.seek(0)
         api.put_archive(container_id, directory, iter(lambda: spool.read(_CHUNK), b""))
