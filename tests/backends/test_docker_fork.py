@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import shutil
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -423,7 +424,8 @@ async def test_reaper_removes_a_dead_servers_kept_layers_and_fork_dirs(
     backend_for: Callable[..., Target], docker_engine: Any, settings: Settings, tmp_path: Path
 ) -> None:
     """A dead server's template container and member, and the member's fork directory (only under the state
-    dir and named for the dead server: a label elsewhere steers no removal)."""
+    dir and named for the dead server: a label elsewhere steers no removal); and its directories no container
+    names, if they are older than the reaping server."""
     backend = backend_for("docker").backends.get("docker")
     dead = f"{socket.gethostname()}/{DEAD_PID}"
     forkdir = settings.state_dir / f"{DEAD_PID}-docker-0123456789ab"
@@ -440,14 +442,25 @@ async def test_reaper_removes_a_dead_servers_kept_layers_and_fork_dirs(
                                         labels={LABEL_ROLLOUT: "fork-decoy", LABEL_OWNER: dead,
                                                 LABEL_FORKDIR: str(decoy)}),
     ]
+    # Named by no container: one of a dead server's older than this process goes; one made since (a live
+    # server's in another pid namespace, say) and one not named as this backend names them stay.
+    orphan, fresh, other = (settings.state_dir / f"{DEAD_PID}-docker-{suffix}"
+                            for suffix in ("00000000000a", "00000000000b", "notours"))
+    for path in (orphan, fresh, other):
+        (path / "0").mkdir(parents=True)
+    os.utime(orphan, (1_000_000_000, 1_000_000_000))
+    os.utime(other, (1_000_000_000, 1_000_000_000))
     try:
         assert await backend.reap_orphans() >= 3
         assert not docker_engine.containers.list(all=True, filters={"label": f"{LABEL_OWNER}={dead}"})
         assert not forkdir.exists() and decoy.is_dir()
+        assert not orphan.exists() and fresh.is_dir() and other.is_dir()
     finally:
         for container in made:
             for leftover in docker_engine.containers.list(all=True, filters={"id": container.id}):
                 leftover.remove(force=True)
+        for path in (orphan, fresh, other):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _group_member(index: int) -> Any:

@@ -278,30 +278,37 @@ class DockerBackend(SandboxBackend):
             await asyncio.shield(sandbox.close())
 
     async def _layers_refusal(self) -> str | None:
-        """Why no template can be kept as its layer here, before looking at one (`layers`); asked once: a daemon
-        that does not see this server's files at the same paths (on another host, or in another mount namespace:
-        the peer of its socket is not a root process of this one's), a rootless or user-remapped daemon, a sized
-        writable layer (a member's overlays would escape the bound), a state dir that cannot hold upper layers."""
-        if self._layers_why is None:
-            self._layers_why = (await asyncio.to_thread(self._probe_layers),)
-        return self._layers_why[0]
+        """Why no template can be kept as its layer here, before looking at one (`layers`): a daemon that does
+        not see this server's files at the same paths (on another host, or in another mount namespace: the peer
+        of its socket is not a root process of this one's), a rootless or user-remapped daemon, a sized writable
+        layer (a member's overlays would escape the bound), a state dir that cannot hold upper layers. A definite
+        answer is kept; one the daemon could not give now (unreachable) is asked again next time."""
+        if self._layers_why is not None:
+            return self._layers_why[0]
+        why, definite = await asyncio.to_thread(self._probe_layers)
+        if definite:
+            self._layers_why = (why,)
+        return why
 
-    def _probe_layers(self) -> str | None:
+    def _probe_layers(self) -> tuple[str | None, bool]:
         url = self._config.daemon_url
         if not url.startswith("unix://"):
-            return "the Docker daemon is not on this host"
+            return "the Docker daemon is not on this host", True
         if self._sized:
-            return "the engine sizes writable layers, which a member's overlays would escape"
-        why = same_files_refusal(url.removeprefix("unix://"))
+            return "the engine sizes writable layers, which a member's overlays would escape", True
+        try:
+            why = same_files_refusal(url.removeprefix("unix://"))
+        except SandboxUnavailableError as exc:
+            return str(exc), False
         if why is not None:
-            return why
+            return why, True
         try:
             options = " ".join(self.client().api.info().get("SecurityOptions") or [])
         except SDK_ERRORS as exc:
-            return f"the daemon's security options are not known: {translate(exc, 'docker')}"
+            return f"the daemon's security options are not known: {translate(exc, 'docker')}", False
         if "name=rootless" in options or "name=userns" in options:
-            return "the daemon is rootless or remaps users"
-        return upper_fs_refusal(self._settings.state_dir)
+            return "the daemon is rootless or remaps users", True
+        return upper_fs_refusal(self._settings.state_dir), True
 
     def _own_tops(self, layout: SandboxLayout) -> frozenset[str]:
         """The top-level names a member mounts at itself or that are the sandbox's machinery (`layers.plan`)."""

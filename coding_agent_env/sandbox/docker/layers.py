@@ -14,14 +14,14 @@ the template.
 
 `plan` says what mounts a member needs, or why this template cannot be shown so (then it is committed, see
 `template`): a top-level entry setup made that is not a directory (a file, a link, a whole top-level directory
-deleted), more top-level directories than `_OVERLAYS_MAX`, a path the mount options cannot carry, or (where the
-kernel makes them) a record of a directory renamed across directories or of a metadata-only copy, which names a
-path from the root that a mount at one top-level directory cannot resolve. Before any of that the backend asks
-whether the daemon sees this server's files at the same paths at all (`same_files_refusal`, `upper_fs_refusal`).
-Nothing in the layer is trusted: it is read without following links, and only after the template's container
-is dead (nothing writes it any more). The top-level directories the member mounts something at
-itself (its workdir, its further roots, the operator's binds) and the sandbox's machinery are not mounted over:
-they are the member's own, as in any sandbox.
+deleted), more top-level directories than `_OVERLAYS_MAX`, a path the mount options cannot carry, or a record of
+a directory renamed across directories or of a metadata-only copy (where the kernel or the engine's mount
+options make them), which names a path from the root that a mount at one top-level directory cannot resolve.
+Before any of that the backend asks whether the daemon sees this server's files at the same paths at all
+(`same_files_refusal`, `upper_fs_refusal`). Nothing in the layer is trusted: it is read without following
+links, and only after the template's container is dead (nothing writes it any more). The top-level directories
+the member mounts something at itself (its workdir, its further roots, the operator's binds) and the sandbox's
+machinery are not mounted over: they are the member's own, as in any sandbox.
 
 A member's writes through these volumes land in its fork directory on the host disk, bounded as its container
 layer is (the disk budget bounds the workdir and the further roots only, see `backend`); the directory goes with
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import docker.types
 
-from coding_agent_env.errors import SandboxError
+from coding_agent_env.errors import SandboxError, SandboxUnavailableError
 from coding_agent_env.sandbox.launcher.inside.treeops import remove_tree
 
 __all__ = ["ForkDir", "Overlay", "layers_refusal", "plan", "same_files_refusal", "upper_fs_refusal"]
@@ -54,7 +54,7 @@ _OPAQUE = "trusted.overlay.opaque"
 _REDIRECT = "trusted.overlay.redirect"
 _METACOPY = "trusted.overlay.metacopy"
 _WALK_MAX = 1_000_000
-"""The most entries of a layer searched for the kernel's rename records (where it makes them)."""
+"""The most entries of a layer's shown directories searched for the kernel's rename records."""
 _OPTIONS_MAX = 3800
 """The kernel takes a mount's options in one page (4096 bytes): room for `upperdir` and `workdir` is kept."""
 _OVERLAYS_MAX = 64
@@ -97,14 +97,15 @@ def same_files_refusal(socket_path: str) -> str | None:
     """Why the daemon serving the unix socket `socket_path` may not see this server's files at the same paths
     (its layers, the members' fork directories), or None: its process (the socket's peer) is not visible from
     here (another pid namespace: a server in a container given the host's socket), not root, or in another
-    mount namespace."""
+    mount namespace. `SandboxUnavailableError` when the socket cannot be asked now (no daemon there)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(5.0)
         sock.connect(socket_path)
         pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
     except OSError as exc:
-        return f"the daemon's socket cannot say who serves it ({exc.strerror or type(exc).__name__})"
+        why = exc.strerror or type(exc).__name__
+        raise SandboxUnavailableError(f"the daemon's socket cannot say who serves it ({why})") from exc
     finally:
         sock.close()
     if pid <= 0:
@@ -170,23 +171,22 @@ def _short(layer_diff: str) -> str:
     return layer_diff
 
 
-def plan(upper: str, lower: str, own: frozenset[str], room: int, *,
-         renames: bool | None = None) -> tuple[Overlay, ...] | str:
+def plan(upper: str, lower: str, own: frozenset[str], room: int) -> tuple[Overlay, ...] | str:
     """The overlays a member of a template kept as the layer `upper` over the image layers `lower` (the
     engine's `LowerDir`, colon-separated, top first) needs, or why there can be none. `own`: the top-level
     names the member itself mounts at or that are the sandbox's machinery (not shown from the template);
-    `room`: the length of a member's upper and work directory paths (its mount options hold them too);
-    `renames`: whether the layer may hold the kernel's records of renamed directories or metadata-only copies,
-    which name paths from the file system's root that a member's mount at a top-level directory cannot resolve
-    (None: whether the kernel's overlay module makes them; then the layer is searched and any such record
-    refuses it). Blocking (reads the layer): run it in a thread. A layer that cannot be read is refused."""
+    `room`: the length of a member's upper and work directory paths (its mount options hold them too). The
+    directories to show are searched for the kernel's records of directories renamed across directories and of
+    metadata-only copies (made where the overlay module or the engine's mount options enable them), which name
+    paths from the file system's root that a mount at one top-level directory cannot resolve: any refuses the
+    layer. Blocking (reads the layer): run it in a thread. A layer that cannot be read is refused."""
     try:
-        return _plan(upper, lower, own, room, _kernel_renames() if renames is None else renames)
+        return _plan(upper, lower, own, room)
     except OSError as exc:
         return f"the container's layer cannot be read ({exc.strerror})"
 
 
-def _plan(upper: str, lower: str, own: frozenset[str], room: int, renames: bool) -> tuple[Overlay, ...] | str:
+def _plan(upper: str, lower: str, own: frozenset[str], room: int) -> tuple[Overlay, ...] | str:
     lowers = [_short(path) for path in lower.split(":") if path]
     if any(_UNSAFE & set(path) for path in (upper, *lowers)):
         return "a layer's path holds a character the mount options cannot carry"
@@ -195,14 +195,12 @@ def _plan(upper: str, lower: str, own: frozenset[str], room: int, renames: bool)
         names = sorted(entry.name for entry in itertools.islice(entries, _OVERLAYS_MAX + 1))
     if len(names) > _OVERLAYS_MAX:
         return f"setup left more than {_OVERLAYS_MAX} top-level entries (one overlay each)"
-    if renames:
-        found = _absolute_records(upper)
-        if found is not None:
-            return found
+    names = [name for name in names if name not in _KERNEL and name not in own]
+    found = _absolute_records([os.path.join(upper, name) for name in names])
+    if found is not None:
+        return found
     overlays: list[Overlay] = []
     for name in names:
-        if name in _KERNEL or name in own:
-            continue
         top = os.path.join(upper, name)
         kind = _kind(top)
         if kind not in ("dir", "opaque"):
@@ -227,25 +225,12 @@ def _plan(upper: str, lower: str, own: frozenset[str], room: int, renames: bool)
     return tuple(overlays)
 
 
-def _kernel_renames() -> bool:
-    """Whether the kernel's overlay module records renamed directories (`redirect_dir`) or copies metadata only
-    (`metacopy`) by default: then a layer may hold records naming paths from its root."""
-    for parameter in ("redirect_dir", "metacopy"):
-        try:
-            value = Path(f"/sys/module/overlay/parameters/{parameter}").read_text().strip()
-        except OSError:
-            continue
-        if value in ("Y", "y", "1", "on"):
-            return True
-    return False
-
-
-def _absolute_records(upper: str) -> str | None:
-    """Why the layer cannot be shown at its top-level directories: a directory renamed across its parents (an
-    absolute `trusted.overlay.redirect`) or a metadata-only copy (`trusted.overlay.metacopy`) in it; or None.
-    Walks the layer without following links, at most `_WALK_MAX` entries (more: refused)."""
+def _absolute_records(tops: list[str]) -> str | None:
+    """Why the layer cannot be shown at its top-level directories `tops`: a directory renamed across its parents
+    (an absolute `trusted.overlay.redirect`) or a metadata-only copy (`trusted.overlay.metacopy`) under one; or
+    None. Walks them without following links, at most `_WALK_MAX` entries (more: refused)."""
     seen = 0
-    pending = [upper]
+    pending = [top for top in tops if os.path.isdir(top) and not os.path.islink(top)]
     while pending:
         with os.scandir(pending.pop()) as entries:
             for entry in entries:
@@ -264,9 +249,9 @@ def _xattr(path: str, name: str) -> bytes | None:
     try:
         return os.getxattr(path, name, follow_symlinks=False)
     except OSError as exc:
-        if exc.errno in (errno.ENODATA, errno.ENOTSUP, errno.EPERM):
+        if exc.errno in (errno.ENODATA, errno.ENOTSUP):
             return None
-        raise
+        raise  # unreadable (no right to `trusted.*`, say): the layer is refused, never passed unread
 
 
 class ForkDir:

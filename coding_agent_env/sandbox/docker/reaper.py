@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import time
 import socket
 from pathlib import Path
 from typing import Any
@@ -41,7 +43,10 @@ def reap(api: Any, state_dir: Path) -> int:
     included: a container or image another server removes meanwhile is no error."""
     host = socket.gethostname()
     reaped = 0
-    for found in api.containers(all=True, filters={"label": LABEL_ROLLOUT}):
+    listed = api.containers(all=True, filters={"label": LABEL_ROLLOUT})
+    named = {labels.get(label) for found in listed for labels in [found.get("Labels") or {}]
+             for label in (LABEL_HOSTDIR, LABEL_FORKDIR)}
+    for found in listed:
         labels = found.get("Labels") or {}
         pid = _dead_owner(labels, host)
         if pid is None:
@@ -59,20 +64,42 @@ def reap(api: Any, state_dir: Path) -> int:
                     and os.path.basename(hostdir).startswith(f"{pid}-docker-")):
                 with contextlib.suppress(OSError):
                     remove_tree(hostdir)  # iterative, never following a symlink
-    _reap_dirs(state_dir)
+    _reap_dirs(state_dir, named)
     return reaped + _reap_templates(api, host)
 
 
-def _reap_dirs(state_dir: Path) -> None:
+_OURS = re.compile(r"(\d+)-docker-[0-9a-f]{12}")
+"""The name of a host or fork directory (`hostdir`, `layers.ForkDir`), exactly."""
+
+
+def _reap_dirs(state_dir: Path, named: set[str | None]) -> None:
     """Remove this backend's directories of dead servers that no container names (a server killed between
-    making one and creating its container): `<pid>-docker-<hex>` under the state dir."""
-    if not state_dir.is_dir():
+    making one and creating its container): named exactly `<pid>-docker-<12 hex>` under the state dir, of a pid
+    that is gone, named by no container at all (whoever owns it: a server in another pid namespace sharing the
+    state dir may hold it), and older than this process (a directory made since is a live server's)."""
+    started = _process_start()
+    try:
+        entries = list(os.scandir(state_dir))
+    except OSError:
         return
-    for entry in state_dir.iterdir():
-        pid, _, rest = entry.name.partition("-docker-")
-        if rest and pid.isdigit() and not pid_alive(int(pid)):
-            with contextlib.suppress(OSError):
-                remove_tree(str(entry))
+    for entry in entries:
+        match = _OURS.fullmatch(entry.name)
+        if match is None or entry.path in named or pid_alive(int(match.group(1))):
+            continue
+        with contextlib.suppress(OSError):
+            if entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < started:
+                remove_tree(entry.path)
+
+
+def _process_start() -> float:
+    """When this process started (the epoch seconds), from /proc; now where that cannot be read."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
 
 
 def _reap_templates(api: Any, host: str) -> int:
