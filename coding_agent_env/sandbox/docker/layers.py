@@ -204,9 +204,9 @@ def _plan(upper: str, lower: str, own: frozenset[str], room: int) -> tuple[Overl
         top = os.path.join(upper, name)
         kind = _kind(top)
         if kind not in ("dir", "opaque"):
-            return f"setup left /{name} something other than a directory (a file, a link, or deleted it)"
+            return f"setup left {_said(name)} something other than a directory (a file, a link, or deleted it)"
         if _UNSAFE & set(name):
-            return f"/{name}: a name the mount options cannot carry"
+            return f"{_said(name)}: a name the mount options cannot carry"
         shown = [os.path.join(_short(upper), name)]
         for layer in lowers if kind == "dir" else []:
             below = _kind(os.path.join(layer, name))
@@ -218,11 +218,16 @@ def _plan(upper: str, lower: str, own: frozenset[str], room: int) -> tuple[Overl
             if below == "opaque":
                 break
         if len("lowerdir=,upperdir=,workdir=") + len(":".join(shown)) + 2 * room > _OPTIONS_MAX:
-            return f"/{name} is shown by more image layers than one mount's options can list"
+            return f"{_said(name)} is shown by more image layers than one mount's options can list"
         st = os.lstat(top)
         overlays.append(Overlay(f"/{name}", tuple(shown), st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode),
                                 (st.st_atime_ns, st.st_mtime_ns)))
     return tuple(overlays)
+
+
+def _said(name: str) -> str:
+    """A top-level name the sandbox chose, as a message may carry it (printable, bounded)."""
+    return ascii("/" + name)[1:-1][:100]
 
 
 def _absolute_records(tops: list[str]) -> str | None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import time
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
