@@ -331,9 +331,9 @@ class DockerBackend(SandboxBackend):
             extra = _Extra(labels={LABEL_TEMPLATE: template.id})
             if isinstance(template, LayerTemplate):
                 forkdir = ForkDir.make(self._settings.state_dir)
-                extra = _Extra(mounts=forkdir.mounts(template.overlays),
-                               binds={template.stage: STAGE} if template.stage is not None else {},
-                               labels={LABEL_TEMPLATE: template.id, LABEL_FORKDIR: str(forkdir.path)})
+                extra.mounts.extend(forkdir.mounts(template.overlays))
+                extra.binds.update({template.stage: STAGE} if template.stage is not None else {})
+                extra.labels[LABEL_FORKDIR] = str(forkdir.path)
             box = await self._make(spec, layout, template.image, template.captured, template.env, extra)
         except BaseException:
             if forkdir is not None:

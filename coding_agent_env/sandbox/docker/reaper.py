@@ -7,13 +7,12 @@ import contextlib
 import os
 import re
 import socket
-import time
 from pathlib import Path
 from typing import Any
 
 import docker.errors
 
-from coding_agent_env.pids import pid_alive
+from coding_agent_env.pids import pid_alive, process_start
 from coding_agent_env.sandbox.launcher.inside.treeops import remove_tree
 
 __all__ = ["LABEL_FORKDIR", "LABEL_HOSTDIR", "LABEL_OWNER", "LABEL_ROLLOUT", "LABEL_TEMPLATE", "owner", "reap"]
@@ -77,7 +76,7 @@ def _reap_dirs(state_dir: Path, named: set[str | None]) -> None:
     making one and creating its container): named exactly `<pid>-docker-<12 hex>` under the state dir, of a pid
     that is gone, named by no container at all (whoever owns it: a server in another pid namespace sharing the
     state dir may hold it), and older than this process (a directory made since is a live server's)."""
-    started = _process_start()
+    started = process_start()
     try:
         entries = list(os.scandir(state_dir))
     except OSError:
@@ -89,17 +88,6 @@ def _reap_dirs(state_dir: Path, named: set[str | None]) -> None:
         with contextlib.suppress(OSError):
             if entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < started:
                 remove_tree(entry.path)
-
-
-def _process_start() -> float:
-    """When this process started (the epoch seconds), from /proc; now where that cannot be read."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return time.time()
 
 
 def _reap_templates(api: Any, host: str) -> int:

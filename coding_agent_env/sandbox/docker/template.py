@@ -31,6 +31,7 @@ a kept layer is the lower layer of its members' overlays).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 import posixpath
@@ -115,9 +116,9 @@ class DockerTemplate(SandboxTemplate):
         if self._open == 0:
             await asyncio.shield(self._remove())
 
+    @abc.abstractmethod
     async def _remove(self) -> None:
         """Give back what the template holds (its image, its container); gone already is fine."""
-        raise NotImplementedError
 
 
 class ImageTemplate(DockerTemplate):
