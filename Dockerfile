@@ -11,6 +11,10 @@ ARG NODE_IMAGE=node:20-bookworm-slim
 # The package's extras in the image: the Space's by default; a cluster's server image adds `k8s,postgres`
 # (deploy/: `docker build --build-arg EXTRAS=server,ui,k8s,postgres .`).
 ARG EXTRAS=server,ui
+# The CLI agents installed into the image (OpenCode and Pi: about 560 MB; Terminus, oracle and nop need none).
+# `--build-arg AGENTS="opencode pi claude-code codex gemini-cli qwen-code mini-swe-agent"` adds the others
+# (about 2.7 GB in all); `coding-agent-env agents list` names them.
+ARG AGENTS="opencode pi"
 
 FROM ${NODE_IMAGE} AS node
 
@@ -44,8 +48,10 @@ ARG EXTRAS
 RUN python3 -m venv /opt/venv \
  && /opt/venv/bin/pip install --no-compile "/app[${EXTRAS}]"
 
-# The pinned CLI agents (OpenCode, Pi) from npm into AGENTS_DIR, once, here; never per rollout.
-RUN coding-agent-env agents install && npm cache clean --force && coding-agent-env agents list
+# The pinned CLI agents chosen by AGENTS from npm and PyPI into AGENTS_DIR, once, here; never per rollout.
+ARG AGENTS
+RUN coding-agent-env agents install ${AGENTS} >/dev/null && npm cache clean --force \
+ && coding-agent-env agents list ${AGENTS}
 
 USER user
 EXPOSE 8000
@@ -58,4 +64,6 @@ ENV HOST=0.0.0.0 PORT=8000
 # A Space is an unprivileged container where bubblewrap cannot make namespaces: this image opts in to running
 # local commands unisolated (results and the web tab say so); a cloud sandbox backend gives real isolation.
 ENV SANDBOX_ALLOW_UNISOLATED=true
-CMD ["sh", "-c", "exec uvicorn server.app:app --host \"$HOST\" --port \"$PORT\""]
+# A Space with persistent storage mounts it at /data: the results store (every rollout the server runs, the
+# Runs view) goes there unless RESULTS_DB says otherwise; without /data it lives in STATE_DIR (lost on restart).
+CMD ["sh", "-c", "if [ -z \"${RESULTS_DB:-}\" ] && [ -d /data ] && [ -w /data ]; then export RESULTS_DB=/data/coding-agent-env/results.sqlite RESULTS_FROM_SERVER=${RESULTS_FROM_SERVER:-true}; mkdir -p /data/coding-agent-env; fi; exec uvicorn server.app:app --host \"$HOST\" --port \"$PORT\""]

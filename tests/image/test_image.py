@@ -86,8 +86,8 @@ def test_dockerfile_builds_serves_a_rollout_and_stops_cleanly() -> None:
         assert (data["status"], data["reward"]) == ("completed", 1.0), reply
         assert data["isolation"] in ("bwrap", "none")  # what was really in effect, reported honestly
         agents = docker("exec", name, "coding-agent-env", "agents", "list", timeout=60)
-        assert agents.returncode == 0, agents.stderr.decode()
-        assert all(a["installed"] for a in json.loads(agents.stdout)["agents"]), agents.stdout.decode()
+        installed = {a["name"] for a in json.loads(agents.stdout)["agents"] if a["installed"]}
+        assert installed == {"opencode", "pi"}, agents.stdout.decode()  # the image's AGENTS default, no more
         started = time.monotonic()
         assert docker("stop", "-t", "30", name, timeout=60).returncode == 0
         assert time.monotonic() - started < 25, "the server ignored SIGTERM and was killed"

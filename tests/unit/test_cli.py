@@ -66,3 +66,16 @@ def test_check_warns_when_isolation_is_off_and_says_how_to_fix_a_refusal(setting
 def test_gate_subcommand_reaches_the_gate(settings: Settings) -> None:
     done = cli("gate", "--help", settings=settings)
     assert done.returncode == 0 and "usage:" in done.stdout and "gate" in done.stdout
+
+
+def test_agents_list_takes_the_agents_to_show(settings: Settings, tmp_path: Path) -> None:
+    """`agents list NAME ...` reports just those (the image checks its AGENTS build argument this way): exit 0 only
+    when each is installed; an unknown name is refused naming the known ones."""
+    empty = str(tmp_path / "agents")
+    done = cli("agents", "list", "opencode", "pi", settings=settings, AGENTS_DIR=empty)
+    shown = json.loads(done.stdout)["agents"]
+    assert [a["name"] for a in shown] == ["opencode", "pi"]
+    assert done.returncode == 1 and not any(a["installed"] for a in shown)  # nothing in an empty agents dir
+    assert json.loads(cli("agents", "list", settings=settings, AGENTS_DIR=empty).stdout)["agents"][2:]  # all
+    unknown = cli("agents", "list", "opencod", settings=settings, AGENTS_DIR=empty)
+    assert unknown.returncode != 0 and "unknown agent(s) opencod" in unknown.stderr and "known: " in unknown.stderr
