@@ -2,9 +2,10 @@
 running servers over the WebSocket client trainers use (one connection, so one session slot, per worker; with
 several servers the workers spread across them).
 
-`Executor.run` gives a result or raises `Refused` (nothing ran). Anything else it raises is a failure of ours
-inside that one rollout: the batch turns it into that rollout's result with `failed_result` (status infra_error,
-the error typed) and goes on with the others.
+`Executor.run` gives a result or raises `Refused` (nothing ran: the request was refused, or the sandbox backend
+could not honour what the task declares, which a result says as `refusal_of` reads it). Anything else it raises is
+a failure of ours inside that one rollout: the batch turns it into that rollout's result with `failed_result`
+(status infra_error, the error typed) and goes on with the others.
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ from coding_agent_env.tasks import LoadedTask
 from coding_agent_env.tasks.context import pack
 from coding_agent_env.urls import IMAGES_PATH, http_url
 
-__all__ = ["Executor", "InProcessExecutor", "Refused", "ServerExecutor", "ServerUnreachableError", "failed_result"]
+__all__ = [
+    "Executor", "InProcessExecutor", "Refused", "ServerExecutor", "ServerUnreachableError", "failed_result",
+    "refusal_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,30 @@ class Refused(Exception):
 class ServerUnreachableError(Exception):
     """No server of the batch could be reached for a rollout (connection refused, unresolvable, the handshake
     timed out): the message names each server and why. That rollout fails with it; nothing ran."""
+
+
+REFUSED_ERROR_TYPE = "SandboxUnsupportedError"
+"""The error type of a result whose sandbox backend could not honour what the task declares (its workdir, users,
+hidden tests at /tests, claimed directories): `errors.SandboxUnsupportedError`, raised before anything ran."""
+
+
+def refusal_of(result: RolloutResult) -> str | None:
+    """Why the task never ran, when `result` says its backend refused it at provisioning (status infra_error,
+    reward null, nothing of the task's ran), else None. Such a task is counted as refused, never as a rollout:
+    it is refused again on every attempt, and a run with one exits 1."""
+    detail = result.error_detail
+    if result.status != RolloutStatus.INFRA_ERROR or detail is None:
+        return None
+    if detail.type != REFUSED_ERROR_TYPE or detail.stage != "provision" or result.setup_results:
+        return None
+    return detail.message
+
+
+def _refuse_if_refused(result: RolloutResult) -> RolloutResult:
+    reason = refusal_of(result)
+    if reason is not None:
+        raise Refused(reason)
+    return result
 
 
 def failed_result(request: RolloutRequest, exc: BaseException, *, sandbox: str = "") -> RolloutResult:
@@ -111,7 +139,7 @@ class InProcessExecutor(Executor):
             if task.environment is not None and self._backends.resolve(request.sandbox) == "docker":
                 await self._image(task)
                 request = request.model_copy(update={"image": task.environment.tag})
-            return await run_rollout(request, settings=self.settings, backends=self._backends)
+            return _refuse_if_refused(await run_rollout(request, settings=self.settings, backends=self._backends))
         except RequestError as exc:
             raise Refused(str(exc)) from exc
 
@@ -172,7 +200,7 @@ class ServerExecutor(Executor):
             await _close_quietly(client)
             raise
         self.ran[url] += 1
-        return result
+        return _refuse_if_refused(result)
 
     def _server(self, worker: int, tried: Mapping[str, str]) -> str | None:
         """The worker's server: its turn among those answering (else among those not tried for this rollout)."""

@@ -25,7 +25,9 @@ __all__ = ["Failures", "LiveProgress", "summary_table"]
 MAX_FAILURE_LINES = 20
 """Lines the end summary gives to what did not pass; the rest are counted (`... and N more`)."""
 MAX_REASON_CHARS = 160
-"""Characters of each one's reason (its first line)."""
+"""Characters of each one's reason (its first line), cut at a word."""
+MAX_REFUSAL_CHARS = 600
+"""Characters of the reason a task never ran (refused, unloadable): the setting and the way out are in its end."""
 MAX_NAME_CHARS = 100
 """Characters of each one's name (a task id, or a source path: its last characters)."""
 
@@ -102,15 +104,19 @@ class Failures:
         for failure in shown:
             name = self.redactor.text(failure.name)
             name = name if len(name) <= MAX_NAME_CHARS else "..." + name[-(MAX_NAME_CHARS - 3):]  # its end says most
-            out.append(f"  {failure.status:<{width}}  {name}: {self._reason(failure.reason)}")
+            limit = MAX_REFUSAL_CHARS if failure.status in ("refused", "load_error") else MAX_REASON_CHARS
+            out.append(f"  {failure.status:<{width}}  {name}: {self._reason(failure.reason, limit)}")
         if self.total > len(shown):
             out.append(f"  ... and {self.total - len(shown)} more")
         return out
 
-    def _reason(self, reason: str) -> str:
+    def _reason(self, reason: str, limit: int) -> str:
         first = next((line.strip() for line in reason.splitlines() if line.strip()), "")
         first = self.redactor.text(first or "(no reason given)")
-        return first if len(first) <= MAX_REASON_CHARS else first[: MAX_REASON_CHARS - 3] + "..."
+        if len(first) <= limit:
+            return first
+        cut = first[: limit - 3]
+        return (cut.rsplit(" ", 1)[0] if " " in cut else cut) + "..."
 
     def exit_line(self) -> str | None:
         """The run's last line when a task was refused or failed to load (why the exit status is not 0)."""

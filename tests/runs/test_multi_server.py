@@ -89,3 +89,25 @@ def test_with_no_server_reachable_each_rollout_fails_naming_the_servers(tmp_path
 def test_server_urls_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", str(EXAMPLES), "--server", " , ", "--out", str(tmp_path / "o.jsonl"), "--no-store"]) == 2
     assert "--server needs a URL" in capsys.readouterr().err
+
+
+def test_tasks_a_server_cannot_honour_are_refused_and_the_run_exits_1(
+        settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The bundled Harbor tasks against a server whose sandboxes cannot show /tests (its commands unisolated, as on
+    an unprivileged host with no isolation tier): every one is refused naming `tests`, none is counted as a rollout
+    or an infra error, and the run exits 1 (it exited 0 with nine infra errors)."""
+    from coding_agent_env.settings import LocalConfig
+
+    local = settings.backends[0]
+    unisolated = LocalConfig(isolation="none", allow_unisolated=True, uid_base=local.uid_base,  # type: ignore[union-attr]
+                             uid_count=local.uid_count)  # type: ignore[union-attr]
+    server = LiveServer(Settings(state_dir=settings.state_dir, backends=(unisolated,))).start()
+    try:
+        code, done = run(tmp_path, server.http)
+    finally:
+        server.stop()
+    printed = capsys.readouterr().out
+    assert code == 1 and done == [], printed
+    assert f"exit status 1: {TASKS} refused ({TASKS} tasks never ran)" in printed
+    refused = [line for line in printed.splitlines() if line.strip().startswith("refused")]
+    assert len(refused) == TASKS and all("cannot honour the task's tests" in line for line in refused), refused

@@ -147,3 +147,26 @@ def test_reasons_are_bounded_and_redacted(tmp_path: Path, env: dict[str, str]) -
     assert "bad task: " in proc.stderr and "tasks-[REDACTED].jsonl:1" in proc.stderr
     summary = _summary(proc.stdout)
     assert summary[2].split()[:2] == ["failed", "..." + long_id[-97:] + ":"]  # a long name keeps its end
+
+
+def test_a_task_the_backend_cannot_honour_is_refused_in_full_and_the_run_exits_1(
+        tmp_path: Path, env: dict[str, str], settings: Settings) -> None:
+    """A Harbor task whose hidden tests go to /tests, where the sandbox cannot show /tests (commands unisolated, as on
+    an unprivileged host): the backend refuses it at provisioning, naming `tests`; the run counts it as refused (not
+    as an infra error of a rollout), lists the whole reason, and exits 1. A task the backend can run still runs."""
+    tasks = tmp_path / "tasks"
+    make_task(tasks, "hidden-tests")
+    jsonl = tmp_path / "plain.jsonl"
+    jsonl.write_text(_request("plain") + "\n")
+    unisolated = {**env, "LOCAL_ISOLATION": "none", "SANDBOX_ALLOW_UNISOLATED": "true"}
+    proc = _run(unisolated, str(tasks), str(jsonl), "--no-store", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    summary = _summary(proc.stdout)
+    assert summary[0] == "not passed: 1", summary
+    status, name = summary[1].split()[:2]
+    assert status == "refused" and name.endswith("/hidden-tests:"), summary[1]
+    assert "cannot honour the task's tests" in summary[1] and "/tests" in summary[1]
+    assert not summary[1].endswith("...")  # the whole reason, not cut mid-sentence
+    assert summary[-1] == "exit status 1: 1 refused (1 task never ran)"
+    (written,) = (settings.state_dir / "runs").glob("*.jsonl")
+    assert [json.loads(line)["task_id"] for line in written.read_text().splitlines()] == ["plain"]
