@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import posixpath
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -73,6 +74,7 @@ from coding_agent_env.sandbox.docker.reaper import (
     owner,
     reap,
 )
+from coding_agent_env.sandbox.docker.records import Made
 from coding_agent_env.sandbox.docker.sandbox import DockerSandbox, discard
 from coding_agent_env.sandbox.docker.seed import Seeder
 from coding_agent_env.sandbox.docker.template import STAGE, DockerTemplate, LayerTemplate, fill, freeze
@@ -108,7 +110,9 @@ class DockerBackend(SandboxBackend):
         self._image_envs: dict[str, dict[str, str]] = {}
         self._image_ids: dict[str, str] = {}
         self._image_volumes: dict[str, tuple[str, ...]] = {}
-        self._seeder = Seeder()
+        self._made = Made(settings.state_dir)
+        """This server's record of what it makes on the engine: all the reaper removes (`records`)."""
+        self._seeder = Seeder(self._made)
         self._layers_why: tuple[str | None] | None = None
         """Why templates cannot be kept as layers here (`_layers_refusal`), once asked."""
 
@@ -240,6 +244,7 @@ class DockerBackend(SandboxBackend):
                             scopes=self._scopes({**engine, **launcher}, sized),
                             engine_here=self._config.daemon_url.startswith("unix://"))
         box.task_env = MappingProxyType({**env, **spec.env})
+        box.after_close(_forgetting(box, self._made))
         return box
 
     # -- groups: a set-up sandbox frozen into an image, members forked from it (see `template`) ----------------
@@ -270,7 +275,7 @@ class DockerBackend(SandboxBackend):
                 method = "image"
             template = await freeze(self.client().api, sandbox.id, spec, sandbox.sandbox_layout, env, method=method,
                                     own=self._own_tops(sandbox.sandbox_layout),
-                                    room=ForkDir.room(self._settings.state_dir))
+                                    room=ForkDir.room(self._settings.state_dir), made=self._made)
             if isinstance(template, LayerTemplate):
                 sandbox.keep_container()
             return template
@@ -427,19 +432,31 @@ class DockerBackend(SandboxBackend):
                                 for path in (layout.paths.workdir, *layout.roots)]
         if extra.mounts:
             kwargs["mounts"] = [*kwargs.get("mounts", []), *extra.mounts]
+        twice = _duplicate_target(kwargs)
+        if twice is not None:  # before the engine makes anything (a volume per mount, which it would not remove)
+            raise SandboxError(f"two mounts at {twice}: refused before anything was made")
         # The low-level API: `containers.create` would inspect the new container (one more round trip).
         api = self.client().api
         try:
-            return _create(api, kwargs)
+            return self._recorded(_create(api, kwargs))
         except docker.errors.ImageNotFound:
             self.client().images.pull(image)
-            return _create(api, kwargs)
+            return self._recorded(_create(api, kwargs))
         except docker.errors.APIError as exc:
             if not sized or "storage" not in str(exc).lower():
                 raise
             # overlay2 over xfs without project quotas: the workdir's tmpfs instead, from now on.
             self._sized = False
             return self._create_container(spec, transport, layout, image, no_copy, extra)
+
+    def _recorded(self, container_id: str) -> str:
+        """Blocking: `container_id`, recorded for the reaper (`records`); removed again when it cannot be."""
+        try:
+            self._made.add("c", container_id)
+        except OSError as exc:
+            self.client().api.remove_container(container_id, force=True, v=True)
+            raise SandboxError(f"cannot record the container for the reaper: {exc.strerror}") from exc
+        return container_id
 
     async def reap_orphans(self) -> int:
         """Remove labelled containers whose owning server (on this host) is gone, with their host dirs, and
@@ -472,6 +489,30 @@ def _leaving(box: DockerSandbox, template: DockerTemplate, forkdir: ForkDir | No
             await template.left()
 
     return leave
+
+
+def _forgetting(box: DockerSandbox, made: Made) -> Callable[[], Awaitable[None]]:
+    """What a sandbox's close does once its container is removed: its record dropped (a container kept as a
+    template's layer stays recorded: the template forgets it as it removes it)."""
+    async def forget() -> None:
+        if box.removed:
+            await asyncio.to_thread(made.forget, "c", box.id)
+
+    return forget
+
+
+def _duplicate_target(kwargs: Mapping[str, Any]) -> str | None:
+    """A path two of a container's mounts (`mounts`, and the binds of `volumes`) would be made at, shown
+    printable and bounded; None when every target is its own."""
+    targets = [str(mount.get("Target") or "") for mount in kwargs.get("mounts") or []]
+    targets += [str(bind.get("bind") or "") for bind in (kwargs.get("volumes") or {}).values()]
+    seen: set[str] = set()
+    for target in targets:
+        normal = posixpath.normpath(target)
+        if normal in seen:
+            return ascii(normal)[:200]
+        seen.add(normal)
+    return None
 
 
 def _claimed(spec: SandboxSpec, layout: SandboxLayout) -> tuple[str, ...]:
