@@ -71,6 +71,7 @@ async def test_a_flood_of_one_shot_groups_is_bounded_and_other_clients_are_unaff
             async with gate:  # each of a caller of its own: the server's bound must hold, not the callers'
                 result = await run_rollout(request(f"flood-{i}", f"f{i}"), backends=backends, caller=f"flood-{i % 5}")
             peak["templates"] = max(peak["templates"], len(backends.templates))
+            peak["bytes"] = max(peak["bytes"], backends.templates.counts().bytes)
             return result
 
         flooding = [asyncio.ensure_future(flood(i)) for i in range(FLOOD)]
@@ -94,6 +95,19 @@ async def test_a_flood_of_one_shot_groups_is_bounded_and_other_clients_are_unaff
         assert per_member and all("group templates at their bound" in (g.note or "") for g in per_member)
         # Bounded while it ran and after: the templates held, and the memory their tmpfs roots hold on the host.
         assert peak["templates"] <= MAX_TEMPLATES and counts.held <= MAX_TEMPLATES
-        assert counts.bytes <= BUDGET_MB * _MIB
+        assert BLOB_MB * _MIB <= peak["bytes"] and counts.bytes <= BUDGET_MB * _MIB  # measured, and bounded
         assert after <= BUDGET_MB * _MIB, f"{after / _MIB:.0f} MiB of template roots still held"
     assert tmpfs_bytes(bounded.state_dir) == 0  # the server gone: host memory back
+
+
+async def test_a_group_of_known_size_releases_its_template_as_its_last_member_ends(bounded: Settings) -> None:
+    """`group_size`: once that many members have joined and ended, no member can come: the template goes at once,
+    not `GROUP_IDLE_S` (600 s here) later."""
+    async with Backends(bounded) as backends:
+        sized = request("sized", "s").model_copy(update={"group_size": 2})
+        results = await asyncio.gather(*(run_rollout(sized, backends=backends, caller="c") for _ in range(2)))
+        assert [r.reward for r in results] == [1.0, 1.0]
+        assert all(r.group and r.group.setup == "forked" for r in results)
+        assert len(backends.templates) == 0
+        await backends.templates.drain()
+        assert tmpfs_bytes(bounded.state_dir) == 0
