@@ -503,6 +503,41 @@ async def test_a_group_of_rollouts_forks_its_members_from_the_kept_layer(
     await target.backends.templates.drain()
 
 
+async def test_idle_docker_templates_are_bounded_as_local_ones(
+    backend_for: Callable[..., Target], no_leftover_containers: None, no_leftover_fork_dirs: None,
+    no_leftover_templates: None,
+) -> None:
+    """Issue 42 item 7 (as item 3): idle Docker templates were uncapped (6 x 150 MB at concurrency 2). With one
+    template allowed and a bytes budget: a second group evicts the first, idle, template at once (least recently
+    used), their layers are measured, and a group whose template would be one too many sets up per member."""
+    from coding_agent_env.models import RolloutStatus
+    from coding_agent_env.rollout import run_rollout
+
+    target = backend_for("docker", group_idle_s=600.0, group_max_templates=1)
+    templates = target.backends.templates
+
+    def member(group: str) -> Any:
+        return _group_member(0).model_copy(update={"group_id": group, "setup": [
+            "head -c 3000000 /dev/urandom > ~/blob && mkdir -p pkg && for i in $(seq 50); do echo $i > pkg/$i; done "
+            "&& echo home > ~/set-up"]})
+
+    first = await run_rollout(member("docker-a"), backends=target.backends)
+    assert first.group and first.group.setup == "forked" and templates.counts().held == 1
+    assert templates.counts().bytes >= 3_000_000  # the kept layer, measured
+    second = await run_rollout(member("docker-b"), backends=target.backends)  # evicts docker-a's template
+    assert second.group and second.group.setup == "forked" and second.group.made_here
+    assert templates.counts().held == 1
+    blocked = asyncio.ensure_future(run_rollout(member("docker-c").model_copy(
+        update={"solution": ["sleep 5", "touch mine-0", "cat ~/set-up > seen"]}), backends=target.backends))
+    await poll(lambda: templates.counts().idle == 0, "docker-c's template in use", timeout_s=60)
+    beyond = await run_rollout(member("docker-d"), backends=target.backends)
+    assert beyond.group and beyond.group.setup == "per_member"
+    assert "GROUP_MAX_TEMPLATES" in (beyond.group.note or "")
+    for result in (first, second, await blocked, beyond):
+        assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, result.error
+    await templates.aclose()
+
+
 _CRASHING_SERVER = """
 import asyncio, sys
 from coding_agent_env.models import RolloutRequest
@@ -575,7 +610,8 @@ async def test_top_level_names_that_are_not_printable_utf8_are_committed_and_lea
         pytest.skip("templates are kept as layers only by a root server on overlay2")
     volumes = {v["Name"] for v in docker_engine.api.volumes().get("Volumes") or []}
     backend = backend_for("docker").backends.get("docker")
-    setup = "mkdir $'/\\xff' $'/\\xef\\xbf\\xbd' $'/tab\\tname' && echo a > $'/\\xff/f' && echo b > $'/\\xef\\xbf\\xbd/f'"
+    setup = ("mkdir $'/\\xff' $'/\\xef\\xbf\\xbd' $'/tab\\tname' && "
+             "echo a > $'/\\xff/f' && echo b > $'/\\xef\\xbf\\xbd/f'")
     spec = _spec("fork-odd", users=True)
     template = await _template(backend, opened, setup, spec, user="root")
     assert isinstance(template, ImageTemplate) and template.method == "image"

@@ -135,7 +135,8 @@ async def test_a_making_every_member_left_is_cancelled_and_never_kept() -> None:
 
 # -- bounds (INTEGRITY 41) -------------------------------------------------------------------------------
 
-def bounded(max_templates: int = 8, per_caller: int = 8, budget_mb: int = 1024, idle_s: float = 600.0) -> GroupTemplates:
+def bounded(max_templates: int = 8, per_caller: int = 8, budget_mb: int = 1024,
+            idle_s: float = 600.0) -> GroupTemplates:
     return GroupTemplates(TemplateBounds(max_templates, per_caller, budget_mb, idle_s))
 
 

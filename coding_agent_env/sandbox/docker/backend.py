@@ -74,7 +74,7 @@ from coding_agent_env.sandbox.docker.reaper import (
     owner,
     reap,
 )
-from coding_agent_env.sandbox.docker.records import Made
+from coding_agent_env.sandbox.docker.records import Made, new_name
 from coding_agent_env.sandbox.docker.sandbox import DockerSandbox, discard
 from coding_agent_env.sandbox.docker.seed import Seeder
 from coding_agent_env.sandbox.docker.template import STAGE, DockerTemplate, LayerTemplate, fill, freeze
@@ -221,8 +221,9 @@ class DockerBackend(SandboxBackend):
         mounts the engine leaves empty (filled once started); `env`: the image's ENV, None to look it up;
         `extra`: a group member's further mounts and labels."""
         transport = self._transport()
+        name = new_name()
         creating = asyncio.ensure_future(call("create container", self._create_container, spec, transport, layout,
-                                              image, no_copy, extra or _Extra()))
+                                              image, no_copy, extra or _Extra(), name))
         try:
             container_id = await asyncio.shield(creating)
         except BaseException:
@@ -244,7 +245,7 @@ class DockerBackend(SandboxBackend):
                             scopes=self._scopes({**engine, **launcher}, sized),
                             engine_here=self._config.daemon_url.startswith("unix://"))
         box.task_env = MappingProxyType({**env, **spec.env})
-        box.after_close(_forgetting(box, self._made))
+        box.after_close(_forgetting(box, self._made, name))
         return box
 
     # -- groups: a set-up sandbox frozen into an image, members forked from it (see `template`) ----------------
@@ -387,7 +388,8 @@ class DockerBackend(SandboxBackend):
         return spec.limits or SandboxLimits.from_settings(self._settings)
 
     def _create_container(self, spec: SandboxSpec, transport: DockerTransport, layout: SandboxLayout, image: str,
-                          no_copy: tuple[str, ...], extra: _Extra) -> str:
+                          no_copy: tuple[str, ...], extra: _Extra, name: str) -> str:
+        """Blocking: create the container, named `name` (recorded first, for the reaper: `records`); its id."""
         c = self._config
         sized = self._is_sized()
         engine, _ = self._limits(self._spec_limits(spec), sized)
@@ -400,6 +402,7 @@ class DockerBackend(SandboxBackend):
             volumes[spec.agents_dir] = {"bind": AGENTS_DIR, "mode": "ro"}
         volumes.update({source: {"bind": target, "mode": "ro"} for source, target in extra.binds.items()})
         kwargs: dict[str, Any] = dict(
+            name=name,
             image=image,
             command=made.command,
             labels={LABEL_ROLLOUT: spec.rollout_id, LABEL_OWNER: owner(), **made.labels, **extra.labels},
@@ -435,28 +438,23 @@ class DockerBackend(SandboxBackend):
         twice = _duplicate_target(kwargs)
         if twice is not None:  # before the engine makes anything (a volume per mount, which it would not remove)
             raise SandboxError(f"two mounts at {twice}: refused before anything was made")
+        try:
+            self._made.add("c", name)
+        except OSError as exc:  # what is not recorded would never be reaped: not made
+            raise SandboxError(f"cannot record the container for the reaper: {exc.strerror}") from exc
         # The low-level API: `containers.create` would inspect the new container (one more round trip).
         api = self.client().api
         try:
-            return self._recorded(_create(api, kwargs))
+            return _create(api, kwargs)
         except docker.errors.ImageNotFound:
             self.client().images.pull(image)
-            return self._recorded(_create(api, kwargs))
+            return _create(api, kwargs)
         except docker.errors.APIError as exc:
             if not sized or "storage" not in str(exc).lower():
                 raise
             # overlay2 over xfs without project quotas: the workdir's tmpfs instead, from now on.
             self._sized = False
-            return self._create_container(spec, transport, layout, image, no_copy, extra)
-
-    def _recorded(self, container_id: str) -> str:
-        """Blocking: `container_id`, recorded for the reaper (`records`); removed again when it cannot be."""
-        try:
-            self._made.add("c", container_id)
-        except OSError as exc:
-            self.client().api.remove_container(container_id, force=True, v=True)
-            raise SandboxError(f"cannot record the container for the reaper: {exc.strerror}") from exc
-        return container_id
+            return self._create_container(spec, transport, layout, image, no_copy, extra, name)
 
     async def reap_orphans(self) -> int:
         """Remove labelled containers whose owning server (on this host) is gone, with their host dirs, and
@@ -491,12 +489,12 @@ def _leaving(box: DockerSandbox, template: DockerTemplate, forkdir: ForkDir | No
     return leave
 
 
-def _forgetting(box: DockerSandbox, made: Made) -> Callable[[], Awaitable[None]]:
-    """What a sandbox's close does once its container is removed: its record dropped (a container kept as a
-    template's layer stays recorded: the template forgets it as it removes it)."""
+def _forgetting(box: DockerSandbox, made: Made, name: str) -> Callable[[], Awaitable[None]]:
+    """What a sandbox's close does once its container (named `name`) is removed: its record dropped (a container
+    kept as a template's layer stays recorded: the template forgets it as it removes it)."""
     async def forget() -> None:
         if box.removed:
-            await asyncio.to_thread(made.forget, "c", box.id)
+            await asyncio.to_thread(made.forget, "c", name)
 
     return forget
 

@@ -3,13 +3,14 @@
 A label is just a string: a task's Dockerfile can put `coding-agent-env.owner=HOST/PID` and
 `coding-agent-env.template=...` on its image, and a reaper that trusted labels would delete that freshly built
 task image (or any container made of it by someone else). So every container and template image a server makes
-is recorded, as it is made, in the state dir (`RECORD_DIR/<pid>-<start>/<c|i>-<id>`: an empty file per object,
-in a directory of the server process, named by its pid and its start time so a reused pid is not mistaken for
-it), and forgotten as it is removed. The reaper (`reaper.reap`) removes what the records of dead servers name,
-nothing else. The state dir is the server's (0700 where it makes it); nothing a sandbox runs can write there.
-
-A crash between the engine making an object and its record being written leaves that one object unrecorded: it
-stays (an operator's to remove), which is the price of never removing anything that is not provably ours.
+is recorded in the state dir (`RECORD_DIR/<pid>-<start>/<c|i>-<ref>`: an empty file per object, in a directory
+of the server process, named by its pid and its start time so a reused pid is not mistaken for it), and
+forgotten as it is removed. A container is recorded *before* it is made, by the random name it is then made with
+(`new_name`: nobody else knows it, so nothing else can hold it), so a crash at any instant leaves nothing
+unrecorded; an image by its id, as soon as its commit returns. The reaper (`reaper.reap`) removes what the
+records of dead servers name, nothing else. The state dir is the server's (0700 where it makes it); nothing a
+sandbox runs can write there. (A crash between a commit and its record leaves that one image: an operator's to
+remove, the price of never removing anything that is not provably ours.)
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["RECORD_DIR", "Made", "Record", "dead_records"]
+__all__ = ["RECORD_DIR", "Made", "Record", "dead_records", "new_name"]
 
 RECORD_DIR = "docker-made"
 """Under the state dir: one directory per server process that made anything on the engine."""
-_ID = re.compile(r"[0-9a-f]{64}")
-"""An engine object's id (a container's, an image's without its `sha256:`), exactly."""
+_NAME_PREFIX = "cae-"
+_ID = re.compile(r"[0-9a-f]{64}|cae-[0-9a-f]{24}")
+"""An engine object's id (a container's, an image's without its `sha256:`) or a container's `new_name`."""
 _SERVER = re.compile(r"(\d+)-(\d+)")
 _KINDS = ("c", "i")
 """Containers, images: the order the reaper removes them in (an image a container uses cannot go)."""
@@ -37,6 +40,11 @@ def _start_ticks(pid: int) -> int | None:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def new_name() -> str:
+    """A fresh container name to record before making the container with it."""
+    return f"{_NAME_PREFIX}{secrets.token_hex(12)}"
 
 
 def _bare(object_id: str) -> str:
@@ -55,8 +63,9 @@ class Made:
         self.dir = self.root / f"{os.getpid()}-{_start_ticks(os.getpid()) or 0}"
 
     def add(self, kind: str, object_id: str) -> None:
-        """Record a container (`c`) or image (`i`) this server just made. OSError when it cannot be written (the
-        caller removes the object: what is not recorded would never be reaped)."""
+        """Record a container (`c`: by the name it is about to be made with, or its id) or an image (`i`: its
+        id) of this server. OSError when it cannot be written (then the object must not be made, or is removed
+        again: what is not recorded would never be reaped)."""
         assert kind in _KINDS
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.dir.mkdir(mode=0o700, exist_ok=True)

@@ -27,7 +27,7 @@ import docker.errors
 
 from coding_agent_env.sandbox.docker import tar
 from coding_agent_env.sandbox.docker.engine import call
-from coding_agent_env.sandbox.docker.records import Made
+from coding_agent_env.sandbox.docker.records import Made, new_name
 
 __all__ = ["Seeder", "copy_from_image"]
 
@@ -79,13 +79,14 @@ def _copy(api: Any, image_id: str, target: str, pairs: Sequence[tuple[str, str]]
           labels: dict[str, str], made: Made) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(paths copied, paths where the image holds nothing); blocking."""
     host_config = api.create_host_config(network_mode="none")
+    name = new_name()
+    made.add("c", name)  # before it exists: a crash at any point leaves it recorded for the reaper
     # Never started: its command is never run (an image without CMD needs one to be created at all).
     source = str(api.create_container(image_id, command=["/"], labels=labels, network_disabled=True,
-                                      host_config=host_config)["Id"])
+                                      host_config=host_config, name=name)["Id"])
     copied: list[str] = []
     bare: list[str] = []
     try:
-        made.add("c", source)
         for path, directory in pairs:
             try:
                 stream, stat = api.get_archive(source, path, chunk_size=_CHUNK)
@@ -107,7 +108,7 @@ def _copy(api: Any, image_id: str, target: str, pairs: Sequence[tuple[str, str]]
                 getattr(stream, "close", lambda: None)()
     finally:
         api.remove_container(source, force=True, v=True)
-        made.forget("c", source)
+        made.forget("c", name)
     return tuple(copied), tuple(bare)
 
 

@@ -148,10 +148,12 @@ class LayerTemplate(DockerTemplate):
 
     method = "layers"
 
-    def __init__(self, api: Any, *, container_id: str, overlays: tuple[Overlay, ...], stage: str | None,
-                 **kwargs: Any) -> None:
+    def __init__(self, api: Any, *, container_id: str, recorded_as: str, overlays: tuple[Overlay, ...],
+                 stage: str | None, **kwargs: Any) -> None:
         super().__init__(api, **kwargs)
         self.container_id = container_id
+        self.recorded_as = recorded_as
+        """The container's name, which the reaper's record holds (`records`)."""
         self.overlays = overlays
         self.stage = stage
 
@@ -161,7 +163,7 @@ class LayerTemplate(DockerTemplate):
                        v=True)
         except SandboxFileNotFoundError:
             pass
-        await asyncio.to_thread(self.made.forget, "c", self.container_id)
+        await asyncio.to_thread(self.made.forget, "c", self.recorded_as)
 
 
 def uncapturable(mounts: list[dict[str, Any]], layout: SandboxLayout) -> str | None:
@@ -215,7 +217,8 @@ async def freeze(api: Any, container_id: str, spec: SandboxSpec, layout: Sandbox
     if isinstance(kept, str):
         return ImageTemplate(api, image=kept, **common)
     overlays, stage = kept
-    return LayerTemplate(api, container_id=container_id, overlays=overlays, stage=stage,
+    return LayerTemplate(api, container_id=container_id, recorded_as=str(inspected.get("Name") or "").lstrip("/"),
+                         overlays=overlays, stage=stage,
                          image=str(inspected["Image"]), **common)
 
 
