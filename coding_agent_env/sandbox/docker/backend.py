@@ -30,8 +30,9 @@ writes in its own fork directory) or committed into an image (`DockerConfig.fork
 made as `create` makes one, its own tmpfs volumes filled from the stage once it runs. The template's container
 or image goes with its release, or with its last member to close.
 
-Containers of a server that died are removed, with their host directories, and then its template images, by
-`reap_orphans()`, run before the first create.
+Every container is recorded in the state dir before it is made, every template image as it is committed
+(`records`); what a server that died recorded is removed, containers with their host directories, then
+images, by `reap_orphans()`, run before the first create. Labels name things for operators; they decide nothing.
 """
 
 from __future__ import annotations
@@ -457,8 +458,8 @@ class DockerBackend(SandboxBackend):
             return self._create_container(spec, transport, layout, image, no_copy, extra, name)
 
     async def reap_orphans(self) -> int:
-        """Remove labelled containers whose owning server (on this host) is gone, with their host dirs, and
-        its template images."""
+        """Remove what dead servers on this host recorded making under the state dir (`records`: their
+        containers, with their host and fork dirs, and their template images), never what a label alone claims."""
         return await call("reap containers", reap, self.client().api, self._settings.state_dir)
 
     async def aclose(self) -> None:
