@@ -198,9 +198,9 @@ class Settings(BaseModel):
 
     group_max_templates: int = Field(default=8, ge=0)
     """Group set-up templates this server holds at once, being made, in use or idle (env GROUP_MAX_TEMPLATES;
-    each local one holds a host uid and a RAM-backed tmpfs). Past it the least recently used idle one is
-    evicted; when none is idle a new group's members set up on their own (`group.setup` `per_member`). 0: never
-    fork."""
+    each local one holds a host uid and a RAM-backed tmpfs: keep it well below SANDBOX_UID_COUNT, which the
+    sessions' sandboxes draw from too). Past it the least recently used idle one is evicted; when none is idle a
+    new group's members set up on their own (`group.setup` `per_member`). 0: never fork."""
 
     group_max_templates_per_caller: int = Field(default=4, ge=0)
     """Group templates one caller (a session: WebSocket, JSON-RPC, MCP, UI) may have started and still hold
