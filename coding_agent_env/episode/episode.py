@@ -122,12 +122,14 @@ class Episode:
     @classmethod
     async def start(
         cls, task: Task, *, settings: Settings, backends: Backends, episode_id: str | None = None,
-        on_end: Callable[[str], None] | None = None,
+        on_end: Callable[[str], None] | None = None, caller: str | None = None,
     ) -> Episode:
         """Provision, write the files, run setup. The returned episode is running, or done (setup_failed,
         infra_error) with its sandbox gone. Cancelled meanwhile, it tears down and re-raises. `on_end` hears the
-        status it ends with (an `EpisodeStatus` value), once."""
+        status it ends with (an `EpisodeStatus` value), once. `caller`: who asks (a session's id), whose group
+        templates are bounded together (`sandbox.templates`)."""
         episode = cls(task, settings=settings, backends=backends, episode_id=episode_id, on_end=on_end)
+        episode.workspace.caller = caller
         await backends.check_usable(episode.backend)
         try:
             await episode._stage(episode.budget.provision_s, episode._provision())

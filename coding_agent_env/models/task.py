@@ -259,6 +259,13 @@ class Task(WireModel):
         "the same; a backend that cannot fork runs the setup in every member. The result's `group` says which "
         "way it ran. A failed setup fails every member of the group with the same results.",
     )
+    group_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="How many members the group has (GRPO's G), when the caller knows: once that many have "
+        "joined and the last has ended, the group's set-up template is released at once instead of kept idle "
+        "for later members (the first member's value counts). Without it the template is kept `GROUP_IDLE_S`.",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -81,11 +81,15 @@ _REWARD_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 @dataclass(frozen=True)
 class LiveCounts:
-    """What the server holds now: sessions by kind, live interactive episodes, and the session capacity."""
+    """What the server holds now: sessions by kind, live interactive episodes, the session capacity, and the
+    groups' set-up templates (held, of which idle, and the bytes of their writable layers)."""
 
     sessions: Mapping[str, int] = field(default_factory=dict)
     episodes: int = 0
     capacity: int = 0
+    templates: int = 0
+    templates_idle: int = 0
+    template_bytes: int = 0
 
 
 def status_class(status: int | None) -> str:
@@ -122,6 +126,13 @@ class _LiveCollector(Collector):
                                 value=counts.episodes)
         yield GaugeMetricFamily(f"{PREFIX}sessions_capacity", "Sessions the server holds at once "
                                 "(MAX_CONCURRENT_ENVS).", value=counts.capacity)
+        templates = GaugeMetricFamily(f"{PREFIX}group_templates", "Group set-up templates held now (at most "
+                                      "GROUP_MAX_TEMPLATES), by whether a member holds them.", labels=["state"])
+        templates.add_metric(["in_use"], counts.templates - counts.templates_idle)
+        templates.add_metric(["idle"], counts.templates_idle)
+        yield templates
+        yield GaugeMetricFamily(f"{PREFIX}group_template_bytes", "Bytes the group templates' writable layers hold "
+                                "now (budget: GROUP_TEMPLATE_BUDGET_MB).", value=counts.template_bytes)
 
 
 class ServerMetrics:

@@ -90,16 +90,18 @@ async def run_rollout(
     cancel: asyncio.Event | None = None,
     relay: Relay | SharedRelay | None = None,
     backends: Backends | None = None,
+    caller: str | None = None,
 ) -> RolloutResult:
     """Run one rollout end to end. Raises `RequestError` only for a request that cannot start.
 
     An agent that needs an LLM talks to it through `relay` (the server's, on this loop: running, or started on
     first use); without one, a private relay lives for this rollout only (see `llm.access`). Its sandbox comes
-    from `backends` (the server's); without them, those of `settings` are built for this rollout only."""
+    from `backends` (the server's); without them, those of `settings` are built for this rollout only. `caller`:
+    who asks (a session's id), whose group templates are bounded together (`sandbox.templates`)."""
     if backends is None:
         async with Backends(settings or Settings.from_env()) as own:
             return await run_rollout(
-                request, settings=own.settings, emit=emit, cancel=cancel, relay=relay, backends=own
+                request, settings=own.settings, emit=emit, cancel=cancel, relay=relay, backends=own, caller=caller
             )
     settings = settings or backends.settings
     check_writable(request)
@@ -112,6 +114,7 @@ async def run_rollout(
     await backends.check_usable(backend_name, network="llm" if agent.needs_llm and agent.llm_from_sandbox else None)
     upstream = resolve_upstream(request, settings) if agent.needs_llm else None
     rollout = _Rollout(request, settings, agent, backends, backend_name, emit)
+    rollout.workspace.caller = caller
     rollout.limits = limits
     rollout.upstream, rollout.relay = upstream, relay
     if cancel is None:

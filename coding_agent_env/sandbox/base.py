@@ -467,6 +467,9 @@ class SandboxTemplate(abc.ABC):
     """Names it in logs, reports and the reaper's labels."""
     method: str
     """How it was frozen (`GroupReport.method`): `overlay` (local), `layers` or `image` (Docker)."""
+    size: int = 0
+    """Bytes its writable layer holds (what setup wrote: a local tmpfs's used blocks, a Docker container's
+    layer), measured once frozen; 0 when not known. The group registry's bytes budget counts it."""
     _released: bool = False
 
     @property

@@ -20,7 +20,7 @@ from typing import Any
 
 from coding_agent_env.errors import BackendRefusedError, MissingExtraError
 from coding_agent_env.sandbox.base import SandboxBackend
-from coding_agent_env.sandbox.templates import GroupTemplates
+from coding_agent_env.sandbox.templates import GroupTemplates, TemplateBounds
 from coding_agent_env.settings import Settings
 
 __all__ = ["BACKEND_CLASSES", "Backends", "import_backend"]
@@ -56,8 +56,9 @@ class Backends:
         self.settings = settings
         self._built: dict[str, SandboxBackend] = {}
         self._lock = threading.Lock()
-        self.templates = GroupTemplates(idle_s=settings.group_idle_s)
-        """The groups' set-up templates made from these backends (released by `aclose`, before the backends)."""
+        self.templates = GroupTemplates(TemplateBounds.from_settings(settings))
+        """The groups' set-up templates made from these backends, bounded by the settings (`TemplateBounds`);
+        released by `aclose`, before the backends."""
         for name, backend in (overrides or {}).items():
             settings.backend_config(name)  # enabled, or UnknownBackendError
             self._built[name] = backend

@@ -91,7 +91,9 @@ class SessionManager:
         for session in self._sessions.values():
             kinds[session.kind.value] = kinds.get(session.kind.value, 0) + 1
         episodes = sum(1 for session in self._sessions.values() if session.live_episode is not None)
-        return LiveCounts(sessions=kinds, episodes=episodes, capacity=self.capacity)
+        templates = self.backends.templates.counts()
+        return LiveCounts(sessions=kinds, episodes=episodes, capacity=self.capacity, templates=templates.held,
+                          templates_idle=templates.idle, template_bytes=templates.bytes)
 
     def get(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)

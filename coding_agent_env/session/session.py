@@ -215,7 +215,8 @@ class Session:
             request = request.model_copy(update={"policy_version": self.policy_version})
         task = asyncio.ensure_future(
             run_rollout(
-                request, settings=self.settings, relay=self._relay, backends=self._backends, emit=emit, cancel=cancel
+                request, settings=self.settings, relay=self._relay, backends=self._backends, emit=emit, cancel=cancel,
+                caller=self.id,
             )
         )
         self._rollout = task
@@ -271,7 +272,7 @@ class Session:
             self._tracing.end_episode(span, status)
 
         episode = await Episode.start(task, settings=self.settings, backends=backends, episode_id=self.episode_id,
-                                      on_end=on_end)
+                                      on_end=on_end, caller=self.id)
         self.episode = episode
         self.touch()
         return episode

@@ -196,6 +196,23 @@ class Settings(BaseModel):
     """How long a group's set-up template is kept once no member holds it (env GROUP_IDLE_S): members of a
     group that run a few at a time still start from the same one; past it, the next member sets it up anew."""
 
+    group_max_templates: int = Field(default=8, ge=0)
+    """Group set-up templates this server holds at once, being made, in use or idle (env GROUP_MAX_TEMPLATES;
+    each local one holds a host uid and a RAM-backed tmpfs: keep it well below SANDBOX_UID_COUNT, which the
+    sessions' sandboxes draw from too). Past it the least recently used idle one is evicted; when none is idle a
+    new group's members set up on their own (`group.setup` `per_member`). 0: never fork."""
+
+    group_max_templates_per_caller: int = Field(default=4, ge=0)
+    """Group templates one caller (a session: WebSocket, JSON-RPC, MCP, UI) may have started and still hold
+    (env GROUP_MAX_TEMPLATES_PER_CALLER): past it, its own least recently used idle one is evicted, or its new
+    group sets up per member, so one client cannot take every template."""
+
+    group_template_budget_mb: int = Field(default=2048, ge=0)
+    """Bytes the group templates' writable layers may hold together, server-wide (env
+    GROUP_TEMPLATE_BUDGET_MB; local: their tmpfs, in RAM; Docker: their container layers). A new template is
+    started only under it (idle ones evicted first, least recently used first); one made over it is released
+    as soon as its last member leaves."""
+
     max_output_bytes: int = 64 * 1024
     """Bytes of stdout and of stderr kept per command (the rest is drained and dropped)."""
 

@@ -24,7 +24,7 @@ from coding_agent_env.sandbox.base import Sandbox, SandboxBackend, SandboxSpec, 
 from coding_agent_env.workspace.commands import CommandRunner
 from coding_agent_env.workspace.setup import SetupFailure, run_setup
 
-__all__ = ["GroupSetup", "group_key", "make_template", "release_setup"]
+__all__ = ["GroupSetup", "group_key", "group_size", "make_template", "release_setup"]
 
 _TASK_FIELDS = ("setup", "files", "outside_files", "workdir", "command_timeout_s", "verify_user", "agent_user",
                 "env", "image", "verify_files_root")
@@ -40,6 +40,11 @@ class GroupSetup:
     results: tuple[CommandResult, ...]
     failure: SetupFailure | None
     setup_s: float
+
+    @property
+    def size(self) -> int:
+        """Bytes its template's writable layer holds (0 without one: a failed setup holds nothing)."""
+        return self.template.size if self.template is not None else 0
 
 
 def group_key(task: Task, spec: SandboxSpec, backend: str) -> tuple[str, str, str]:
@@ -99,6 +104,11 @@ async def make_template(
         return GroupSetup(None, tuple(results), failure, time.monotonic() - started)
     template = await backend.snapshot(sandbox)  # closes the sandbox, whatever happens
     return GroupSetup(template, tuple(results), None, time.monotonic() - started)
+
+
+def group_size(setup: GroupSetup) -> int:
+    """What the group registry charges `setup` (`sandbox.templates`: its bytes budget)."""
+    return setup.size
 
 
 async def release_setup(setup: GroupSetup) -> None:

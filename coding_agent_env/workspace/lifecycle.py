@@ -37,10 +37,11 @@ from coding_agent_env.models.results import StepResult
 from coding_agent_env.models.task import SOLUTION_ROOT
 from coding_agent_env.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from coding_agent_env.sandbox.registry import Backends
+from coding_agent_env.sandbox.templates import TemplateBoundError
 from coding_agent_env.settings import Settings
 from coding_agent_env.workspace.budget import Budget
 from coding_agent_env.workspace.commands import CommandRunner
-from coding_agent_env.workspace.group import GroupSetup, group_key, make_template, release_setup
+from coding_agent_env.workspace.group import GroupSetup, group_key, group_size, make_template, release_setup
 from coding_agent_env.workspace.redact import Redactor
 from coding_agent_env.workspace.setup import SetupFailure, run_setup
 from coding_agent_env.workspace.steps import gate
@@ -88,6 +89,8 @@ class Workspace:
     redact: Redactor
     """Applied to every command's result and every error; a driver that learns more secrets replaces it."""
     label: str
+    caller: str | None = None
+    """Who asks (a session's id; None: no caller, as a one-off run): group templates are bounded per caller."""
     sandbox: Sandbox | None = field(default=None, init=False)
     spec: SandboxSpec | None = field(default=None, init=False)
     setup_results: list[CommandResult] = field(default_factory=list, init=False)
@@ -148,7 +151,12 @@ class Workspace:
             async with asyncio.timeout(deadline_s):
                 return await make_template(backend, spec, task, self.runner, prepare)
 
-        lease = self.backends.templates.join(group_key(task, spec, self.backend_name), make, release_setup)
+        try:
+            lease = self.backends.templates.join(group_key(task, spec, self.backend_name), make, release_setup,
+                                                 caller=self.caller, size=group_size, members=task.group_size)
+        except TemplateBoundError as exc:  # nothing made: this member sets up on its own, as any sandbox
+            self.group = GroupReport(group_id=task.group_id, setup="per_member", note=str(exc))
+            return None
         self.resources.callback(lease.leave)  # after the member's sandbox is closed (last acquired first)
         try:
             made = await lease.value()

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from coding_agent_env.errors import SandboxUnsupportedError
+from coding_agent_env.errors import SandboxError, SandboxUnsupportedError
 from coding_agent_env.sandbox import Sandbox, SandboxSpec
 from coding_agent_env.sandbox.base import SandboxBackend, SandboxLimits, SandboxTemplate
 from coding_agent_env.sandbox.docker import LABEL_OWNER, LABEL_ROLLOUT
@@ -31,6 +31,7 @@ from coding_agent_env.sandbox.docker.template import ImageTemplate, LayerTemplat
 from coding_agent_env.settings import Settings
 from tests.backends.conftest import Target, processes
 from tests.backends.rootfs import HOST_BINDS, IMAGE
+from tests.backends.test_docker_reaper import record_dead
 from tests.helpers import poll
 
 OUT = 64 * 1024
@@ -291,6 +292,9 @@ async def test_reaper_removes_a_dead_servers_templates_and_members(
         source.remove(force=True)
     member = docker_engine.containers.create(image.id, command=["/usr/bin/true"], network_mode="none",
                                              labels={LABEL_ROLLOUT: "fork-reaped", LABEL_OWNER: dead})
+    state_dir = backend_for("docker").settings.state_dir
+    record_dead(state_dir, "i", image.id)
+    record_dead(state_dir, "c", member.id)
     try:
         assert len(docker_engine.images.list(filters={"label": label})) == 1
         assert await backend.reap_orphans() >= 2
@@ -442,6 +446,9 @@ async def test_reaper_removes_a_dead_servers_kept_layers_and_fork_dirs(
                                         labels={LABEL_ROLLOUT: "fork-decoy", LABEL_OWNER: dead,
                                                 LABEL_FORKDIR: str(decoy)}),
     ]
+    for container in made[:2]:
+        record_dead(settings.state_dir, "c", container.id)
+    record_dead(settings.state_dir, "c", made[2].id)
     # Named by no container: one of a dead server's older than this process goes; one made since (a live
     # server's in another pid namespace, say) and one not named as this backend names them stay.
     orphan, fresh, other = (settings.state_dir / f"{DEAD_PID}-docker-{suffix}"
@@ -494,6 +501,41 @@ async def test_a_group_of_rollouts_forks_its_members_from_the_kept_layer(
     assert sum(bool(r.group and r.group.made_here) for r in results) == 1
     await poll(lambda: not len(target.backends.templates), "the idle template's release")
     await target.backends.templates.drain()
+
+
+async def test_idle_docker_templates_are_bounded_as_local_ones(
+    backend_for: Callable[..., Target], no_leftover_containers: None, no_leftover_fork_dirs: None,
+    no_leftover_templates: None,
+) -> None:
+    """Issue 42 item 7 (as item 3): idle Docker templates were uncapped (6 x 150 MB at concurrency 2). With one
+    template allowed and a bytes budget: a second group evicts the first, idle, template at once (least recently
+    used), their layers are measured, and a group whose template would be one too many sets up per member."""
+    from coding_agent_env.models import RolloutStatus
+    from coding_agent_env.rollout import run_rollout
+
+    target = backend_for("docker", group_idle_s=600.0, group_max_templates=1)
+    templates = target.backends.templates
+
+    def member(group: str) -> Any:
+        return _group_member(0).model_copy(update={"group_id": group, "setup": [
+            "head -c 3000000 /dev/urandom > ~/blob && mkdir -p pkg && for i in $(seq 50); do echo $i > pkg/$i; done "
+            "&& echo home > ~/set-up"]})
+
+    first = await run_rollout(member("docker-a"), backends=target.backends)
+    assert first.group and first.group.setup == "forked" and templates.counts().held == 1
+    assert templates.counts().bytes >= 3_000_000  # the kept layer, measured
+    second = await run_rollout(member("docker-b"), backends=target.backends)  # evicts docker-a's template
+    assert second.group and second.group.setup == "forked" and second.group.made_here
+    assert templates.counts().held == 1
+    blocked = asyncio.ensure_future(run_rollout(member("docker-c").model_copy(
+        update={"solution": ["sleep 5", "touch mine-0", "cat ~/set-up > seen"]}), backends=target.backends))
+    await poll(lambda: templates.counts().idle == 0, "docker-c's template in use", timeout_s=60)
+    beyond = await run_rollout(member("docker-d"), backends=target.backends)
+    assert beyond.group and beyond.group.setup == "per_member"
+    assert "GROUP_MAX_TEMPLATES" in (beyond.group.note or "")
+    for result in (first, second, await blocked, beyond):
+        assert result.status is RolloutStatus.COMPLETED and result.reward == 1.0, result.error
+    await templates.aclose()
 
 
 _CRASHING_SERVER = """
@@ -556,3 +598,48 @@ async def test_a_server_killed_mid_group_leaves_nothing_after_its_restart(
     finally:
         for found in docker_engine.api.containers(all=True, filters={"label": owned}):
             docker_engine.api.remove_container(found["Id"], force=True, v=True)
+
+
+async def test_top_level_names_that_are_not_printable_utf8_are_committed_and_leak_nothing(
+    backend_for: Callable[..., Target], opened: list[Any], docker_engine: Any, layers_here: bool
+) -> None:
+    """Issue 42 item 7: a setup's top-level directory named by bytes no UTF-8 decodes (beside its U+FFFD twin),
+    or by a control character: on `main` every member failed and each attempt leaked two volumes. Such a layer
+    is committed (never mounted): the member sees both directories as setup left them, no volume is left."""
+    if not layers_here:
+        pytest.skip("templates are kept as layers only by a root server on overlay2")
+    volumes = {v["Name"] for v in docker_engine.api.volumes().get("Volumes") or []}
+    backend = backend_for("docker").backends.get("docker")
+    setup = ("mkdir $'/\\xff' $'/\\xef\\xbf\\xbd' $'/tab\\tname' && "
+             "echo a > $'/\\xff/f' && echo b > $'/\\xef\\xbf\\xbd/f'")
+    spec = _spec("fork-odd", users=True)
+    template = await _template(backend, opened, setup, spec, user="root")
+    assert isinstance(template, ImageTemplate) and template.method == "image"
+    member = await backend.fork(dataclasses.replace(spec, rollout_id="fork-odd-member"), template)
+    opened.append(member)
+    assert await _sh(member, "cat $'/\\xff/f' $'/\\xef\\xbf\\xbd/f' && test -d $'/tab\\tname'") == (0, "a\nb\n")
+    await member.close()
+    await template.release()
+    now = {v["Name"] for v in docker_engine.api.volumes().get("Volumes") or []}
+    assert now <= volumes, f"volumes left: {sorted(now - volumes)}"
+
+
+async def test_two_mounts_at_one_target_are_refused_before_anything_is_made(
+    backend_for: Callable[..., Target], docker_engine: Any, no_leftover_containers: None
+) -> None:
+    """Two mounts at one path (here an operator's bind given twice, `/usr` and `/usr/`; in a member, two overlay
+    targets that would meet): refused by the server before the engine makes a container or a volume (an engine
+    refusing them itself leaves the volumes it made first)."""
+    from coding_agent_env.sandbox.docker import DockerBackend
+
+    target = backend_for("docker")
+    config = target.settings.backend_config("docker").model_copy(update={"host_binds": (*HOST_BINDS, "/usr/")})
+    backend = DockerBackend(config, target.settings)  # type: ignore[arg-type]
+    volumes = {v["Name"] for v in docker_engine.api.volumes().get("Volumes") or []}
+    try:
+        with pytest.raises(SandboxError, match="two mounts at '/usr'"):
+            await backend.create(_spec("fork-twice"))
+    finally:
+        await backend.aclose()
+    assert not _members(docker_engine, "fork-twice")
+    assert {v["Name"] for v in docker_engine.api.volumes().get("Volumes") or []} <= volumes

@@ -71,3 +71,16 @@ def test_trainer_rows_of_one_task_share_one_setup_unless_told_not_to(server: Liv
         assert groups[0]["template"] == groups[1]["template"] != groups[2]["template"]
         assert a.terminal("cat stamp") == b.terminal("cat stamp") != alone.terminal("cat stamp")
         assert alone.report is not None and alone.report.get("group") is None
+
+
+def test_each_session_is_a_caller_whose_templates_are_bounded(make_live: Callable[..., LiveServer]) -> None:
+    """Issue 42 item 3: templates are bounded per caller, and a session is one (its id reaches the registry): with
+    no template allowed per caller, a session's group member sets up on its own and says why."""
+    server = make_live(group_max_templates_per_caller=0)
+    row = {"instruction": "Inline.", "setup": [SETUP], "verify": ["test -f done"], "group_id": "bounded"}
+    with CodingEnvironment(server.http) as env:
+        env.reset(**row)
+        group = group_of(env)
+        assert group["setup"] == "per_member" and "GROUP_MAX_TEMPLATES_PER_CALLER" in group["note"]
+        env.terminal("touch done")
+        assert env.get_reward() == 1.0

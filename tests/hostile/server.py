@@ -31,7 +31,9 @@ PROBE_TIMEOUT_S = 5.0
 class HostileServer:
     """`coding-agent-env serve` on a free loopback port, with its own state dir and sandbox uid range."""
 
-    def __init__(self, state_dir: Path, *, docker: dict[str, str] | None = None) -> None:
+    def __init__(self, state_dir: Path, *, docker: dict[str, str] | None = None,
+                 settings: dict[str, str] | None = None) -> None:
+        """`docker`: the Docker backend's variables (enables it); `settings`: further variables, over the rest."""
         self.state_dir = state_dir
         self.port = free_port()
         self.uid_base = 600_000 + secrets.randbelow(20_000) * 64
@@ -46,6 +48,7 @@ class HostileServer:
             # A stall is the loop held half a second: what /health's probe would feel (its bound is 1 s).
             "LOOP_STALL_WARN_MS": "500",
             **(docker or {}),
+            **(settings or {}),
         }
         self.log = state_dir.parent / f"{state_dir.name}.server.log"
         with open(self.log, "wb") as out:

@@ -76,6 +76,7 @@ def test_known_work_is_counted_exactly(make_live: Callable[..., LiveServer], tas
     server = make_live(tasks=(str(task_set),))
     before = samples(scrape(server).text)
     assert value(before, "sessions_capacity") == 8 and total(before, "rollouts_finished_total") == 0
+    assert total(before, "group_templates") == 0 and value(before, "group_template_bytes") == 0
     with FakeLLMServer(FakeLLM(api_key="sk-metrics")) as fake:
         fake.app.script = [Reply(content="step", tool_calls=(("terminal", json.dumps({"command": "echo hi"})),)),
                            Reply(status=500, error_message="engine crashed")]
@@ -185,6 +186,7 @@ CLOSED_LABEL_VALUES = {
     "oracle", "terminus", "local", "adhoc", "train", *LIMIT_KINDS, "2xx", "4xx", "5xx", "error", "chat", "vllm",
     "sglang", "llamacpp", "openai", "unknown", "ws", "http", "mcp", "ui", "terminal", "keystrokes", "final_answer",
     "provision", "setup", "agent", "verify", "collect", "teardown", "total", "200", "400", "404", "422", "disabled",
+    "in_use", "idle",
 }
 """Every label value the known work may produce (besides the Task API's route templates and histogram bounds)."""
 

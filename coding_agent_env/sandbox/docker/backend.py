@@ -30,14 +30,16 @@ writes in its own fork directory) or committed into an image (`DockerConfig.fork
 made as `create` makes one, its own tmpfs volumes filled from the stage once it runs. The template's container
 or image goes with its release, or with its last member to close.
 
-Containers of a server that died are removed, with their host directories, and then its template images, by
-`reap_orphans()`, run before the first create.
+Every container is recorded in the state dir before it is made, every template image as it is committed
+(`records`); what a server that died recorded is removed, containers with their host directories, then
+images, by `reap_orphans()`, run before the first create. Labels name things for operators; they decide nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import posixpath
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -73,6 +75,7 @@ from coding_agent_env.sandbox.docker.reaper import (
     owner,
     reap,
 )
+from coding_agent_env.sandbox.docker.records import Made, new_name
 from coding_agent_env.sandbox.docker.sandbox import DockerSandbox, discard
 from coding_agent_env.sandbox.docker.seed import Seeder
 from coding_agent_env.sandbox.docker.template import STAGE, DockerTemplate, LayerTemplate, fill, freeze
@@ -108,7 +111,9 @@ class DockerBackend(SandboxBackend):
         self._image_envs: dict[str, dict[str, str]] = {}
         self._image_ids: dict[str, str] = {}
         self._image_volumes: dict[str, tuple[str, ...]] = {}
-        self._seeder = Seeder()
+        self._made = Made(settings.state_dir)
+        """This server's record of what it makes on the engine: all the reaper removes (`records`)."""
+        self._seeder = Seeder(self._made)
         self._layers_why: tuple[str | None] | None = None
         """Why templates cannot be kept as layers here (`_layers_refusal`), once asked."""
 
@@ -217,8 +222,9 @@ class DockerBackend(SandboxBackend):
         mounts the engine leaves empty (filled once started); `env`: the image's ENV, None to look it up;
         `extra`: a group member's further mounts and labels."""
         transport = self._transport()
+        name = new_name()
         creating = asyncio.ensure_future(call("create container", self._create_container, spec, transport, layout,
-                                              image, no_copy, extra or _Extra()))
+                                              image, no_copy, extra or _Extra(), name))
         try:
             container_id = await asyncio.shield(creating)
         except BaseException:
@@ -240,6 +246,7 @@ class DockerBackend(SandboxBackend):
                             scopes=self._scopes({**engine, **launcher}, sized),
                             engine_here=self._config.daemon_url.startswith("unix://"))
         box.task_env = MappingProxyType({**env, **spec.env})
+        box.after_close(_forgetting(box, self._made, name))
         return box
 
     # -- groups: a set-up sandbox frozen into an image, members forked from it (see `template`) ----------------
@@ -270,7 +277,7 @@ class DockerBackend(SandboxBackend):
                 method = "image"
             template = await freeze(self.client().api, sandbox.id, spec, sandbox.sandbox_layout, env, method=method,
                                     own=self._own_tops(sandbox.sandbox_layout),
-                                    room=ForkDir.room(self._settings.state_dir))
+                                    room=ForkDir.room(self._settings.state_dir), made=self._made)
             if isinstance(template, LayerTemplate):
                 sandbox.keep_container()
             return template
@@ -382,7 +389,8 @@ class DockerBackend(SandboxBackend):
         return spec.limits or SandboxLimits.from_settings(self._settings)
 
     def _create_container(self, spec: SandboxSpec, transport: DockerTransport, layout: SandboxLayout, image: str,
-                          no_copy: tuple[str, ...], extra: _Extra) -> str:
+                          no_copy: tuple[str, ...], extra: _Extra, name: str) -> str:
+        """Blocking: create the container, named `name` (recorded first, for the reaper: `records`); its id."""
         c = self._config
         sized = self._is_sized()
         engine, _ = self._limits(self._spec_limits(spec), sized)
@@ -395,6 +403,7 @@ class DockerBackend(SandboxBackend):
             volumes[spec.agents_dir] = {"bind": AGENTS_DIR, "mode": "ro"}
         volumes.update({source: {"bind": target, "mode": "ro"} for source, target in extra.binds.items()})
         kwargs: dict[str, Any] = dict(
+            name=name,
             image=image,
             command=made.command,
             labels={LABEL_ROLLOUT: spec.rollout_id, LABEL_OWNER: owner(), **made.labels, **extra.labels},
@@ -427,6 +436,13 @@ class DockerBackend(SandboxBackend):
                                 for path in (layout.paths.workdir, *layout.roots)]
         if extra.mounts:
             kwargs["mounts"] = [*kwargs.get("mounts", []), *extra.mounts]
+        twice = _duplicate_target(kwargs)
+        if twice is not None:  # before the engine makes anything (a volume per mount, which it would not remove)
+            raise SandboxError(f"two mounts at {twice}: refused before anything was made")
+        try:
+            self._made.add("c", name)
+        except OSError as exc:  # what is not recorded would never be reaped: not made
+            raise SandboxError(f"cannot record the container for the reaper: {exc.strerror}") from exc
         # The low-level API: `containers.create` would inspect the new container (one more round trip).
         api = self.client().api
         try:
@@ -439,11 +455,11 @@ class DockerBackend(SandboxBackend):
                 raise
             # overlay2 over xfs without project quotas: the workdir's tmpfs instead, from now on.
             self._sized = False
-            return self._create_container(spec, transport, layout, image, no_copy, extra)
+            return self._create_container(spec, transport, layout, image, no_copy, extra, name)
 
     async def reap_orphans(self) -> int:
-        """Remove labelled containers whose owning server (on this host) is gone, with their host dirs, and
-        its template images."""
+        """Remove what dead servers on this host recorded making under the state dir (`records`: their
+        containers, with their host and fork dirs, and their template images), never what a label alone claims."""
         return await call("reap containers", reap, self.client().api, self._settings.state_dir)
 
     async def aclose(self) -> None:
@@ -472,6 +488,30 @@ def _leaving(box: DockerSandbox, template: DockerTemplate, forkdir: ForkDir | No
             await template.left()
 
     return leave
+
+
+def _forgetting(box: DockerSandbox, made: Made, name: str) -> Callable[[], Awaitable[None]]:
+    """What a sandbox's close does once its container (named `name`) is removed: its record dropped (a container
+    kept as a template's layer stays recorded: the template forgets it as it removes it)."""
+    async def forget() -> None:
+        if box.removed:
+            await asyncio.to_thread(made.forget, "c", name)
+
+    return forget
+
+
+def _duplicate_target(kwargs: Mapping[str, Any]) -> str | None:
+    """A path two of a container's mounts (`mounts`, and the binds of `volumes`) would be made at, shown
+    printable and bounded; None when every target is its own."""
+    targets = [str(mount.get("Target") or "") for mount in kwargs.get("mounts") or []]
+    targets += [str(bind.get("bind") or "") for bind in (kwargs.get("volumes") or {}).values()]
+    seen: set[str] = set()
+    for target in targets:
+        normal = posixpath.normpath(target)
+        if normal in seen:
+            return ascii(normal)[:200]
+        seen.add(normal)
+    return None
 
 
 def _claimed(spec: SandboxSpec, layout: SandboxLayout) -> tuple[str, ...]:

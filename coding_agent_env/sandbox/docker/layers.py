@@ -14,7 +14,8 @@ the template.
 
 `plan` says what mounts a member needs, or why this template cannot be shown so (then it is committed, see
 `template`): a top-level entry setup made that is not a directory (a file, a link, a whole top-level directory
-deleted), more top-level directories than `_OVERLAYS_MAX`, a path the mount options cannot carry, or a record of
+deleted), a top-level name that is not printable strict UTF-8, more top-level directories than `_OVERLAYS_MAX`,
+a path the mount options cannot carry, or a record of
 a directory renamed across directories or of a metadata-only copy (where the kernel or the engine's mount
 options make them), which names a path from the root that a mount at one top-level directory cannot resolve.
 Before any of that the backend asks whether the daemon sees this server's files at the same paths at all
@@ -196,6 +197,9 @@ def _plan(upper: str, lower: str, own: frozenset[str], room: int) -> tuple[Overl
     if len(names) > _OVERLAYS_MAX:
         return f"setup left more than {_OVERLAYS_MAX} top-level entries (one overlay each)"
     names = [name for name in names if name not in _KERNEL and name not in own]
+    odd = next((name for name in names if not _mountable(name)), None)
+    if odd is not None:
+        return f"setup left a top-level name that is not printable UTF-8 ({_said(odd)}): it is committed, never mounted"
     found = _absolute_records([os.path.join(upper, name) for name in names])
     if found is not None:
         return found
@@ -223,6 +227,16 @@ def _plan(upper: str, lower: str, own: frozenset[str], room: int) -> tuple[Overl
         overlays.append(Overlay(f"/{name}", tuple(shown), st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode),
                                 (st.st_atime_ns, st.st_mtime_ns)))
     return tuple(overlays)
+
+
+def _mountable(name: str) -> bool:
+    """Whether a top-level name may be a mount target: strict UTF-8 (a name of other bytes reaches the engine
+    as its U+FFFD twin, two such names as one target) and printable."""
+    try:
+        name.encode("utf-8", errors="strict")  # the bytes no UTF-8 decodes come as lone surrogates, refused here
+    except UnicodeEncodeError:
+        return False
+    return name.isprintable()
 
 
 def _said(name: str) -> str:

@@ -1,5 +1,5 @@
-"""Labels of this project's containers and template images, and the startup reaper that removes those a dead
-server left behind."""
+"""Labels of this project's containers and template images, and the startup reaper that removes what a dead server
+recorded making (`records`): labels name things for operators, they decide nothing."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 import docker.errors
 
 from coding_agent_env.pids import pid_alive, process_start
+from coding_agent_env.sandbox.docker.records import dead_records
 from coding_agent_env.sandbox.launcher.inside.treeops import remove_tree
 
 __all__ = ["LABEL_FORKDIR", "LABEL_HOSTDIR", "LABEL_OWNER", "LABEL_ROLLOUT", "LABEL_TEMPLATE", "owner", "reap"]
@@ -35,36 +36,59 @@ def owner() -> str:
 
 
 def reap(api: Any, state_dir: Path) -> int:
-    """Remove labelled containers whose owning server (on this host) is gone (group templates kept as their
-    layer among them), with their host and fork dirs (and any such dir no container names), then that server's
-    template images; how many containers and images.
-    Blocking (SDK calls through `api`, a `docker.APIClient`): run it in a thread. One listing each, labels
-    included: a container or image another server removes meanwhile is no error."""
-    host = socket.gethostname()
+    """Remove the containers and template images that dead servers on this host recorded making (`records`: never
+    what a label claims, which a task's image can set), with the host and fork dirs their containers name (under
+    the state dir, named for that server, only), then such dirs of dead servers no container names; how many
+    containers and images. Blocking (SDK calls through `api`, a `docker.APIClient`): run it in a thread. An object
+    another server removes meanwhile is no error; an image still used by a container not ours stays recorded."""
     reaped = 0
+    for record in dead_records(state_dir):
+        pid = int(record.dir.name.split("-", 1)[0])
+        for kind, object_id in record.objects:
+            removed = (_remove_container(api, object_id, state_dir, pid) if kind == "c"
+                       else _remove_image(api, object_id))
+            if removed is not None:
+                reaped += removed
+                record.drop(kind, object_id)
+        record.close()
     listed = api.containers(all=True, filters={"label": LABEL_ROLLOUT})
+    # Labels only spare here (a directory some container names is left alone), never steer a removal.
     named = {labels.get(label) for found in listed for labels in [found.get("Labels") or {}]
              for label in (LABEL_HOSTDIR, LABEL_FORKDIR)}
-    for found in listed:
-        labels = found.get("Labels") or {}
-        pid = _dead_owner(labels, host)
-        if pid is None:
-            continue
-        try:
-            api.remove_container(found["Id"], force=True, v=True)
-            reaped += 1
-        except docker.errors.NotFound:
-            pass
-        for label in (LABEL_HOSTDIR, LABEL_FORKDIR):
-            hostdir = labels.get(label)
-            # Only a directory this backend makes (under our state dir, named for the dead server): a label is
-            # just a string, and must not steer a recursive removal anywhere else.
-            if (hostdir and os.path.dirname(hostdir) == str(state_dir)
-                    and os.path.basename(hostdir).startswith(f"{pid}-docker-")):
-                with contextlib.suppress(OSError):
-                    remove_tree(hostdir)  # iterative, never following a symlink
     _reap_dirs(state_dir, named)
-    return reaped + _reap_templates(api, host)
+    return reaped
+
+
+def _remove_container(api: Any, container_id: str, state_dir: Path, pid: int) -> int | None:
+    """Remove a recorded container and the dirs its labels name that are this backend's (under the state dir,
+    named for the dead server `pid`: a label must not steer a recursive removal anywhere else); 1 removed, 0
+    gone already."""
+    try:
+        labels = (api.inspect_container(container_id).get("Config") or {}).get("Labels") or {}
+        api.remove_container(container_id, force=True, v=True)
+    except docker.errors.NotFound:
+        return 0
+    for label in (LABEL_HOSTDIR, LABEL_FORKDIR):
+        hostdir = labels.get(label)
+        if (hostdir and os.path.dirname(hostdir) == str(state_dir)
+                and os.path.basename(hostdir).startswith(f"{pid}-docker-")):
+            with contextlib.suppress(OSError):
+                remove_tree(hostdir)  # iterative, never following a symlink
+    return 1
+
+
+def _remove_image(api: Any, image_id: str) -> int | None:
+    """Remove a recorded template image, not forced; 1 removed, 0 gone already, None still in use by a container
+    not ours (kept recorded: tried again at the next start)."""
+    try:
+        api.remove_image(f"sha256:{image_id}", force=False, noprune=False)
+    except docker.errors.NotFound:
+        return 0
+    except docker.errors.APIError as exc:
+        if exc.status_code == 409:
+            return None
+        raise
+    return 1
 
 
 _OURS = re.compile(r"(\d+)-docker-[0-9a-f]{12}")
@@ -88,29 +112,3 @@ def _reap_dirs(state_dir: Path, named: set[str | None]) -> None:
         with contextlib.suppress(OSError):
             if entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < started:
                 remove_tree(entry.path)
-
-
-def _reap_templates(api: Any, host: str) -> int:
-    """Remove the template images of dead servers on `host` (after their containers: an image a container
-    still uses cannot go). Not forced: one some other container still uses (not ours to remove) stays."""
-    reaped = 0
-    for found in api.images(filters={"label": LABEL_TEMPLATE}):
-        if _dead_owner(found.get("Labels") or {}, host) is None:
-            continue
-        try:
-            api.remove_image(found["Id"], force=False, noprune=False)
-            reaped += 1
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as exc:
-            if exc.status_code != 409:  # 409: in use by a container we do not own; anything else is real
-                raise
-    return reaped
-
-
-def _dead_owner(labels: dict[str, str], host: str) -> int | None:
-    """The pid of the server on `host` that `labels` name as owner, if it is gone; else None."""
-    owner_host, _, pid = labels.get(LABEL_OWNER, "").rpartition("/")
-    if owner_host != host or not pid.isdigit() or pid_alive(int(pid)):
-        return None
-    return int(pid)

@@ -27,6 +27,7 @@ import docker.errors
 
 from coding_agent_env.sandbox.docker import tar
 from coding_agent_env.sandbox.docker.engine import call
+from coding_agent_env.sandbox.docker.records import Made, new_name
 
 __all__ = ["Seeder", "copy_from_image"]
 
@@ -38,7 +39,8 @@ _PEEK = 64 * 1024
 class Seeder:
     """Copies an image's content onto a running container's mounts; remembers where an image holds none."""
 
-    def __init__(self) -> None:
+    def __init__(self, made: Made) -> None:
+        self._made = made
         self._bare: set[tuple[str, str]] = set()
         """(image id, path) where the image holds nothing to copy."""
 
@@ -56,28 +58,32 @@ class Seeder:
         if not todo:
             return ()
         pairs = [(path, posixpath.dirname(path)) for path in todo]
-        copied, bare = await copy_from_image(api, image_id, target, pairs, labels)
+        copied, bare = await copy_from_image(api, image_id, target, pairs, labels, self._made)
         self._bare.update((image_id, path) for path in bare)
         return copied
 
 
 async def copy_from_image(api: Any, image_id: str, target: str, pairs: Sequence[tuple[str, str]],
-                          labels: Mapping[str, str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+                          labels: Mapping[str, str], made: Made) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """For each `(path, directory)` of `pairs`: copy the directory image `image_id` holds at `path` (itself and
     its content) into `directory` of the running container `target`, keeping its name. Returns (the paths
     copied, those where the image holds nothing but an empty directory, or no directory). The helper container
-    (never started) carries `labels`, the reaper's, and is removed before this returns, whatever happens.
+    (never started) carries `labels` and is recorded in `made` (the reaper's), and is removed before this
+    returns, whatever happens.
     A container's archive stays locked while it is read: the helper is what lets the copy stream."""
-    return await call("copy the image's files into the sandbox", _copy, api, image_id, target, pairs, dict(labels))
+    return await call("copy the image's files into the sandbox", _copy, api, image_id, target, pairs, dict(labels),
+                      made)
 
 
 def _copy(api: Any, image_id: str, target: str, pairs: Sequence[tuple[str, str]],
-          labels: dict[str, str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+          labels: dict[str, str], made: Made) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(paths copied, paths where the image holds nothing); blocking."""
     host_config = api.create_host_config(network_mode="none")
+    name = new_name()
+    made.add("c", name)  # before it exists: a crash at any point leaves it recorded for the reaper
     # Never started: its command is never run (an image without CMD needs one to be created at all).
     source = str(api.create_container(image_id, command=["/"], labels=labels, network_disabled=True,
-                                      host_config=host_config)["Id"])
+                                      host_config=host_config, name=name)["Id"])
     copied: list[str] = []
     bare: list[str] = []
     try:
@@ -102,6 +108,7 @@ def _copy(api: Any, image_id: str, target: str, pairs: Sequence[tuple[str, str]]
                 getattr(stream, "close", lambda: None)()
     finally:
         api.remove_container(source, force=True, v=True)
+        made.forget("c", name)
     return tuple(copied), tuple(bare)
 
 

@@ -42,12 +42,15 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+import docker.errors
+
 from coding_agent_env.errors import SandboxError, SandboxFileNotFoundError, SandboxUnsupportedError
 from coding_agent_env.sandbox.base import SandboxSpec, SandboxTemplate
 from coding_agent_env.sandbox.docker import tar
 from coding_agent_env.sandbox.docker.engine import call
 from coding_agent_env.sandbox.docker.layers import Overlay, layers_refusal, plan
 from coding_agent_env.sandbox.docker.layout import LAYOUT, SandboxLayout
+from coding_agent_env.sandbox.docker.records import Made
 from coding_agent_env.sandbox.docker.reaper import LABEL_HOSTDIR, LABEL_OWNER, LABEL_ROLLOUT, LABEL_TEMPLATE, owner
 from coding_agent_env.sandbox.docker.seed import copy_from_image
 
@@ -77,8 +80,11 @@ class DockerTemplate(SandboxTemplate):
     method: str
 
     def __init__(self, api: Any, *, image: str, spec: SandboxSpec, layout: SandboxLayout,
-                 captured: tuple[str, ...], env: Mapping[str, str], template_id: str) -> None:
+                 captured: tuple[str, ...], env: Mapping[str, str], template_id: str, made: Made, size: int) -> None:
         self.id = template_id
+        self.made = made
+        """Where what it holds is recorded for the reaper (`records`): forgotten as it is removed."""
+        self.size = size
         self.image = image
         self.spec = spec
         self.layout = layout
@@ -132,6 +138,7 @@ class ImageTemplate(DockerTemplate):
             await call("remove template image", self._api.remove_image, self.image, force=False, noprune=False)
         except SandboxFileNotFoundError:
             pass
+        await asyncio.to_thread(self.made.forget, "i", self.image)
 
 
 class LayerTemplate(DockerTemplate):
@@ -141,10 +148,12 @@ class LayerTemplate(DockerTemplate):
 
     method = "layers"
 
-    def __init__(self, api: Any, *, container_id: str, overlays: tuple[Overlay, ...], stage: str | None,
-                 **kwargs: Any) -> None:
+    def __init__(self, api: Any, *, container_id: str, recorded_as: str, overlays: tuple[Overlay, ...],
+                 stage: str | None, **kwargs: Any) -> None:
         super().__init__(api, **kwargs)
         self.container_id = container_id
+        self.recorded_as = recorded_as
+        """The container's name, which the reaper's record holds (`records`)."""
         self.overlays = overlays
         self.stage = stage
 
@@ -154,6 +163,7 @@ class LayerTemplate(DockerTemplate):
                        v=True)
         except SandboxFileNotFoundError:
             pass
+        await asyncio.to_thread(self.made.forget, "c", self.recorded_as)
 
 
 def uncapturable(mounts: list[dict[str, Any]], layout: SandboxLayout) -> str | None:
@@ -175,14 +185,15 @@ def captured_mounts(mounts: list[dict[str, Any]], layout: SandboxLayout) -> tupl
 
 
 async def freeze(api: Any, container_id: str, spec: SandboxSpec, layout: SandboxLayout, env: Mapping[str, str],
-                 *, method: str, own: frozenset[str], room: int) -> DockerTemplate:
+                 *, method: str, own: frozenset[str], room: int, made: Made) -> DockerTemplate:
     """Freeze the sandbox's container (see the module docstring): paused, its captured mounts staged in its
     layer, then kept as its own layer (a `LayerTemplate`, which owns the stopped container from then on) where
     `method` (`DockerConfig.fork`: `image`, `layers` or `auto`) allows and `layers.plan` can show it (`own`, `room`:
     see there), else committed (an `ImageTemplate`; the container stays the caller's to remove). Members of a kept
     layer are containers of the very image the container was made of (its id, whatever its tag names now).
     `SandboxUnsupportedError` naming `group` for a layout it cannot capture, or when `method` is `layers` and the
-    layer cannot be kept."""
+    layer cannot be kept. A committed image is recorded in `made` (the reaper's) as it is made; the template's
+    `size` is its writable layer's (the container's, or the image's own layer)."""
     inspected = await call("inspect container", api.inspect_container, container_id)
     mounts = list(inspected.get("Mounts") or [])
     why = uncapturable(mounts, layout)
@@ -194,18 +205,20 @@ async def freeze(api: Any, container_id: str, spec: SandboxSpec, layout: Sandbox
     labels = {LABEL_OWNER: owner(), LABEL_TEMPLATE: template_id, LABEL_ROLLOUT: "", LABEL_HOSTDIR: ""}
     graph = inspected.get("GraphDriver") or {}
     freezing = asyncio.ensure_future(call("capture the sandbox", _freeze, api, container_id, captured, labels,
-                                          method, graph, own, room))
+                                          method, graph, own, room, made))
     try:
-        kept = await asyncio.shield(freezing)
+        kept, size = await asyncio.shield(freezing)
     except asyncio.CancelledError:
         # The engine commits all the same: an image nobody would release. Removed once it exists.
-        await asyncio.shield(_drop(api, freezing))
+        await asyncio.shield(_drop(api, freezing, made))
         raise
-    common: dict[str, Any] = dict(spec=spec, layout=layout, captured=captured, env=env, template_id=template_id)
+    common: dict[str, Any] = dict(spec=spec, layout=layout, captured=captured, env=env, template_id=template_id,
+                                  made=made, size=size)
     if isinstance(kept, str):
         return ImageTemplate(api, image=kept, **common)
     overlays, stage = kept
-    return LayerTemplate(api, container_id=container_id, overlays=overlays, stage=stage,
+    return LayerTemplate(api, container_id=container_id, recorded_as=str(inspected.get("Name") or "").lstrip("/"),
+                         overlays=overlays, stage=stage,
                          image=str(inspected["Image"]), **common)
 
 
@@ -213,10 +226,20 @@ _Kept = tuple[tuple[Overlay, ...], str | None]
 """A layer kept: its overlays, and the host path of its stage (None when nothing was captured)."""
 
 
-async def _drop(api: Any, freezing: asyncio.Future[str | _Kept]) -> None:
+def _layer_size(api: Any, container_id: str) -> int:
+    """Blocking: bytes of the container's writable layer (`SizeRw`: what setup wrote and what was staged, which a
+    committed image's own layer holds too); 0 when the engine does not say."""
+    try:
+        found = api.containers(all=True, filters={"id": container_id}, size=True)
+    except docker.errors.APIError:
+        return 0
+    return int(found[0].get("SizeRw") or 0) if found else 0
+
+
+async def _drop(api: Any, freezing: asyncio.Future[tuple[str | _Kept, int]], made: Made) -> None:
     """Remove the image `freezing` commits, once committed (a kept layer goes with the container)."""
     try:
-        kept = await freezing
+        kept, _ = await freezing
     except SandboxError:
         return  # never made
     if not isinstance(kept, str):
@@ -225,14 +248,18 @@ async def _drop(api: Any, freezing: asyncio.Future[str | _Kept]) -> None:
         await call("remove template image", api.remove_image, kept, force=False, noprune=False)
     except SandboxError as exc:
         log.warning("image %s of a cancelled snapshot left to the reaper: %s", kept[:19], exc)
+        return
+    await asyncio.to_thread(made.forget, "i", kept)
 
 
 def _freeze(api: Any, container_id: str, captured: tuple[str, ...], labels: dict[str, str], method: str,
-            graph: Mapping[str, Any], own: frozenset[str], room: int) -> str | _Kept:
-    """Blocking: pause, stage the captured mounts in the layer; then (overlays, the stage's host path) of the
-    layer kept (the container stopped), or the id of the image it was committed into."""
+            graph: Mapping[str, Any], own: frozenset[str], room: int, made: Made) -> tuple[str | _Kept, int]:
+    """Blocking: pause, stage the captured mounts in the layer, measure it; then (overlays, the stage's host
+    path) of the layer kept (the container stopped), or the id of the image it was committed into (recorded in
+    `made`), with the layer's bytes."""
     api.pause(container_id)
     _stage(api, container_id, captured)
+    size = _layer_size(api, container_id)
     data = graph.get("Data") or {}
     upper, lower = data.get("UpperDir"), data.get("LowerDir")
     refusal = "the server is set to commit templates (DOCKER_FORK=image)" if method == "image" else (
@@ -244,14 +271,20 @@ def _freeze(api: Any, container_id: str, captured: tuple[str, ...], labels: dict
         api.wait(container_id, timeout=_STOP_S)
         planned = plan(upper, lower, own, room)
         if not isinstance(planned, str):
-            return planned, (upper + STAGE if captured else None)
+            return (planned, (upper + STAGE if captured else None)), size
         refusal = planned
     if method == "layers":
         raise SandboxUnsupportedError("docker", "group", f"the template cannot be kept as its layer: {refusal}")
     if method == "auto" and graph.get("Name") == "overlay2":
         log.info("template: committed into an image: %s", refusal)
     # Paused (or stopped): the engine would pause it again around the commit.
-    return str(api.commit(container_id, conf={"Labels": labels}, pause=False)["Id"])
+    image = str(api.commit(container_id, conf={"Labels": labels}, pause=False)["Id"])
+    try:
+        made.add("i", image)
+    except OSError as exc:  # an image not recorded would never be reaped: it is not kept
+        api.remove_image(image, force=False, noprune=False)
+        raise SandboxError(f"cannot record the template image for the reaper: {exc.strerror}") from exc
+    return image, size
 
 
 def _stage(api: Any, container_id: str, captured: tuple[str, ...]) -> None:
@@ -300,7 +333,7 @@ async def fill(api: Any, box: DockerSandbox, template: DockerTemplate, labels: M
             host = template.stage + source.removeprefix(STAGE)
             await call("fill the sandbox from its template", _put_host_tree, api, box.id, host, directory)
     else:
-        await copy_from_image(api, template.image, box.id, streamed, labels)
+        await copy_from_image(api, template.image, box.id, streamed, labels, template.made)
 
 
 def _put_host_tree(api: Any, container_id: str, host: str, directory: str) -> None:

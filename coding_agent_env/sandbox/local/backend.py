@@ -70,7 +70,7 @@ from coding_agent_env.sandbox.base import (
 )
 from coding_agent_env.sandbox.local.cgroup import Cgroups
 from coding_agent_env.sandbox.local.disk import mount_tmpfs, unmount
-from coding_agent_env.sandbox.local.fork import LocalTemplate, overlay_refusal
+from coding_agent_env.sandbox.local.fork import LocalTemplate, overlay_refusal, used_bytes
 from coding_agent_env.sandbox.local.launch import ROOT_SUBDIRS, SHM_SUBDIR, SUBDIRS, Launch
 from coding_agent_env.sandbox.local.layout import RANGE_SIZE, LocalLayout, make_userns
 from coding_agent_env.sandbox.local.probe import probe
@@ -185,6 +185,7 @@ class LocalBackend(SandboxBackend):
         except BaseException:
             await shielded(template.release())
             raise
+        template.size = await asyncio.to_thread(used_bytes, template.root)
         return template
 
     async def fork(self, spec: SandboxSpec, template: SandboxTemplate) -> Sandbox:

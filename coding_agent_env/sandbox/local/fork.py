@@ -31,7 +31,7 @@ from pathlib import Path
 from coding_agent_env.sandbox.base import SandboxTemplate
 from coding_agent_env.sandbox.local.disk import unmount
 
-__all__ = ["FORK_DIR", "LocalTemplate", "mount_overlay", "overlay_refusal"]
+__all__ = ["FORK_DIR", "LocalTemplate", "mount_overlay", "overlay_refusal", "used_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,18 @@ class LocalTemplate(SandboxTemplate):
             await asyncio.to_thread(functools.partial(_remove, self.root))
         finally:
             self._maybe_give_uid()
+
+
+def used_bytes(root: Path) -> int:
+    """Bytes in use on the file system mounted at `root` (a template's tmpfs: what it holds in memory); 0 when
+    `root` is no mount point (its bytes are not its own to count) or cannot be read."""
+    try:
+        if not os.path.ismount(root):
+            return 0
+        st = os.statvfs(root)
+    except OSError:
+        return 0
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
 
 
 def _remove(root: Path) -> None:
