@@ -26,11 +26,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coding_agent_env.api.ui.gate import WEB_PATH
 from coding_agent_env.settings import PUBLIC_RELAY_PATH, Settings
+from coding_agent_env.urls import TOKEN_HEADER
 
-__all__ = ["TOKEN_HEADER", "CallerAuth", "token_matches"]
+__all__ = ["CallerAuth", "token_matches"]
 
-TOKEN_HEADER = "x-api-token"
-"""The second header a caller may carry the token in (HTTP header names are case-insensitive)."""
+_TOKEN_HEADER = TOKEN_HEADER.lower().encode()
+"""The second header a caller may carry the token in, as ASGI gives header names (lower case)."""
 
 OPEN_PATHS = frozenset({"/", "/health", "/health/loop", "/metadata", "/schema", "/openapi.json", "/docs",
                         "/docs/oauth2-redirect", "/redoc", WEB_PATH})
@@ -74,7 +75,7 @@ class CallerAuth:
 
     def _refusal(self, headers: list[tuple[bytes, bytes]]) -> str | None:
         """None when a header carries the token, else why the request is refused."""
-        given = [value for name, value in headers if name.lower() == TOKEN_HEADER.encode()]
+        given = [value for name, value in headers if name.lower() == _TOKEN_HEADER]
         for name, value in headers:
             scheme, _, credential = value.partition(b" ")
             if name.lower() == b"authorization" and scheme.lower() == b"bearer":
