@@ -7,6 +7,10 @@ a memfd, handed over as an inherited file descriptor whose number alone is in th
 (`SECRETS_FD_VARIABLE`), and the new process image reads and closes it on first use (`handed_over`), keeping
 them only in memory. Never in argv, never in a file on disk.
 
+`HF_TOKEN` is also read by `huggingface_hub` (the `hf` backend's HF Jobs), which looks only at the environment
+and at a token file: it gets a memfd of its own holding the token, named by `HF_TOKEN_PATH=/proc/self/fd/N` (a
+path, no secret; unless the operator set one), kept open but not inherited by children.
+
 Which variables are secrets is told by `Settings` itself: every field typed `SecretStr` (any `*_API_KEY`,
 `HF_TOKEN`, `API_TOKEN`, `METRICS_TOKEN`, `RESULTS_DB`), the backends' secret fields (`E2B_API_KEY`,
 `HF_SANDBOX_TOKEN`) and `LLM_ENDPOINTS` (its entries carry keys): `secret_variables()`.
@@ -40,6 +44,10 @@ _EXTRA_SECRET_VARIABLES = ("LLM_ENDPOINTS",)
 """Variables that are not `SecretStr` fields but carry secrets (each endpoint's `api_key`)."""
 
 _MAX_HANDOVER_BYTES = 16 * 1024 * 1024
+HUB_TOKEN_VARIABLE = "HF_TOKEN"
+HUB_TOKEN_PATH_VARIABLE = "HF_TOKEN_PATH"
+"""huggingface_hub's token file setting: where it reads the token when `HF_TOKEN` is not in the environment."""
+_HUB_TOKEN_FD_VARIABLE = "CODING_AGENT_ENV_HF_TOKEN_FD"
 
 _lock = threading.Lock()
 _held: dict[str, str] | None = None
@@ -72,7 +80,17 @@ def handed_over() -> Mapping[str, str]:
     with _lock:
         if _held is None:
             _held = _receive(os.environ.pop(SECRETS_FD_VARIABLE, None))
+            _keep_private(os.environ.pop(_HUB_TOKEN_FD_VARIABLE, None))
         return dict(_held)
+
+
+def _keep_private(number: str | None) -> None:
+    """The hub token's memfd stays open for this process (huggingface_hub reads it by path), never inherited."""
+    if number is not None:
+        try:
+            os.set_inheritable(int(number), False)
+        except (ValueError, OSError) as exc:
+            raise SettingsError(f"{_HUB_TOKEN_FD_VARIABLE}: not an open descriptor ({type(exc).__name__})") from None
 
 
 def _receive(number: str | None) -> dict[str, str]:
@@ -104,14 +122,31 @@ def reexec_without_secrets(argv: Sequence[str] | None = None, *, environ: Mappin
 
 def _exec_handing_over(found: Mapping[str, str], keep: Iterable[str], env: Mapping[str, str],
                        argv: Sequence[str] | None) -> NoReturn:
-    fd = os.memfd_create("coding-agent-env-secrets")  # close-on-exec until made inheritable just below
+    clean = {name: env[name] for name in keep}
+    fds = [_inheritable_memfd("coding-agent-env-secrets", json.dumps({**handed_over(), **found}))]
     try:
-        os.write(fd, json.dumps({**handed_over(), **found}).encode())
-        os.set_inheritable(fd, True)
-        clean = {name: env[name] for name in keep}
-        clean[SECRETS_FD_VARIABLE] = str(fd)
+        clean[SECRETS_FD_VARIABLE] = str(fds[0])
+        if HUB_TOKEN_VARIABLE in found and HUB_TOKEN_PATH_VARIABLE not in env:
+            fds.append(_inheritable_memfd("coding-agent-env-hf-token", found[HUB_TOKEN_VARIABLE]))
+            clean[_HUB_TOKEN_FD_VARIABLE] = str(fds[1])
+            clean[HUB_TOKEN_PATH_VARIABLE] = f"/proc/self/fd/{fds[1]}"
         sys.stdout.flush()
         sys.stderr.flush()
         os.execve(sys.executable, list(argv if argv is not None else sys.orig_argv), clean)
     finally:  # only when exec failed
+        for fd in fds:
+            os.close(fd)
+
+
+def _inheritable_memfd(name: str, text: str) -> int:
+    fd = os.memfd_create(name)  # close-on-exec until made inheritable below
+    try:
+        data = text.encode()
+        written = 0
+        while written < len(data):
+            written += os.write(fd, data[written:])
+        os.set_inheritable(fd, True)
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
