@@ -75,3 +75,12 @@ def test_an_unreadable_handover_is_a_clear_settings_error() -> None:
                                   "METRICS_TOKEN", "E2B_API_KEY", "HF_SANDBOX_TOKEN", "LLM_ENDPOINTS", "RESULTS_DB"])
 def test_every_secret_the_settings_read_is_hidden(name: str) -> None:
     assert name in secret_variables()
+
+
+def test_reload_keeps_them_and_says_so(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from coding_agent_env.serve import hide_secrets
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    hide_secrets(reload=True)  # returns: with --reload nothing is re-executed
+    err = capsys.readouterr().err
+    assert "--reload" in err and "OPENAI_API_KEY" in err and KEY not in err
