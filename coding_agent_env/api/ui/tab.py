@@ -10,6 +10,7 @@ tab carries it, errors about the form never quote values, and the pipeline redac
 from __future__ import annotations
 
 import asyncio
+import hmac
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,6 @@ from fastapi import FastAPI
 from starlette.routing import Mount
 from starlette.types import ASGIApp
 
-from coding_agent_env.api.caller_auth import token_matches
 from coding_agent_env.api.ui import render
 from coding_agent_env.api.ui.episodes import UiEpisodes
 from coding_agent_env.api.ui.form import (
@@ -110,7 +110,7 @@ def login(settings: Settings) -> dict[str, Any]:
     token = settings.api_token.get_secret_value().encode()
 
     def check(_user: str, password: str) -> bool:
-        return token_matches(password.encode(), token)
+        return hmac.compare_digest(password.encode(), token)
 
     return {"auth": check, "auth_message": "This server requires its API token: any user name, the token as password."}
 
