@@ -177,6 +177,9 @@ def serve(args: argparse.Namespace, runner: Runner | None = None) -> int:
     if launch.host in _ALL_INTERFACES:
         print(f"coding-agent-env: warning: binding all interfaces ({launch.host}); the server is reachable "
               "from other machines", file=sys.stderr)
+        if args.env_dir is None and Settings.from_env().api_token is None:
+            print("coding-agent-env: warning: no API_TOKEN is set: whoever reaches the server can run commands "
+                  "on it (docs/security.md)", file=sys.stderr)
     if runner is None:
         runner = server_runner()
     os.environ.update(launch.environ)
