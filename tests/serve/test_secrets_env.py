@@ -138,9 +138,21 @@ async def children_during_rollout(url: str, server_pid: int, state_dir: Path) ->
             rollout.cancel()
 
 
+CONSOLE_SCRIPT = "import sys\nfrom uvicorn.main import main\nsys.exit(main())\n"
+"""What pip writes as the `uvicorn` command (the image's CMD runs it); the test's venv may have none of its own."""
+
+
+def uvicorn_script(directory: Path) -> str:
+    script = directory / "bin" / "uvicorn"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(CONSOLE_SCRIPT)
+    return str(script)
+
+
 WAYS = {
-    "serve": lambda port: [sys.executable, "-m", "coding_agent_env.cli", "serve", "--port", str(port)],
-    "uvicorn": lambda port: [sys.executable, "-m", "uvicorn", "server.app:app", "--port", str(port)],
+    "serve": lambda port, _: [sys.executable, "-m", "coding_agent_env.cli", "serve", "--port", str(port)],
+    "python -m uvicorn": lambda port, _: [sys.executable, "-m", "uvicorn", "server.app:app", "--port", str(port)],
+    "uvicorn": lambda port, tmp: [sys.executable, uvicorn_script(tmp), "server.app:app", "--port", str(port)],
 }
 
 
@@ -151,7 +163,7 @@ def test_secrets_leave_the_server_environment_and_the_key_still_works(
     app, fake = upstream
     port = free_port()
     log = tmp_path / "server.log"
-    proc = start(WAYS[way](port), server_env(settings, fake.base_url, port), log)
+    proc = start(WAYS[way](port, tmp_path), server_env(settings, fake.base_url, port), log)
     try:
         wait_until(serving(f"http://127.0.0.1:{port}/health", proc, log.read_text), "the server to answer /health",
                    timeout_s=START_DEADLINE_S)
