@@ -334,6 +334,13 @@ class Settings(BaseModel):
     `Authorization` for itself; the web tab asks for it as its password): `api.caller_auth`. `/health`,
     `/metadata` and `/schema` stay open; the relay's public route keeps its per-rollout tokens."""
 
+    @field_validator("api_token")
+    @classmethod
+    def _token_not_blank(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError("is empty: unset it, or give the caller token (a long random value)")
+        return value
+
     metrics_enabled: bool = True
     """Serve the server's Prometheus metrics at `GET /metrics` (`observe.metrics`); off: it answers 404."""
 

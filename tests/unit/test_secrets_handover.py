@@ -84,3 +84,12 @@ def test_reload_keeps_them_and_says_so(monkeypatch: pytest.MonkeyPatch, capsys: 
     hide_secrets(reload=True)  # returns: with --reload nothing is re-executed
     err = capsys.readouterr().err
     assert "--reload" in err and "OPENAI_API_KEY" in err and KEY not in err
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+def test_a_blank_api_token_is_refused_not_taken_as_open(value: str) -> None:
+    from coding_agent_env.errors import SettingsError
+    from coding_agent_env.settings import Settings
+
+    with pytest.raises(SettingsError, match="API_TOKEN: Value error, is empty"):
+        Settings.from_env({"API_TOKEN": value})
