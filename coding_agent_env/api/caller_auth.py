@@ -53,7 +53,8 @@ class CallerAuth:
     """ASGI middleware: requests to a guarded path pass only with the token (`settings.api_token`)."""
 
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
-        assert settings.api_token is not None, "CallerAuth needs settings.api_token"
+        if settings.api_token is None:
+            raise ValueError("CallerAuth guards with settings.api_token, which is not set")
         self.app = app
         self._token = settings.api_token.get_secret_value().encode()
         self._open_paths = OPEN_PATHS | ({METRICS_PATH} if settings.metrics_token is not None else frozenset())
