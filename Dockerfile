@@ -29,8 +29,10 @@ ENV DEBIAN_FRONTEND=noninteractive \
     STATE_DIR=/tmp/coding-agent-env \
     AGENTS_DIR=/opt/coding-agent-env/agents
 
-# bubblewrap for the local sandbox. Inside an unprivileged container user namespaces are usually refused;
-# the local backend then falls back to plain subprocesses and every result says `isolation: "none"`.
+# bubblewrap for the local sandbox. Inside an unprivileged container user namespaces are usually refused: the
+# local backend then uses the isolation tier such a container allows, or refuses commands; it never runs them
+# unisolated unless the operator opts in (SANDBOX_ALLOW_UNISOLATED, and with secrets set also
+# SANDBOX_ALLOW_UNISOLATED_WITH_SECRETS; see docs/security.md).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends bubblewrap ca-certificates git procps util-linux \
  && rm -rf /var/lib/apt/lists/*
@@ -61,9 +63,8 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
 # Binding all interfaces (HOST=0.0.0.0) is this image's explicit choice: the Space (or `docker run -p`) routes
 # port 8000 here. i.e. `uvicorn server.app:app --host 0.0.0.0 --port 8000`; HOST and PORT override both.
 ENV HOST=0.0.0.0 PORT=8000
-# A Space is an unprivileged container where bubblewrap cannot make namespaces: this image opts in to running
-# local commands unisolated (results and the web tab say so); a cloud sandbox backend gives real isolation.
-ENV SANDBOX_ALLOW_UNISOLATED=true
+# The server re-executes itself without the operator secrets (OPENAI_API_KEY, HF_TOKEN, API_TOKEN, ...) in its
+# environment, so no process it starts inherits them. An exposed Space should set API_TOKEN (docs/security.md).
 # A Space with persistent storage mounts it at /data: the results store (every rollout the server runs, the
 # Runs view) goes there unless RESULTS_DB says otherwise; without /data it lives in STATE_DIR (lost on restart).
 CMD ["sh", "-c", "if [ -z \"${RESULTS_DB:-}\" ] && [ -d /data ] && [ -w /data ]; then export RESULTS_DB=/data/coding-agent-env/results.sqlite RESULTS_FROM_SERVER=${RESULTS_FROM_SERVER:-true}; mkdir -p /data/coding-agent-env; fi; exec uvicorn server.app:app --host \"$HOST\" --port \"$PORT\""]

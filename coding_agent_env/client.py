@@ -32,7 +32,7 @@ from coding_agent_env.env_state import EnvState
 from coding_agent_env.errors import CodingAgentEnvError
 from coding_agent_env.models import RolloutRequest, RolloutResult
 from coding_agent_env.settings import Settings
-from coding_agent_env.urls import ws_url
+from coding_agent_env.urls import caller_headers, ws_url
 from coding_agent_env.workspace.budget import Budget
 
 __all__ = [
@@ -84,8 +84,12 @@ class CodingAgentEnv:
         reply_timeout_s: float = 60.0,
         reply_margin_s: float = 60.0,
         max_message_bytes: int = 100 * _MIB,
+        api_token: str | None = None,
     ) -> None:
+        """`api_token`: the server's caller token (sent as `X-API-Token`); default `API_TOKEN` from the
+        environment, none when unset."""
         self.url = ws_url(base_url)
+        self._headers = caller_headers(api_token)
         self.connect_timeout_s = connect_timeout_s
         self.reply_timeout_s = reply_timeout_s
         self.reply_margin_s = reply_margin_s
@@ -94,7 +98,8 @@ class CodingAgentEnv:
 
     async def connect(self) -> None:
         if self._ws is None:
-            self._ws = await connect(self.url, open_timeout=self.connect_timeout_s, max_size=self.max_message_bytes)
+            self._ws = await connect(self.url, open_timeout=self.connect_timeout_s, max_size=self.max_message_bytes,
+                                     additional_headers=self._headers)
 
     async def reset(self, episode_id: str | None = None, **kwargs: Any) -> None:
         """Start a new episode (step count 0)."""

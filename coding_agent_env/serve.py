@@ -11,11 +11,18 @@ unless `--host` is given; all interfaces is allowed but warned about. Every inva
 cwd or `sys.path`; uvicorn receives the app dir instead. `--tasks` (this package's app only) is the `TASKS`
 setting: `serve` puts it in its own environment just before serving, so the app factory (and a reloader's
 subprocess) reads it as every other setting; each source must exist.
+
+Operator secrets (`settings.secrets`): serving this package's app, `serve` first re-executes itself without them
+in its environment, handing them over through an inherited memfd (`hide_secrets`), so neither
+`/proc/<server pid>/environ` nor any child the server starts holds them; `uvicorn server.app:app` does the same
+from `server/app.py`. `--reload` cannot (its workers are fresh interpreters reading their settings from the
+environment): it keeps them there and says so.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import re
 import sys
@@ -28,6 +35,7 @@ import yaml
 
 from coding_agent_env.errors import CodingAgentEnvError
 from coding_agent_env.settings import Settings
+from coding_agent_env.settings.secrets import reexec_without_secrets, secrets_in
 
 __all__ = ["DEFAULT_PORT", "LaunchPlan", "ServeError", "add_arguments", "main", "plan", "serve"]
 
@@ -163,15 +171,39 @@ SERVER_EXTRA_MISSING = "the server's dependencies are not installed: pip install
 
 def serve(args: argparse.Namespace, runner: Runner | None = None) -> int:
     """Plan, warn about all-interface binds, and hand the plan to `runner` (uvicorn.run)."""
+    if runner is None and args.env_dir is None:
+        hide_secrets(reload=args.reload)
     launch = plan(args)
     if launch.host in _ALL_INTERFACES:
         print(f"coding-agent-env: warning: binding all interfaces ({launch.host}); the server is reachable "
               "from other machines", file=sys.stderr)
+        if args.env_dir is None and Settings.from_env().api_token is None:
+            print("coding-agent-env: warning: no API_TOKEN is set: whoever reaches the server can run commands "
+                  "on it (docs/security.md)", file=sys.stderr)
     if runner is None:
         runner = server_runner()
     os.environ.update(launch.environ)
     runner(launch.app, **launch.uvicorn_kwargs())
     return 0
+
+
+def hide_secrets(*, reload: bool = False) -> None:
+    """Re-execute this process without the operator secrets in its environment (`settings.secrets`); with
+    `reload`, warn instead that they stay there. Returns only when there is nothing (more) to do."""
+    if not reload:
+        reexec_without_secrets()
+    elif secrets_in(os.environ):
+        print("coding-agent-env: warning: with --reload the operator secrets stay in the server's environment "
+              f"({', '.join(secrets_in(os.environ))}), where its children can read them; never expose such a "
+              "server", file=sys.stderr)
+
+
+def launched_by_uvicorn() -> bool:
+    """Whether this process is uvicorn's own command (`uvicorn ...`, `python -m uvicorn ...`) serving in this
+    process (not a worker or reloader child, which cannot be re-executed)."""
+    script = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    own = script.name == "uvicorn" or script.parts[-2:] == ("uvicorn", "__main__.py")
+    return own and multiprocessing.parent_process() is None
 
 
 def server_runner() -> Runner:

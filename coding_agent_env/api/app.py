@@ -19,6 +19,10 @@ Task API's routes and `/images`; served at `GET /metrics` in Prometheus's text f
 `settings.metrics_enabled` is off (404), and only to `Authorization: Bearer <settings.metrics_token>` when that is
 set (401 otherwise; compared in constant time).
 
+The caller credential: with `settings.api_token` set, `api.caller_auth.CallerAuth` wraps the whole app (every
+route, mounts included) and lets through only requests carrying the token, but for the few open paths it names
+(`/health`, `/metadata`, ...; the relay's public route keeps its per-rollout tokens, the web tab its login).
+
 The rooms: `api.protocols` (the doors: WS, JSON-RPC, MCP, HTTP), `api.tools` (the one table of tools they share),
 `api.ui` (the Gradio tab); this module only composes them.
 """
@@ -37,6 +41,7 @@ from starlette.responses import Response
 
 from coding_agent_env.aio_watchdog import LoopWatchdog
 from coding_agent_env.api import heap
+from coding_agent_env.api.caller_auth import CallerAuth
 from coding_agent_env.api.images import IMAGES_PATH, ImageBuildRoute
 from coding_agent_env.api.protocols.mcp_door import McpDispatcher
 from coding_agent_env.api.protocols.http import ENV_DESCRIPTION, ENV_NAME, build_router
@@ -145,6 +150,8 @@ def build_app(settings: Settings | None = None, *, tracing: Tracing | None = Non
         app.state.web = web
         on_startup.append(web.start)
         on_shutdown.append(web.stop)
+    if settings.api_token is not None:
+        app.add_middleware(CallerAuth, settings=settings)  # in front of every route and mount
     return app
 
 

@@ -25,7 +25,7 @@ from websockets.exceptions import ConnectionClosed, WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
 from coding_agent_env.errors import CodingAgentEnvError
-from coding_agent_env.urls import ws_url
+from coding_agent_env.urls import caller_headers, ws_url
 
 __all__ = [
     "Channel",
@@ -82,6 +82,7 @@ class Channel:
         try:
             self._ws: ClientConnection = self._exit.enter_context(connect(
                 ws_url(base_url), open_timeout=connect_timeout_s, max_size=MAX_FRAME_BYTES, compression=None,
+                additional_headers=caller_headers(),
             ))
         except (OSError, WebSocketException, TimeoutError) as exc:
             raise ServerUnreachableError(f"cannot connect to {base_url}: {exc}") from exc

@@ -53,7 +53,7 @@ from coding_agent_env.harness.servers import ServerPool
 from coding_agent_env.llm.trace import trace_entries
 from coding_agent_env.models import RolloutRequest, RolloutResult, RolloutStatus, validation_summary
 from coding_agent_env.settings import Settings
-from coding_agent_env.urls import ws_url
+from coding_agent_env.urls import caller_headers, ws_url
 
 __all__ = ["RolloutSession", "RolloutSessionFactory"]
 
@@ -192,7 +192,7 @@ class RolloutSession:
         try:
             return self._exit.enter_context(connect(
                 ws_url(url), open_timeout=self._factory.connect_timeout_s, max_size=_MAX_FRAME_BYTES,
-                compression=None,
+                compression=None, additional_headers=caller_headers(),
             ))
         except (OSError, WebSocketException, TimeoutError) as exc:
             raise ServerUnreachableError(f"cannot connect to {url}: {exc}") from exc

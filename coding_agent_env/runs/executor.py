@@ -32,7 +32,7 @@ from coding_agent_env.sandbox.registry import Backends
 from coding_agent_env.settings import Settings
 from coding_agent_env.tasks import LoadedTask
 from coding_agent_env.tasks.context import pack
-from coding_agent_env.urls import IMAGES_PATH, http_url
+from coding_agent_env.urls import IMAGES_PATH, caller_headers, http_url
 
 __all__ = [
     "Executor", "InProcessExecutor", "Refused", "ServerExecutor", "ServerUnreachableError", "failed_result",
@@ -264,7 +264,8 @@ class ServerExecutor(Executor):
         # A build may take minutes: no read deadline beyond the server's own build.
         timeout = httpx.Timeout(30.0, read=None)
         async with httpx.AsyncClient(base_url=http_url(url), timeout=timeout) as http:
-            answer = await http.post(IMAGES_PATH, content=body, headers={"Content-Type": "application/x-tar"})
+            answer = await http.post(IMAGES_PATH, content=body,
+                                     headers={"Content-Type": "application/x-tar", **caller_headers()})
         if answer.status_code != 200:
             try:
                 message = answer.json()["error"]["message"]

