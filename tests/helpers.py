@@ -75,10 +75,12 @@ def sandbox_dirs(settings: Settings) -> list[str]:
     """Sandbox roots, and relay sockets (the relay's own directory stays: it holds the forwarder copy)."""
     if not settings.state_dir.exists():
         return []
-    # `relay` holds the forwarder copy, `bubblewrap` the bundled bwrap installed for sandbox uids, `results.sqlite`
-    # the results store (and its WAL files): the server's; `builds` holds image build contexts while they build.
+    # `relay` holds the forwarder copy, `bubblewrap` the bundled bwrap installed for sandbox uids, `pathguard` verify's
+    # path guard, `results.sqlite` the results store (and its WAL files): the server's; `builds` holds image build
+    # contexts while they build.
+    own = ("relay", "bubblewrap", "pathguard", "builds")
     found = sorted(p.name for p in settings.state_dir.iterdir()
-                   if p.name not in ("relay", "bubblewrap", "builds") and not p.name.startswith("results.sqlite"))
+                   if p.name not in own and not p.name.startswith("results.sqlite"))
     builds = settings.state_dir / "builds"
     found += sorted(f"builds/{p.name}" for p in builds.iterdir()) if builds.is_dir() else []
     return found + sorted(f"relay/{p.name}" for p in (settings.state_dir / "relay").glob("*.sock"))
