@@ -109,16 +109,16 @@ def hardened_overlay(
     base: Mapping[str, str], roots: Iterable[str], *, fallback_path: str, guard: str | None = None
 ) -> dict[str, str]:
     """What verify sets over `base` (a command's environment before verify adds its own): see the module
-    docstring. A PATH left with no entry becomes `fallback_path`; `guard` (absolute, outside `roots`: the
-    caller's promise that no process of the sandbox can write it) is PYTHONPATH's one entry."""
+    docstring. A PATH left with no entry becomes `fallback_path`; `guard` (an absolute directory no process of
+    the sandbox can write: the backend's promise, `Sandbox.path_guard`) is PYTHONPATH's one entry."""
     roots = tuple(roots)
     overlay: dict[str, str] = dict(VERIFY_SET)
     for name in CLEARED_FOR_VERIFY:
         if base.get(name):
             overlay[name] = ""
     if guard is not None:
-        if _agent_controlled(guard, roots) is not None or ":" in guard:
-            raise ValueError(f"path guard {guard!r} is not a fixed directory outside the agent's reach")
+        if not guard.startswith("/") or ":" in guard:
+            raise ValueError(f"path guard {guard!r} is not one absolute directory")
         overlay["PYTHONPATH"] = guard
     for name in sorted(SEARCH_PATH_VARS - set(CLEARED_FOR_VERIFY)):
         value = base.get(name)
