@@ -291,6 +291,12 @@ async def test_the_presets_score_their_reference_solutions(settings: Settings, n
     assert result.verify_context == "clean_room" and result.reward == reward, result.verify_results
 
 
+@pytest.mark.parametrize("name", ["binary_search", "fizzbuzz", "failing"])
+async def test_the_presets_fail_with_nop(settings: Settings, name: str) -> None:
+    result = await run_rollout(preset(name, agent="nop"), settings=settings)
+    assert result.status is RolloutStatus.COMPLETED and result.reward == 0.0, result.verify_results
+
+
 FIZZ_ATTACKS = {
     "os-exit": "import os\nos._exit(0)",
     "reward-file": "import os\nopen('/logs/verifier/reward.txt', 'w').write('1')\nos._exit(0)",
