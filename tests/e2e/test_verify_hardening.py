@@ -242,9 +242,11 @@ async def test_a_planted_interpreter_on_a_task_path_is_what_the_refusal_prevents
     assert control.reward == 1.0
 
 
-PROBE = ('test "$PYTHONSAFEPATH" = 1 && test "$PYTHONNOUSERSITE" = 1 && test "${PYTHONPATH#/opt/none}" = "$PYTHONPATH" && '
+PROBE = ('test "$PYTHONSAFEPATH" = 1 && test "$PYTHONNOUSERSITE" = 1 && '
+         'test "${PYTHONPATH#/opt/none}" = "$PYTHONPATH" && '
          'test -z "$PYTHONSTARTUP" && test -z "$LD_LIBRARY_PATH" && test -z "$BASH_ENV" && '
-         'python3 -c "import sys; sys.exit(sys.flags.safe_path != 1 or any(p.startswith(\'/opt/none\') for p in sys.path))"')
+         'python3 -c "import sys; sys.exit(sys.flags.safe_path != 1 or '
+         'any(p.startswith(\'/opt/none\') for p in sys.path))"')
 
 
 async def test_verify_runs_without_the_tasks_injecting_variables(settings: Settings) -> None:

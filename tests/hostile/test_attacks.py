@@ -92,7 +92,8 @@ _FAILING_TEST = "import json, unittest\n\n\nclass T(unittest.TestCase):\n    def
 _REWRITE_GUARD = (
     "import os, shutil\nguard = os.environ.get('PYTHONPATH') or '/nonexistent'\n"
     "for name in ('sitecustomize.py', 'json.py'):\n    try:\n"
-    "        open(os.path.join(guard, name), 'w').write('import os\\nos._exit(0)\\n')\n    except OSError:\n        pass\n"
+    "        open(os.path.join(guard, name), 'w').write('import os\\nos._exit(0)\\n')\n"
+    "    except OSError:\n        pass\n"
     "for move in (lambda: os.chmod(guard, 0o777), lambda: os.rename(guard, guard + '.x'),"
     " lambda: shutil.rmtree(guard)):\n    try:\n        move()\n    except OSError:\n        pass\n"
     "raise SystemExit(1)"
