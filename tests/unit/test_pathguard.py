@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from coding_agent_env.sandbox import pathguard
+from coding_agent_env.sandbox.local.launch import GUARD_MOUNT, Bwrap, Unisolated
 from coding_agent_env.verify_env import hardened_overlay
 
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -149,3 +150,14 @@ def test_the_overlay_names_the_guard_alone() -> None:
     for bad in ("", "g", "/run/a:/tmp"):
         with pytest.raises(ValueError, match="path guard"):
             hardened_overlay({}, ("/workspace", "/tmp"), fallback_path="/usr/bin", guard=bad)
+
+
+def test_where_each_local_mode_shows_the_guard() -> None:
+    """bubblewrap: its read-only mount; unisolated: the host directory itself, only for a sandbox uid of its own
+    (commands running as the server's own user could rewrite it: no guard then, the safe path alone)."""
+    source = Path("/state/pathguard/abc")
+    assert Bwrap("probe", "/usr/bin/bwrap", ()).path_guard(source, None) == GUARD_MOUNT
+    unisolated = Unisolated("probe")
+    assert unisolated.path_guard(source, None) is None
+    assert unisolated.path_guard(source, os.geteuid()) is None
+    assert unisolated.path_guard(source, os.geteuid() + 1) == str(source)

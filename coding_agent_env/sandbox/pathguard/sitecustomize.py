@@ -32,22 +32,23 @@ def _drop_own_dir(own):
     sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != own]
 
 
-def _chain(own):
-    """Run the next `sitecustomize` on the path (the system's), reporting its failure as site.py would."""
+def _chain():
+    """Run the next `sitecustomize` on the path (the system's) through the import system already loaded (nothing
+    more is imported), reporting its failure as site.py would; this module stays `sitecustomize` if none."""
+    this = sys.modules.pop(__name__, None)
     try:
-        from importlib import machinery, util
-    except ImportError:
-        return  # Python 2: no chaining (its own sitecustomize is not run)
-    spec = machinery.PathFinder.find_spec("sitecustomize", list(sys.path))
-    if spec is None or spec.loader is None or os.path.dirname(os.path.abspath(spec.origin or "")) == own:
-        return
-    module = util.module_from_spec(spec)
-    sys.modules["sitecustomize"] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as err:  # site.py's own words for a failing sitecustomize
-        sys.stderr.write("Error in sitecustomize; set PYTHONVERBOSE for traceback:\n%s: %s\n"
-                         % (type(err).__name__, err))
+        __import__("sitecustomize")
+    except ImportError as err:
+        if getattr(err, "name", "sitecustomize") != "sitecustomize":  # (Python 2 has no name: none found)
+            _report(err)
+    except Exception as err:  # noqa: BLE001 - what site.py does for a failing sitecustomize
+        _report(err)
+    if "sitecustomize" not in sys.modules and this is not None:
+        sys.modules[__name__] = this
+
+
+def _report(err):
+    sys.stderr.write("Error in sitecustomize; set PYTHONVERBOSE for traceback:\n%s: %s\n" % (type(err).__name__, err))
 
 
 def _first_dir():
@@ -67,7 +68,7 @@ def _guard():
     own = _own_dir()
     _drop_own_dir(own)
     try:
-        _chain(own)
+        _chain()
     except Exception:
         pass  # no system hook then; the guard itself still applies
     if getattr(sys.flags, "safe_path", False):
