@@ -161,3 +161,19 @@ def test_where_each_local_mode_shows_the_guard() -> None:
     assert unisolated.path_guard(source, None) is None
     assert unisolated.path_guard(source, os.geteuid()) is None
     assert unisolated.path_guard(source, os.geteuid() + 1) == str(source)
+
+
+@pytest.mark.parametrize("hook", ["raise RuntimeError('broken hook')\n", "import no_such_module_anywhere\n"])
+def test_a_failing_system_sitecustomize_is_reported_as_python_would(hook: str, tmp_path: Path, guard: Path,
+                                                                    work: Path) -> None:
+    """A virtualenv whose own sitecustomize fails: the same message site.py prints without the guard, and the
+    guard still applies."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=TIMEOUT_S)
+    (site,) = venv.glob("lib/python3*/site-packages")
+    (site / "sitecustomize.py").write_text(hook)
+    python = str(venv / "bin" / "python")
+    guarded = run(python, ["-c", "import m; print(m.X)"], work, guard)
+    plain = run(python, ["-c", "print(42)"], work, None)
+    assert guarded.stdout == plain.stdout == "42\n"
+    assert guarded.stderr == plain.stderr and plain.stderr.startswith("Error in sitecustomize"), plain.stderr
