@@ -2,11 +2,11 @@
 where a backend makes its directory.
 
 Contract: `files()` is the directory's content, by name (one file, `sitecustomize.py`); `install(state_dir)`
-makes `state_dir/pathguard/<digest>/` holding it (directory 0755, file 0644, owned by this process's user), once per
-content (an existing one is reused; made under a temporary name and renamed, so concurrent callers never see
-half of it), and returns it. A backend shows that directory to its sandboxes READ-ONLY to every process there
-(a read-only bind, a root-owned directory the sandbox's users cannot write) and names it in
-`Sandbox.verify_site`; a backend that cannot says None, and verify keeps Python's safe path alone.
+makes `state_dir/pathguard/<digest>/` holding it (directory 0755, file 0644, owned by this process's user),
+once per content (an existing one is reused; made under a temporary name and renamed, so concurrent callers
+never see half of it), and returns it. A backend shows that directory to its sandboxes READ-ONLY to every
+process there (a read-only bind, a directory owned by a user none of its processes runs as) and names it in
+`Sandbox.path_guard`; a backend that cannot says None, and verify keeps Python's safe path alone.
 """
 
 from __future__ import annotations
