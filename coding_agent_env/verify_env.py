@@ -4,16 +4,20 @@ A verify command runs tools (bash, python3, pytest) whose search paths and start
 environment. Anything those variables point at that the agent could write hands verify to the agent: a
 `PATH` entry in the workspace runs a planted `python3`, an `LD_PRELOAD` entry there injects a library into
 every process, a `PYTHONPATH` entry shadows `unittest` or `pytest`, and Python's own default (the current
-directory first on `sys.path` for `-m` and `-c`) lets a planted `pytest.py` run instead of pytest.
+directory first on `sys.path` for `-m` and `-c`, the script's directory for a script) lets a planted
+`pytest.py` run instead of pytest.
 
 Contracts (pure functions, no I/O):
 - `workspace_entry(name, value, roots)`: the first entry of a search-path variable that the agent could
   control (relative, empty, or under one of `roots`), else None. Used to refuse a task's `env` at validation.
-- `hardened_overlay(base, roots, fallback_path=...)`: what verify adds over a command's base environment so that none of that
-  applies: Python's safe path and no user site, the code-injecting variables emptied, and the entries under
-  `roots` dropped from the other search paths. An empty value is how a variable is "unset" here (the overlay
-  is added over the base, it cannot remove): Python, the dynamic loader and bash all treat an empty value of
-  these variables as unset.
+- `hardened_overlay(base, roots, fallback_path=..., guard=...)`: what verify adds over a command's base
+  environment so that none of that applies: Python's safe path and no user site, the code-injecting variables
+  emptied, and the entries under `roots` dropped from the other search paths. With `guard` (the sandbox's
+  read-only directory holding the path guard, `Sandbox.path_guard`), PYTHONPATH names it alone: Python then puts
+  the directory it would have put first at the END of `sys.path` (after the standard library and installed
+  packages) instead of leaving it off, so the agent's own modules import and shadow nothing. An empty value is
+  how a variable is "unset" here (the overlay is added over the base, it cannot remove): Python, the dynamic
+  loader and bash all treat an empty value of these variables as unset.
 """
 
 from __future__ import annotations
@@ -53,7 +57,8 @@ ahead of the standard library, a preloaded library, a shell start-up file, cache
 never needs it. The rest of `SEARCH_PATH_VARS` keeps its entries outside the agent's roots."""
 
 VERIFY_SET: Mapping[str, str] = {"PYTHONSAFEPATH": "1", "PYTHONNOUSERSITE": "1"}
-"""Python never puts the current or the script's directory first on `sys.path` (3.11+), nor the user site."""
+"""Python never puts the current or the script's directory first on `sys.path` (3.11+), nor the user site (the
+path guard, where the sandbox has one, puts that directory last instead)."""
 
 _PRELOAD_SEPARATORS = re.compile(r"[:\s]")
 
@@ -100,14 +105,21 @@ def workspace_entry(name: str, value: str, roots: Iterable[str] = AGENT_WRITABLE
     return None
 
 
-def hardened_overlay(base: Mapping[str, str], roots: Iterable[str], *, fallback_path: str) -> dict[str, str]:
+def hardened_overlay(
+    base: Mapping[str, str], roots: Iterable[str], *, fallback_path: str, guard: str | None = None
+) -> dict[str, str]:
     """What verify sets over `base` (a command's environment before verify adds its own): see the module
-    docstring. A PATH left with no entry becomes `fallback_path`."""
+    docstring. A PATH left with no entry becomes `fallback_path`; `guard` (an absolute directory no process of
+    the sandbox can write: the backend's promise, `Sandbox.path_guard`) is PYTHONPATH's one entry."""
     roots = tuple(roots)
     overlay: dict[str, str] = dict(VERIFY_SET)
     for name in CLEARED_FOR_VERIFY:
         if base.get(name):
             overlay[name] = ""
+    if guard is not None:
+        if not guard.startswith("/") or ":" in guard:
+            raise ValueError(f"path guard {guard!r} is not one absolute directory")
+        overlay["PYTHONPATH"] = guard
     for name in sorted(SEARCH_PATH_VARS - set(CLEARED_FOR_VERIFY)):
         value = base.get(name)
         if not value:

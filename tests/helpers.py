@@ -75,12 +75,13 @@ def sandbox_dirs(settings: Settings) -> list[str]:
     """Sandbox roots, and relay sockets (the relay's own directory stays: it holds the forwarder copy)."""
     if not settings.state_dir.exists():
         return []
-    # `relay` holds the forwarder copy, `bubblewrap` the bundled bwrap installed for sandbox uids, `results.sqlite`
-    # the results store (and its WAL files): the server's; `builds` holds image build contexts while they build;
-    # `docker-made` the Docker backend's records of what it made (a record left is a container or image left).
+    # `relay` holds the forwarder copy, `bubblewrap` the bundled bwrap installed for sandbox uids, `pathguard` verify's
+    # path guard, `results.sqlite` the results store (and its WAL files): the server's; `builds` holds image build
+    # contexts while they build; `docker-made` the Docker backend's records of what it made (a record left is a
+    # container or image left).
+    own = ("relay", "bubblewrap", "pathguard", "builds", "docker-made")
     found = sorted(p.name for p in settings.state_dir.iterdir()
-                   if p.name not in ("relay", "bubblewrap", "builds", "docker-made")
-                   and not p.name.startswith("results.sqlite"))
+                   if p.name not in own and not p.name.startswith("results.sqlite"))
     builds = settings.state_dir / "builds"
     found += sorted(f"builds/{p.name}" for p in builds.iterdir()) if builds.is_dir() else []
     found += sorted(f"docker-made/{p.parent.name}/{p.name}" for p in (settings.state_dir / "docker-made").glob("*/*"))

@@ -184,12 +184,15 @@ class Task(WireModel):
     )
     verify_hardening: bool = Field(
         default=True,
-        description="Verify runs hardened: Python with PYTHONSAFEPATH=1 and PYTHONNOUSERSITE=1 (neither the current "
-        "nor the script's directory first on sys.path: `python3 -m unittest name` and `python3 -c 'import x'` no "
-        "longer import from the workdir unless the command puts it on the path), PYTHONPATH, PYTHONHOME, "
-        "PYTHONSTARTUP, LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, BASH_ENV and ENV emptied, and search-path entries "
-        "(PATH, NODE_PATH, ...) inside places the agent can write dropped; `env` may then not point a search-path "
-        "variable into them (refused). In a clean room, a reward file counts only with `reward_file_required` "
+        description="Verify runs hardened: Python with PYTHONSAFEPATH=1 and PYTHONNOUSERSITE=1, and, where the "
+        "sandbox has a path guard (local and Docker: docs/verify.md), the directory Python would put first (the "
+        "workdir for `-c`/`-m`, a script's own directory) put LAST on sys.path instead: the agent's modules "
+        "import as before but shadow nothing of the standard library or installed packages (a module of the "
+        "workdir named like one of those, e.g. test.py, is not the one imported); without a guard that directory "
+        "is not on the path at all. The task's PYTHONPATH, PYTHONHOME, PYTHONSTARTUP, LD_PRELOAD, "
+        "LD_LIBRARY_PATH, LD_AUDIT, BASH_ENV and ENV are not used, and search-path entries (PATH, NODE_PATH, "
+        "...) inside places the agent can write are dropped; `env` may then not point a search-path variable "
+        "into them (refused). In a clean room, a reward file counts only with `reward_file_required` "
         "(the artifacts verify runs could write one). false: none of this.",
     )
     workdir: str | None = Field(

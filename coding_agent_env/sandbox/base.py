@@ -311,6 +311,10 @@ class Sandbox(abc.ABC):
     """Base URL at which processes started by `spawn` reach the LLM relay (network `llm`), else None."""
     agents_dir: str | None = None
     """Where the spec's `agents_dir` is visible inside (read-only), else None."""
+    path_guard: str | None = None
+    """Where the path guard (`sandbox.pathguard`) is visible inside: a directory no process of the sandbox can
+    write (a read-only mount, or owned by a user none of its processes runs as), which hardened verify names in
+    PYTHONPATH. None where the backend cannot promise that: verify then runs with Python's safe path alone."""
     shell: str = "/bin/bash"
     """Shell used to run the task's command strings (`shell -c CMD`)."""
     network: str = "none"

@@ -37,8 +37,8 @@ def correct_solution() -> list[str]:
 
 
 UNITTEST = "python3 -m unittest discover -q -s . -p test_search.py"
-"""The example's tests by path: hardened verify (PYTHONSAFEPATH) does not import from the working directory by
-itself, `discover -s .` puts it on the path explicitly."""
+"""The example's tests by path (`discover -s .` puts the directory on the path itself: the shape that works on
+every backend, with or without a path guard, docs/verify.md)."""
 
 
 def in_workspace(task: RolloutRequest) -> RolloutRequest:

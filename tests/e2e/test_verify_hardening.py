@@ -8,6 +8,11 @@ these tests can fail.
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -102,15 +107,111 @@ async def test_a_planted_unittest_package_is_not_imported(settings: Settings) ->
     assert control.reward == 1.0
 
 
-async def test_a_planted_pytest_module_is_not_imported(settings: Settings) -> None:
-    """`python3 -m pytest` in the workspace: the planted pytest.py in the workdir is never imported (the sandbox's
-    Python has no pytest of its own here, so the hardened run fails for want of one: it did not run the plant)."""
-    task = in_workspace(solution=["printf 'import sys\\nsys.exit(0)\\n' > pytest.py"], verify=["python3 -m pytest -q"])
+@pytest.fixture
+def tools_dir() -> Iterator[Path]:
+    """A host directory sandbox uids can read (pytest's tmp_path is 0700), removed after the test."""
+    path = Path(tempfile.mkdtemp(prefix="cae-test-tools-"))
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def with_pytest(directory: Path) -> Path:
+    """A virtualenv of the sandbox's Python (the host's /usr/bin/python3, which bubblewrap shows) holding the
+    pytest this suite runs on, made in `directory` (shown read-only to a sandbox as its agents directory): the
+    image's own pytest, outside anything the agent can write."""
+    venv = directory / "venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    (site,) = venv.glob("lib/python3*/site-packages")
+    source = Path(pytest.__file__).resolve().parents[1]
+    for name in ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py.py"):
+        if (source / name).is_dir():
+            shutil.copytree(source / name, site / name)
+        elif (source / name).exists():
+            shutil.copy(source / name, site / name)
+    return venv
+
+
+TEST_SEARCH = "from search import binary_search\n\n\ndef test_it():\n    assert binary_search([1, 2, 5], 5) == 2\n"
+
+
+@pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="the sandbox's Python is the host's /usr/bin/python3")
+async def test_a_planted_pytest_module_shadows_no_installed_pytest(settings: Settings, tools_dir: Path) -> None:
+    """`python -m pytest /tests/...` in the workdir (Harbor's shape: the tests beside none of the agent's files),
+    with pytest installed (a virtualenv shown read-only, as an image has one): the test imports the agent's
+    module from the workdir and passes; a planted `pytest.py` never runs instead of pytest (its own `exit 0`
+    would pass the failing test). Fails on the safe path alone (no module `search`: pytest puts only the test's
+    own directory on the path)."""
+    venv = with_pytest(tools_dir)
+    python = f"/opt/agents/{venv.name}/bin/python"
+    check = [f"{python} -m pytest -q -p no:cacheprovider /logs/checks/test_search_py.py"]
+    async with Backends(settings) as backends:
+        box = await backends.get("local").create(SandboxSpec(rollout_id="verify-pytest", agents_dir=str(tools_dir)))
+        try:
+            runner = CommandRunner(box, timeout_s=60, max_output_bytes=8192, redact=Redactor([]))
+            await box.write_text("search.py", example().solution[0].split("<<'PY'\n", 1)[1].rsplit("\nPY", 1)[0])
+            await box.mkdir("/logs/checks")
+            await box.write_text("/logs/checks/test_search_py.py", TEST_SEARCH)
+            honest = await run_verify(runner, check, on_result=lambda _, r: None)
+            assert honest.results[0].exit_code == 0 and "1 passed" in honest.results[0].stdout, honest.results
+            await box.write_text("search.py", WRONG)
+            await box.write_text("pytest.py", "import os\nos._exit(0)\n")
+            hacked = await run_verify(runner, check, on_result=lambda _, r: None)
+            assert hacked.results[0].exit_code == 1 and "1 failed" in hacked.results[0].stdout, hacked.results
+            open_door = await run_verify(runner, check, on_result=lambda _, r: None, hardened=False)
+            assert open_door.results[0].exit_code == 0  # the plant: what the guard keeps out
+        finally:
+            await box.close()
+
+
+NATURAL = {
+    "import-in-workdir": "python3 -c 'import search; assert search.binary_search([1, 3, 9], 9) == 2'",
+    "unittest-module": "python3 -m unittest -q test_search",
+    "script-beside-its-module": "mkdir -p runtime && cp search.py runtime/ && printf 'import search\\n"
+                                "assert search.binary_search([2, 4], 4) == 1\\n' > runtime/run.py && "
+                                "cd / && python3 /workspace/runtime/run.py",
+}
+
+
+@pytest.mark.parametrize("shape", list(NATURAL))
+async def test_natural_verify_shapes_keep_their_reward(settings: Settings, shape: str) -> None:
+    """The verify shapes tasks were written in before hardening: the reference scores 1.0 (0 with the safe path
+    alone: `No module named 'search'`), the wrong answer 0."""
+    task = example(artifacts=[], verify_files={}, verify=[NATURAL[shape]])
+    reference = await run_rollout(task, settings=settings)
+    assert reference.verify_context == "workspace" and reference.reward == 1.0, reference.verify_results
+    wrong = await run_rollout(task.model_copy(update={"solution": artifact(WRONG)}), settings=settings)
+    assert wrong.reward == 0.0
+
+
+async def test_a_planted_json_shadows_nothing(settings: Settings) -> None:
+    task = in_workspace(solution=[*example().solution, "printf 'import os\\nos._exit(0)\\n' > json.py"],
+                        verify=["python3 -c 'import json, search; raise SystemExit(json.loads(\"3\"))'"])
     hacked = await run_rollout(task, settings=settings)
-    assert hacked.reward == 0.0 and "No module named pytest" in hacked.verify_results[0].stderr
-    assert "PYTHONSAFEPATH" in (hacked.reward_note or "")  # the hint: the workdir is not on Python's path
+    assert hacked.verify_results[0].exit_code == 3, hacked.verify_results  # the standard library's json ran
     control = await run_rollout(task.model_copy(update={"verify_hardening": False}), settings=settings)
-    assert control.reward == 1.0
+    assert control.verify_results[0].exit_code == 0  # the plant ran
+
+
+REWRITE_GUARD = (
+    'test -n "$PYTHONPATH" && for f in "$PYTHONPATH/sitecustomize.py" "$PYTHONPATH/x.py"; do '
+    "printf 'import os\\nos._exit(0)\\n' > \"$f\" && exit 0; done; "
+    'chmod 777 "$PYTHONPATH" && exit 0; mv "$PYTHONPATH" /tmp/g && exit 0; rm -rf "$PYTHONPATH" 2>/dev/null; '
+    'test -f "$PYTHONPATH/sitecustomize.py" || exit 0; exit 1'
+)
+"""Verify command 1, as code an artifact runs: every way to change the guard (rewrite it, add a module beside it,
+open its directory, move or delete it); exit 0 when one worked, 1 when none did."""
+
+
+@pytest.mark.parametrize("user", [None, "root"])
+async def test_one_verify_command_cannot_change_the_next_ones_path_machinery(settings: Settings,
+                                                                           user: str | None) -> None:
+    """As the sandbox's user and as root of its user namespace (Harbor's default verifier user)."""
+    after = "python3 -c 'import sys, search; sys.exit(1)'"  # exits 0 if a rewritten guard ran first
+    task = in_workspace(verify=[REWRITE_GUARD, after], verify_user=user)
+    result = await run_rollout(task, settings=settings)
+    assert result.status is RolloutStatus.COMPLETED, result.error
+    assert [r.exit_code for r in result.verify_results] == [1, 1], result.verify_results
 
 
 PLANTED_PYTHON = "mkdir -p .venv/bin && printf '#!/bin/sh\\nexit 0\\n' > .venv/bin/python3 && chmod +x .venv/bin/python3"
@@ -141,9 +242,11 @@ async def test_a_planted_interpreter_on_a_task_path_is_what_the_refusal_prevents
     assert control.reward == 1.0
 
 
-PROBE = ('test "$PYTHONSAFEPATH" = 1 && test "$PYTHONNOUSERSITE" = 1 && test -z "$PYTHONPATH" && '
+PROBE = ('test "$PYTHONSAFEPATH" = 1 && test "$PYTHONNOUSERSITE" = 1 && '
+         'test "${PYTHONPATH#/opt/none}" = "$PYTHONPATH" && '
          'test -z "$PYTHONSTARTUP" && test -z "$LD_LIBRARY_PATH" && test -z "$BASH_ENV" && '
-         'python3 -c "import sys; sys.exit(sys.flags.safe_path != 1)"')
+         'python3 -c "import sys; sys.exit(sys.flags.safe_path != 1 or '
+         'any(p.startswith(\'/opt/none\') for p in sys.path))"')
 
 
 async def test_verify_runs_without_the_tasks_injecting_variables(settings: Settings) -> None:
@@ -188,6 +291,12 @@ def preset(name: str, **update: object) -> RolloutRequest:
 async def test_the_presets_score_their_reference_solutions(settings: Settings, name: str, reward: float) -> None:
     result = await run_rollout(preset(name), settings=settings)
     assert result.verify_context == "clean_room" and result.reward == reward, result.verify_results
+
+
+@pytest.mark.parametrize("name", ["binary_search", "fizzbuzz", "failing"])
+async def test_the_presets_fail_with_nop(settings: Settings, name: str) -> None:
+    result = await run_rollout(preset(name, agent="nop"), settings=settings)
+    assert result.status is RolloutStatus.COMPLETED and result.reward == 0.0, result.verify_results
 
 
 FIZZ_ATTACKS = {

@@ -8,7 +8,7 @@ reward; the hostile rollout ends by its own deadline with a scored result (`comp
 `agent_timeout`, a reward, never `infra_error` or a protocol error) whose expected reward and notes the case
 states; and nothing of it is left on the host (processes of the server's sandbox uids, mounts, sandbox
 directories, control groups). Attacks on task sources, the image route and the batch runner are in
-tests/tasks and tests/runs; those on the verifier's import path in tests/e2e.
+tests/tasks and tests/runs; more on the verifier's import path in tests/e2e and tests/backends/test_path_guard.py.
 """
 
 from __future__ import annotations
@@ -81,6 +81,26 @@ def _noted(result: RolloutResult) -> None:
     assert result.reward_note, "the ignored reward file is not explained in reward_note"
 
 
+_EXIT_0 = "import os\nos._exit(0)\n"
+_SHADOWS = ("json.py", "unittest/__init__.py", "unittest/__main__.py", "pytest.py", "sitecustomize.py",
+            "apport_python_hook.py")
+"""Modules the agent plants beside its own (the workdir) and beside a script it owns (`runtime/`): each exits 0
+wherever Python would import it."""
+_PLANT = "mkdir -p unittest runtime/unittest && " + " && ".join(
+    f"printf '{_EXIT_0}' > {name} && cp {name} runtime/{name}" for name in _SHADOWS)
+_FAILING_TEST = "import json, unittest\n\n\nclass T(unittest.TestCase):\n    def test(self):\n        self.fail()\n"
+_REWRITE_GUARD = (
+    "import os, shutil\nguard = os.environ.get('PYTHONPATH') or '/nonexistent'\n"
+    "for name in ('sitecustomize.py', 'json.py'):\n    try:\n"
+    "        open(os.path.join(guard, name), 'w').write('import os\\nos._exit(0)\\n')\n"
+    "    except OSError:\n        pass\n"
+    "for move in (lambda: os.chmod(guard, 0o777), lambda: os.rename(guard, guard + '.x'),"
+    " lambda: shutil.rmtree(guard)):\n    try:\n        move()\n    except OSError:\n        pass\n"
+    "raise SystemExit(1)"
+)
+"""Code an artifact runs in verify command 1: every way to change the path guard for command 2."""
+
+
 ATTACKS = [
     # 1. The agent's log becomes a FIFO with no writer: collection must not open it (it would block forever).
     Attack("fifo-agent-log", {
@@ -141,6 +161,26 @@ ATTACKS = [
         "artifacts": ["a.txt", "b.txt"],
         "verify": ["test -f a.txt || test -f b.txt"],
     }, reward=0.0, check=_no_secret("root:x:0:0")),
+    # Planted standard-library and tool names in the workdir and a script's directory: the verifier's own run
+    # (json, unittest, a script importing its sibling) uses the real ones, so the failing checks fail; the agent's
+    # own module still imports (on the safe path alone the last check fails too: 0.0).
+    Attack("planted-shadows", {
+        "solution": [_PLANT, "printf 'X = 1\\n' > runtime/sibling.py && printf 'import json, sibling\\n"
+                             "raise SystemExit(json.loads(\"7\"))\\n' > runtime/run.py"],
+        "verify_files": {"test_fail.py": _FAILING_TEST},
+        "verify": ["python3 -m unittest -q test_fail", "python3 -c 'import json; raise SystemExit(json.loads(\"1\"))'",
+                   "python3 runtime/run.py", "python3 runtime/run.py; test $? = 7"],
+    }, reward=0.25),  # the last passes: the agent's own module imports, the real json parses 7
+    # Verify command 1 (the agent's code) rewrites the path guard for command 2: it cannot.
+    Attack("rewrite-path-guard", {
+        "solution": [_writer(_REWRITE_GUARD)],
+        "verify": ["python3 evil.py", "python3 -c 'import sys; sys.exit(1)'"],
+    }, reward=0.0),
+    Attack("rewrite-path-guard-as-root", {
+        "solution": [_writer(_REWRITE_GUARD)],
+        "verify": ["python3 evil.py", "python3 -c 'import sys; sys.exit(1)'"],
+        "verify_user": "root",
+    }, reward=0.0),
     # A log of binary junk far beyond the tail kept.
     Attack("binary-log-flood", {
         "solution": ["head -c 20000000 /dev/urandom"],

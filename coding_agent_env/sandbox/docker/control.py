@@ -25,7 +25,7 @@ from typing import Any
 from coding_agent_env.errors import SandboxError
 from coding_agent_env.sandbox.docker.engine import call
 from coding_agent_env.sandbox.docker.hostdir import HostDir
-from coding_agent_env.sandbox.docker.layout import LAYOUT, RELAY_SOCKET, SandboxLayout
+from coding_agent_env.sandbox.docker.layout import GUARD_DIR, LAYOUT, RELAY_SOCKET, SandboxLayout
 from coding_agent_env.sandbox.docker.reaper import LABEL_HOSTDIR
 from coding_agent_env.sandbox.docker.transport import ContainerSpec, DockerTransport
 from coding_agent_env.sandbox.launcher.client import OutputCap
@@ -73,8 +73,10 @@ class ControlChannel(DockerTransport):
         command += ["--ctl", f"{LAYOUT.code_dir}/{HostDir.SOCKET}"]
         if forward_port is not None:
             command += ["--forward-socket", RELAY_SOCKET, "--forward-port", str(forward_port)]
-        # One read-only mount: the code, and the control listener (connecting needs no writable mount).
-        volumes = {str(self._host.path): {"bind": LAYOUT.code_dir, "mode": "ro"}}
+        # Read-only mounts: the code, and the control listener (connecting needs no writable mount); the path
+        # guard on its own (the code's directory is root's alone).
+        volumes = {str(self._host.path): {"bind": LAYOUT.code_dir, "mode": "ro"},
+                   str(self._host.guard): {"bind": GUARD_DIR, "mode": "ro"}}
         return ContainerSpec(command, volumes, {LABEL_HOSTDIR: str(self._host.path)})
 
     async def boot(self, api: Any, container_id: str, forward_port: int | None) -> None:

@@ -1,6 +1,8 @@
 """A container's host directory (control transport only), bind-mounted read-only at `LAYOUT.code`.
 
-It holds the launcher's files, the forwarder and the one-shot SOCK_SEQPACKET listener PID 1 connects to. It is
+It holds the launcher's files, the forwarder and the one-shot SOCK_SEQPACKET listener PID 1 connects to, and
+the path guard's directory (`GUARD_SUBDIR`, mode 0755: the sandbox's user reads it), bind-mounted read-only on
+its own at `GUARD_DIR` (the host directory itself is 0700). It is
 owned by this server process (`<pid>-docker-<hex>` under the state dir), so both reapers can remove it after a
 crash (the Docker reaper finds it by the container's `LABEL_HOSTDIR`).
 """
@@ -14,7 +16,8 @@ import socket
 from pathlib import Path
 
 from coding_agent_env.errors import SandboxError
-from coding_agent_env.sandbox.docker.layout import code_files
+from coding_agent_env.sandbox import pathguard
+from coding_agent_env.sandbox.docker.layout import GUARD_SUBDIR, code_files
 from coding_agent_env.sandbox.launcher.inside.treeops import remove_tree
 
 __all__ = ["HostDir"]
@@ -31,6 +34,11 @@ class HostDir:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.listener: socket.socket | None = None
+
+    @property
+    def guard(self) -> Path:
+        """The path guard's host directory."""
+        return self.path / GUARD_SUBDIR
 
     @staticmethod
     def fits(state_dir: Path) -> bool:
@@ -49,6 +57,11 @@ class HostDir:
             path.mkdir(mode=0o700)
             for name, data in code_files().items():
                 (path / name).write_bytes(data)
+            made.guard.mkdir()
+            for name, data in pathguard.files().items():
+                (made.guard / name).write_bytes(data)
+                os.chmod(made.guard / name, 0o644)
+            os.chmod(made.guard, 0o755)  # whatever the umask: the sandbox's user reads it
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             made.listener = listener
             listener.bind(str(path / cls.SOCKET))

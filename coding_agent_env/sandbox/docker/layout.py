@@ -7,11 +7,15 @@ import posixpath
 from dataclasses import dataclass
 
 from coding_agent_env.errors import SandboxUnsupportedError
+from coding_agent_env.sandbox import pathguard
 from coding_agent_env.sandbox.base import SandboxPaths, SandboxSpec
 from coding_agent_env.sandbox.docker import tar
 from coding_agent_env.sandbox.launcher.client import SANDBOX_UID, InnerLayout, forwarder_source, launcher_files
 
-__all__ = ["AGENTS_DIR", "DEFAULT", "LAYOUT", "PATHS", "RELAY_SOCKET", "TESTS", "SandboxLayout", "code_files"]
+__all__ = [
+    "AGENTS_DIR", "DEFAULT", "GUARD_DIR", "GUARD_SUBDIR", "LAYOUT", "PATHS", "RELAY_SOCKET", "TESTS", "SandboxLayout",
+    "code_files",
+]
 
 PATHS = SandboxPaths(workdir="/workspace", home="/home/sandbox", tmp="/tmp", logs="/logs")
 """A sandbox's paths when its spec names no workdir and no hidden tests."""
@@ -21,6 +25,10 @@ TESTS = "/tests"
 LAYOUT = InnerLayout(base="/.coding-agent-env", code="/.coding-agent-env/code")
 RELAY_SOCKET = "/run/coding-agent-env-relay.sock"
 AGENTS_DIR = "/opt/coding-agent-env/agents"
+GUARD_SUBDIR = "verify-site"
+GUARD_DIR = f"{LAYOUT.base}/{GUARD_SUBDIR}"
+"""The path guard's directory (`Sandbox.path_guard`): root's, read-only to the sandbox's user (a read-only mount
+with the control transport, a root-owned directory copied in with the exec transport)."""
 _SYSTEM = ("/proc", "/sys", "/dev", "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/run")
 """Where no task's directory can be shown: the kernel's, the image's programs (the test image binds the host's
 /usr there), the engine's own files."""
@@ -86,11 +94,13 @@ class SandboxLayout:
         return ",".join(f"{link}={target}" for link, target in self.links.items()) or None
 
     def machinery_tar(self) -> bytes:
-        """The code, its run/fresh dirs (root-only) and the sandbox's own directories, to copy in before
-        start."""
+        """The code, its run/fresh dirs (root-only), the path guard and the sandbox's own directories, to copy in
+        before start."""
         base = LAYOUT.base.lstrip("/")
         code = LAYOUT.code_dir.lstrip("/")
-        dirs = {base: (0, 0o755), code: (0, 0o755), f"{base}/run": (0, 0o700), f"{base}/fresh": (0, 0o711)}
+        guard = GUARD_DIR.lstrip("/")
+        dirs = {base: (0, 0o755), code: (0, 0o755), f"{base}/run": (0, 0o700), f"{base}/fresh": (0, 0o711),
+                guard: (0, 0o755)}
         for path in self.owned:
             parts = path.strip("/").split("/")
             for i in range(len(parts) - 1):
@@ -98,7 +108,9 @@ class SandboxLayout:
             dirs["/".join(parts)] = (SANDBOX_UID, 0o755)
         dirs["tmp"] = (0, 0o1777)
         links = {link.lstrip("/"): target for link, target in self.links.items()}
-        return tar.tree_tar(dirs, {f"{code}/{name}": data for name, data in code_files().items()}, links)
+        files = {f"{code}/{name}": data for name, data in code_files().items()}
+        files |= {f"{guard}/{name}": data for name, data in pathguard.files().items()}
+        return tar.tree_tar(dirs, files, links)
 
 
 def _claimable(path: str, setting: str, taken: tuple[str, ...]) -> str:

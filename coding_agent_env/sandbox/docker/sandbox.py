@@ -30,7 +30,7 @@ from coding_agent_env.sandbox.cgroups import limit_hits_of_pid
 from coding_agent_env.sandbox.docker import tar
 from coding_agent_env.sandbox.docker.archive import Archive
 from coding_agent_env.sandbox.docker.engine import call
-from coding_agent_env.sandbox.docker.layout import AGENTS_DIR, LAYOUT, SandboxLayout
+from coding_agent_env.sandbox.docker.layout import AGENTS_DIR, GUARD_DIR, LAYOUT, SandboxLayout
 from coding_agent_env.sandbox.docker.transport import DockerTransport
 from coding_agent_env.sandbox.highwater import HIGH_WATER, Mark
 from coding_agent_env.sandbox.launcher.client import SANDBOX_UID
@@ -93,6 +93,7 @@ class DockerSandbox(LauncherSandbox):
             self.relay_url = f"http://127.0.0.1:{relay_port}/v1"
         if spec.agents_dir is not None:
             self.agents_dir = AGENTS_DIR
+        self.path_guard = GUARD_DIR
 
     async def limits_hit(self) -> list[str]:
         """From the container's control-group counters, when its engine runs on this host (else none known);

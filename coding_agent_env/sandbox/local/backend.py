@@ -68,6 +68,7 @@ from coding_agent_env.sandbox.base import (
     SandboxTemplate,
     scopes,
 )
+from coding_agent_env.sandbox import pathguard
 from coding_agent_env.sandbox.local.cgroup import Cgroups
 from coding_agent_env.sandbox.local.disk import mount_tmpfs, unmount
 from coding_agent_env.sandbox.local.fork import LocalTemplate, overlay_refusal, used_bytes
@@ -103,6 +104,8 @@ class LocalBackend(SandboxBackend):
         )
         self._bounds = Bounds()
         self._dirs = dirs or DirWork()
+        self._guard: Path | None = None
+        """The path guard's host directory, made at the first create (`pathguard.install`)."""
 
     def _probe(self) -> Launch:
         with self._probe_lock:
@@ -232,6 +235,7 @@ class LocalBackend(SandboxBackend):
             unable = await asyncio.to_thread(launch.users_refusal)
             if unable is not None:
                 raise SandboxUnsupportedError("local", "users", unable)
+        guard = self._guard or await asyncio.to_thread(self._install_guard)
         # The relay port in the sandbox's namespace is reserved now, for the agent (see `relay`).
         port = self._config.relay_port
         reserve = port if relay is not None and relay.serve is not None else None
@@ -267,10 +271,19 @@ class LocalBackend(SandboxBackend):
             launch, made, uid,
             limits=process, enforced=enforced, scopes=self._scopes(enforced), disk_budget=limits.disk_mb << 20,
             relay=relay, relay_port=port, agents_source=spec.agents_dir, release=give_back, dirs=self._dirs,
-            layout=layout, userns=userns, release_users=release_users,
+            layout=layout, userns=userns, release_users=release_users, guard_source=guard,
         )
         box.task_env = MappingProxyType(dict(spec.env))  # no image here: the task's variables alone
         return box
+
+    def _install_guard(self) -> Path:
+        """The path guard's directory under the state dir (as the relay's forwarder is: traversable by sandbox
+        uids); `SandboxError` if it cannot be made (no sandbox could be, there)."""
+        try:
+            self._guard = pathguard.install(self._settings.state_dir)
+        except OSError as exc:
+            raise SandboxError(f"cannot make the path guard under {self._settings.state_dir}: {exc}") from exc
+        return self._guard
 
     async def _users(self, uid: int | None) -> tuple[int, Callable[[], None]]:
         """A sandbox with users: its id range, taken, and its user namespace (our descriptor), made; and what

@@ -36,6 +36,7 @@ from coding_agent_env.sandbox.local.proc import HostCredentials
 __all__ = [
     "AGENTS_MOUNT",
     "BWRAP_PATHS",
+    "GUARD_MOUNT",
     "ROOT_SUBDIRS",
     "SHM_SUBDIR",
     "SUBDIRS",
@@ -68,6 +69,8 @@ TESTS = "/tests"
 TESTS_TARGET = f"{BWRAP_PATHS.logs}/tests"
 """What `/tests` links to: a directory only verify fills (see `RolloutRequest.verify_files_root`)."""
 AGENTS_MOUNT = "/opt/agents"
+GUARD_MOUNT = "/run/verify-site"
+"""Where bubblewrap shows the path guard's directory, read-only (`Sandbox.path_guard`)."""
 _RELAY_SOCKET = "/run/llm.sock"
 _RELAY_FORWARDER = "/run/llm-forwarder.py"
 _RELAY_LAUNCHER = f"""port="$1"; shift
@@ -116,6 +119,8 @@ class Box:
     """Its further writable roots: (sandbox path, host directory), each bound there."""
     userns: int | None = None
     """Our descriptor of its user namespace (a sandbox with users: `layout`), which every command joins."""
+    guard_source: Path | None = None
+    """The host directory of the path guard (`sandbox.pathguard.install`), shown read-only where the mode can."""
 
     @property
     def hosts(self) -> dict[str, Path]:
@@ -203,6 +208,11 @@ class Launch(abc.ABC):
     def agents_dir(self, source: str) -> str:
         return AGENTS_MOUNT
 
+    def path_guard(self, source: Path, uid: int | None) -> str | None:
+        """Where a sandbox's commands see the path guard's host directory `source` (a sandbox of host uid `uid`,
+        None: the server's own), or None where its commands could write it."""
+        return GUARD_MOUNT
+
     def network(self, relay: RelayEndpoint | None) -> str:
         return "none" if relay is None else "llm"
 
@@ -247,6 +257,11 @@ class Unisolated(Launch):
 
     def agents_dir(self, source: str) -> str:
         return source
+
+    def path_guard(self, source: Path, uid: int | None) -> str | None:
+        # The host directory itself: read-only to a sandbox uid of its own (the server's user owns it); commands
+        # running as the server's own user could rewrite it, so none then (verify keeps the safe path alone).
+        return str(source) if uid is not None and uid != os.geteuid() else None
 
     def network(self, relay: RelayEndpoint | None) -> str:
         return "host"  # no network namespace: whatever the policy asked, the host's network is there
@@ -322,6 +337,8 @@ class Bwrap(Launch):
             binds += ["--bind", str(host), path]
         if box.agents_source is not None:
             binds += ["--ro-bind", box.agents_source, AGENTS_MOUNT]
+        if box.guard_source is not None:
+            binds += ["--ro-bind", str(box.guard_source), GUARD_MOUNT]
         if forwarder:
             assert box.relay is not None and netns is None
             binds += ["--bind", box.relay.socket_path, _RELAY_SOCKET]

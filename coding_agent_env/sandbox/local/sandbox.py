@@ -75,9 +75,11 @@ class LocalSandbox(Sandbox):
         layout: LocalLayout | None = None,
         userns: int | None = None,
         release_users: Callable[[], None] | None = None,
+        guard_source: Path | None = None,
     ) -> None:
         """`layout`: what its spec asks (checked); `userns`: the user namespace of a sandbox with users (ours
-        now: closed at close), `release_users` gives its id range back once its processes are gone."""
+        now: closed at close), `release_users` gives its id range back once its processes are gone;
+        `guard_source`: the path guard's host directory (`sandbox.pathguard.install`)."""
         super().__init__()
         layout = layout or LocalLayout()
         self._layout = layout
@@ -112,12 +114,13 @@ class LocalSandbox(Sandbox):
         )
         procs = made.cgroup.procs if made.cgroup is not None else ()
         self._box = Box(root, uid, limits, self.shell, mounts, relay, relay_port, agents_source, procs,
-                        self.paths, roots, userns)
+                        self.paths, roots, userns, guard_source)
         self.limits = MappingProxyType(dict(enforced))
         self.limit_scopes = MappingProxyType(dict(scopes))
         self.network = launch.network(relay)
         self.relay_url = launch.relay_url(relay, relay_port) if relay is not None else None
         self.agents_dir = launch.agents_dir(agents_source) if agents_source is not None else None
+        self.path_guard = launch.path_guard(guard_source, uid) if guard_source is not None else None
         self._forwards = relay is not None and launch.forwards_relay
         self._serving = (
             RelayServing(relay, relay_port, reserved)

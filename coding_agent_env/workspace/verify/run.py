@@ -4,8 +4,10 @@ Contract: called only once the agent's whole process tree is dead. The verifier 
 made anew (so a planted reward file, or a symlink in its place, is gone), then each command runs through
 the task-command runner in a fresh context (a new private HOME and /tmp, the standard PATH) with
 `REWARD_FILE` set, under its own timeout. `Hardening` (the default of every task, see `verify_env`) adds
-Python's safe path and no user site, empties the code-injecting variables and drops search-path entries inside
-the sandbox's writable roots, whatever the task's environment says. Afterwards the reward files verify wrote,
+Python's safe path and no user site, the sandbox's path guard as PYTHONPATH's one entry where it has one (the
+directory Python would put first goes last: the agent's modules import, yet shadow nothing installed), empties
+the code-injecting variables and drops search-path entries inside the sandbox's writable roots, whatever the
+task's environment says. Afterwards the reward files verify wrote,
 if the caller counts them, are read back (bounded: `reward.txt` and Harbor's `reward.json` in the same
 directory, each as text, or why it could not be read); one the caller does not count is reported as ignored.
 Which file wins and what it is worth is `score`'s job.
@@ -60,13 +62,14 @@ def verified_env(
 ) -> dict[str, str]:
     """What verify adds to each command's base environment: `env`, then (`hardened`) the overlay that
     `verify_env.hardened_overlay` computes against the sandbox's own roots, the task's further ones
-    (`task_roots`: the agent could write them too) and the standard ones, then `REWARD_FILE` (verify's own,
-    always)."""
+    (`task_roots`: the agent could write them too) and the standard ones, with the sandbox's path guard
+    (`Sandbox.path_guard`), then `REWARD_FILE` (verify's own, always)."""
     out = dict(env)
     if hardened:
         paths = sandbox.paths
         roots = (*AGENT_WRITABLE_ROOTS, paths.workdir, paths.home, paths.tmp, paths.logs, *task_roots)
-        out |= hardened_overlay({**sandbox.base_env(), **env}, roots, fallback_path=STANDARD_PATH)
+        out |= hardened_overlay({**sandbox.base_env(), **env}, roots, fallback_path=STANDARD_PATH,
+                                guard=sandbox.path_guard)
     out["REWARD_FILE"] = f"{verifier_dir(sandbox)}/reward.txt"
     return out
 

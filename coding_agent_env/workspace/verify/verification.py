@@ -147,7 +147,8 @@ async def _run(sandbox: Sandbox, plan: VerifyPlan, out: Verification) -> None:
     scored = score(outcome.results, outcome.reward_text, file_required=task.reward_file_required,
                    reward_json=outcome.reward_json, metric=task.reward_metric)
     out.reward, out.rewards = scored.reward, scored.rewards
-    out.reward_note = _with_hint(outcome.reward_problem or scored.note, task, outcome.results)
+    out.reward_note = _with_hint(outcome.reward_problem or scored.note, task, outcome.results,
+                                 guarded=sandbox.path_guard is not None)
     if task.reward_file_required and outcome.reward_problem:
         out.reward = 0.0
 
@@ -163,17 +164,25 @@ def _reward_file_uncounted(task: Task, out: Verification) -> bool:
     return task.verify_hardening and out.context == "clean_room" and not task.reward_file_required
 
 
-_SAFE_PATH_HINT = (
-    "verify ran hardened (PYTHONSAFEPATH=1): Python does not import from the workdir by itself; a verify command "
-    "that needs to puts it on the path (sys.path.append(os.getcwd()), `python3 -m unittest discover -s .`), or "
-    "the task sets verify_hardening: false"
+_GUARDED_PATH_HINT = (
+    "verify ran hardened: Python imports the standard library and installed packages first, the workdir (or a "
+    "script's directory) after them, so a module of the agent's named like one of those (test.py, queue.py) is "
+    "not the one imported, and the task's own PYTHONPATH is not used; a verify command that needs either puts it "
+    "on the path itself (sys.path.insert(0, ...)), or the task sets verify_hardening: false"
 )
+_SAFE_PATH_HINT = (
+    "verify ran hardened (PYTHONSAFEPATH=1; this sandbox has no path guard): Python does not import from the "
+    "workdir by itself; a verify command that needs to puts it on the path (sys.path.append(os.getcwd()), "
+    "`python3 -m unittest discover -s .`), or the task sets verify_hardening: false"
+)
+_IMPORT_FAILURES = ("No module named", "cannot import name")
 
 
-def _with_hint(note: str | None, task: Task, results: list[CommandResult]) -> str | None:
-    """`note`, and the hint above when a hardened verify command failed on a missing module: the change of
-    Python's path is the likely cause, and it is nowhere else in the result."""
-    missing = any(not result.ok and "No module named" in result.stderr for result in results)
-    if not (task.verify_hardening and missing):
+def _with_hint(note: str | None, task: Task, results: list[CommandResult], *, guarded: bool) -> str | None:
+    """`note`, and a hint when a hardened verify command failed on an import: the order of Python's path (or,
+    without a path guard, the workdir missing from it) is a likely cause, and it is nowhere else in the result."""
+    failed = any(not r.ok and any(text in r.stderr for text in _IMPORT_FAILURES) for r in results)
+    if not (task.verify_hardening and failed):
         return note
-    return _SAFE_PATH_HINT if note is None else f"{note}; {_SAFE_PATH_HINT}"
+    hint = _GUARDED_PATH_HINT if guarded else _SAFE_PATH_HINT
+    return hint if note is None else f"{note}; {hint}"
