@@ -105,3 +105,29 @@ async def test_a_command_that_makes_its_own_start_fail_keeps_its_exit_status(set
             assert result.exit_code == 1 and b"Can't chdir" in result.stderr
         finally:
             await box.close()
+
+
+async def test_a_spawned_process_bwrap_could_not_start_is_an_infra_error(parent: Path) -> None:
+    """The agent's own process (`spawn`): bwrap's setup failure is `SandboxStartError` from `wait()`, not an
+    agent that "exited 1" (which the rollout would score)."""
+    os.chmod(parent, 0o711)
+    settings = _settings(parent / "state")
+    async with Backends(settings) as backends:
+        box = await backends.get("local").create(SandboxSpec(rollout_id="spawned"))
+        try:
+            ok = await box.spawn(["true"])
+            assert await ok.wait() == 0
+            os.chmod(parent, 0o700)
+            broken = await box.spawn(["true"])
+            try:
+                with pytest.raises(SandboxStartError, match="Can't find source path"):
+                    await broken.wait()
+            finally:
+                await broken.kill()
+            os.chmod(parent, 0o711)
+            killed = await box.spawn(["sleep", "60"])
+            await killed.kill()  # killed by us: a start that was never in doubt
+            assert killed.returncode is not None and killed.returncode < 0
+        finally:
+            os.chmod(parent, 0o711)
+            await box.close()

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Awaitable, Callable
 
-__all__ = ["MAX_STATUS_BYTES", "StartReport"]
+from coding_agent_env.sandbox.base import Process
+
+__all__ = ["MAX_STATUS_BYTES", "StartChecked", "StartReport"]
 
 MAX_STATUS_BYTES = 64 * 1024
 """What is read of bwrap's status documents (a few dozen bytes each)."""
@@ -46,12 +49,48 @@ class StartReport:
             data += chunk
         return any(_is_exit_document(line) for line in bytes(data).splitlines())
 
+    def close_write(self) -> None:
+        """Close our copy of the write end (once the command has it)."""
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
+
     def close(self) -> None:
-        for name in ("read_fd", "write_fd"):
-            fd = getattr(self, name)
-            if fd >= 0:
-                os.close(fd)
-                setattr(self, name, -1)
+        self.close_write()
+        if self.read_fd >= 0:
+            os.close(self.read_fd)
+            self.read_fd = -1
+
+
+class StartChecked(Process):
+    """A spawned process whose bwrap reports on `report`. `wait()` returns its exit code; when bwrap exited by
+    itself (code >= 0) without starting it, it first awaits `confirm()`, which raises `SandboxStartError` when
+    the sandbox's plumbing is at fault. `kill()` is the process's own (never raises for the start)."""
+
+    def __init__(self, inner: Process, report: StartReport, confirm: Callable[[], Awaitable[None]]) -> None:
+        self._inner = inner
+        self._report = report
+        self._confirm = confirm
+        self.pid: int = getattr(inner, "pid", 0)
+
+    @property
+    def returncode(self) -> int | None:
+        return self._inner.returncode
+
+    async def wait(self) -> int:
+        code = await self._inner.wait()
+        # Asked once; a report closed already was asked, or the process was killed (by us: not a start failure).
+        started = self._report.started() if self._report.read_fd >= 0 else True
+        self._report.close()
+        if not started and code >= 0:
+            await self._confirm()
+        return code
+
+    async def kill(self) -> None:
+        try:
+            await self._inner.kill()
+        finally:
+            self._report.close()
 
 
 def _is_exit_document(line: bytes) -> bool:
