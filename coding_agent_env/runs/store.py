@@ -16,6 +16,7 @@ calls them from a worker thread.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
@@ -34,6 +35,8 @@ from coding_agent_env.runs.store_text import dump_result, escaped, exact_json, l
 from coding_agent_env.settings import Settings
 
 __all__ = ["Filters", "Location", "ResultsStore", "ResultsStoreError", "RolloutRow", "RunRow", "default_path"]
+
+log = logging.getLogger(__name__)
 
 PRUNE_EVERY = 1000
 _COLUMNS = ("rollout_id, run_id, task_id, attempt, agent, sandbox, status, reward, finished, wall_s, source, notes, "
@@ -190,7 +193,10 @@ class ResultsStore:
             self._writes += 1
             due = self._writes % PRUNE_EVERY == 0
         if due:
-            self.prune()
+            try:
+                self.prune()
+            except ResultsStoreError as exc:  # the row is stored: a retention pass that failed is not its loss
+                log.warning("results store: retention not applied this time: %s", exc)
 
     def prune(self, now: float | None = None) -> int:
         """Apply retention as of `now` (default: the present); the number of rollouts removed. Runs left empty
