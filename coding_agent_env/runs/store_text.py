@@ -52,13 +52,15 @@ def restored(column: str, stored: Any, exact: str | None) -> Any:
     return stored if value is None else value
 
 
-def dump_result(result: RolloutResult) -> str:
-    """The result as storable JSON text. Pydantic's encoder writes NUL as `\\u0000` but refuses a lone
-    surrogate; such a result (rare: the rollout pipeline's redaction pass removes them) goes through `json`."""
+def dump_result(result: RolloutResult, indent: int | None = None) -> str:
+    """The result as storable (and printable) JSON text. Pydantic's encoder writes NUL as `\\u0000` but refuses
+    a lone surrogate; such a result (rare: the rollout pipeline's redaction pass removes them) goes through
+    `json`, which escapes it."""
     try:
-        return result.model_dump_json()
+        return result.model_dump_json(indent=indent)
     except ValueError:  # PydanticSerializationError: a lone surrogate somewhere in it
-        return json.dumps(result.model_dump(mode="json"), ensure_ascii=True, separators=(",", ":"))
+        separators = (",", ":") if indent is None else None
+        return json.dumps(result.model_dump(mode="json"), ensure_ascii=True, indent=indent, separators=separators)
 
 
 def load_result(text: str) -> RolloutResult:

@@ -236,3 +236,28 @@ def test_run_counts_what_the_store_acknowledged_and_exits_3_when_a_row_is_missin
     assert sorted(record.task_id for record in read_records(out)) == sorted(["plain", NUL_ID, "refused"])
     with ResultsStore(store_location) as store:
         assert sorted(row.task_id for row in store.rollouts()) == sorted(["plain", NUL_ID])
+
+
+def test_runs_and_tasks_commands_print_text_no_terminal_takes_escaped(store_location: str, tmp_path: Path) -> None:
+    """`runs list`, `runs show` and `tasks stats` (real processes: a UTF-8 stdout refuses a lone surrogate) print
+    such text as its `\\uXXXX` escape, never raw, and never fail. On main `runs list` and `tasks stats` raised
+    UnicodeEncodeError (and `runs show` of such a result a serialisation error)."""
+    import subprocess
+    import sys
+
+    with ResultsStore(store_location) as store:
+        run = store.new_run("batch", "odd")
+        store.add(run, _odd("r-sur", SURROGATE_ID))
+        store.add(run, _odd("r-nul", NUL_ID))
+
+    def cli(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "coding_agent_env.cli", *args, "--results-db", store_location],
+                              capture_output=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.decode("utf-8")  # strict: what was printed is valid UTF-8
+
+    listed = cli("runs", "list")
+    assert "lone\\ud800surrogate#1" in listed and "nul\\u0000id#1" in listed and "\x00" not in listed
+    assert "lone\\ud800surrogate" in cli("tasks", "stats")
+    shown = json.loads(cli("runs", "show", "r-sur"))
+    assert shown["task_id"] == SURROGATE_ID
