@@ -53,10 +53,17 @@ class SqliteBackend(Backend):
             raise StoreUnavailableError(f"results store {path}: {exc}") from exc
 
     def _add_exact_column(self) -> None:
-        """A store made before `exact` existed (`store_text`) gets it; rows already there read as they are."""
+        """A store made before `exact` existed (`store_text`) gets it; rows already there read as they are.
+        Asked first without a lock (a store that has it, or is read-only, is left alone), then again under the
+        write lock (two writers opening an old store at once)."""
+        if self._has_exact():
+            return
         with self.exclusive():
-            if not any(row[1] == "exact" for row in self._db.execute("PRAGMA table_info(rollouts)")):
+            if not self._has_exact():
                 self._db.execute("ALTER TABLE rollouts ADD COLUMN exact TEXT")
+
+    def _has_exact(self) -> bool:
+        return any(row[1] == "exact" for row in self._db.execute("PRAGMA table_info(rollouts)"))
 
     @contextmanager
     def _translated(self) -> Iterator[None]:

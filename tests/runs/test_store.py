@@ -261,3 +261,20 @@ def test_runs_and_tasks_commands_print_text_no_terminal_takes_escaped(store_loca
     assert "lone\\ud800surrogate" in cli("tasks", "stats")
     shown = json.loads(cli("runs", "show", "r-sur"))
     assert shown["task_id"] == SURROGATE_ID
+
+
+def test_a_store_made_before_the_exact_column_gains_it_and_reads_as_before(tmp_path: Path) -> None:
+    """A SQLite store of the old schema (no `exact`): opened, it gets the column; its rows read unchanged and new
+    rows with NUL round-trip. (PostgreSQL: `ADD COLUMN IF NOT EXISTS` in the schema script.)"""
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    with ResultsStore(path) as store:
+        run = store.new_run("batch")
+        store.add(run, record(1, 1.0))
+    with sqlite3.connect(path) as conn:
+        conn.execute("ALTER TABLE rollouts DROP COLUMN exact")
+    conn.close()
+    with ResultsStore(path) as store:
+        store.add(run, _odd("r-nul", NUL_ID))
+        assert {row.rollout_id: row.task_id for row in store.rollouts()} == {"r1": "task-1", "r-nul": NUL_ID}
