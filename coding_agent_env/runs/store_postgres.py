@@ -43,7 +43,6 @@ CREATE TABLE IF NOT EXISTS rollouts (
     finished DOUBLE PRECISION NOT NULL, wall_s DOUBLE PRECISION NOT NULL, source TEXT NOT NULL DEFAULT '',
     notes TEXT NOT NULL DEFAULT '[]', result TEXT NOT NULL, exact TEXT
 );
-ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS exact TEXT;
 CREATE INDEX IF NOT EXISTS rollouts_seq ON rollouts (seq);
 CREATE INDEX IF NOT EXISTS rollouts_finished ON rollouts (finished);
 CREATE INDEX IF NOT EXISTS rollouts_task ON rollouts (task_id);
@@ -57,6 +56,9 @@ DIALECT = Dialect(
     json_field="(CASE WHEN strpos({column}, '\\u0000') = 0 THEN (({column})::jsonb -> '{key}')::text END)",
 )
 
+
+_HAS_EXACT = ("SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+              "AND table_name = 'rollouts' AND column_name = 'exact'")
 
 STATEMENT_TIMEOUT_MS = 30_000
 """The longest a statement may run (a prune of many rows included); past it, it fails (a store error)."""
@@ -84,6 +86,9 @@ class PostgresBackend(Backend):
             with self.exclusive():
                 for statement in statements(SCHEMA):
                     self._conn.execute(statement)
+                if not self._conn.execute(_HAS_EXACT).fetchall():
+                    # A store made before `exact` (`store_text`). Only then: ALTER locks the whole table.
+                    self._conn.execute("ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS exact TEXT")
         except BaseException:
             self._conn.close()
             raise

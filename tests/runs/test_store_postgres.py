@@ -319,3 +319,18 @@ async def test_the_servers_store_keeps_a_nul_result_and_reports_a_refused_one(po
     (line,) = [r.getMessage() for r in caplog.records if "r-refused" in r.getMessage()]
     assert "not stored" in line and "refuse" in line and UNSTORED_FILE in line
     assert not any(r.exc_info for r in caplog.records)
+
+
+def test_a_postgres_store_made_before_the_exact_column_gains_it(postgres_url: str) -> None:
+    import psycopg
+
+    with ResultsStore(postgres_url) as store:
+        run = store.new_run("batch")
+        store.add(run, Record("t", 1, RolloutResult(rollout_id="old", task_id="t", agent="oracle", sandbox="local",
+                                                    status=RolloutStatus.COMPLETED, reward=1.0)))
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE rollouts DROP COLUMN exact")
+    with ResultsStore(postgres_url) as store:
+        store.add(run, Record("nul\x00", 1, RolloutResult(rollout_id="new", task_id="nul\x00", agent="oracle",
+                                                          sandbox="local", status=RolloutStatus.COMPLETED)))
+        assert {row.rollout_id: row.task_id for row in store.rollouts()} == {"old": "t", "new": "nul\x00"}
