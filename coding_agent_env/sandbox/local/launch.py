@@ -179,7 +179,8 @@ class Launch(abc.ABC):
     """Under network `llm`, a spawned command needs a way into its own network namespace to the relay (the
     server serving it there, or a forwarder it brings)."""
     reports_start = False
-    """Whether `command(status_fd=...)` reports if the command started (bubblewrap's `--json-status-fd`)."""
+    """Whether `command(status_fd=...)` reports if the command started (bubblewrap's `--json-status-fd`: the
+    probe sets it where bwrap has it)."""
 
     def __init__(self, detail: str) -> None:
         self.detail = detail
@@ -279,7 +280,6 @@ class Bwrap(Launch):
     """bubblewrap started by the server itself (as the sandbox's uid when root)."""
 
     supports_users = True  # as root: the backend checks
-    reports_start = True
 
     def users_refusal(self) -> str | None:
         """Why this bwrap cannot join a sandbox's user namespace (`--userns`, `--block-fd`: bubblewrap 0.7 and
