@@ -48,6 +48,7 @@ __all__ = [
     "RequestError",
     "RolloutClosedError",
     "SandboxClosedError",
+    "SandboxStartError",
     "SandboxUnsupportedError",
     "SandboxError",
     "SandboxFileError",
@@ -121,6 +122,11 @@ class SandboxUnsupportedError(SandboxError):
 
 class SandboxClosedError(SandboxError):
     """The sandbox was used after it was closed."""
+
+
+class SandboxStartError(SandboxError):
+    """The sandbox's own plumbing failed before a command started (a bind or mount bubblewrap could not make, a
+    launcher that could not run): an infrastructure fault, never the command's exit status."""
 
 
 class SandboxFileError(SandboxError):

@@ -15,6 +15,7 @@ from coding_agent_env.errors import InvalidTaskError
 from coding_agent_env.runs.charts import curriculum_view
 from coding_agent_env.runs.store import Filters, ResultsStore, default_path
 from coding_agent_env.runs.store_location import location_argument
+from coding_agent_env.runs.store_text import escaped
 from coding_agent_env.settings import Settings
 
 __all__ = ["add_arguments", "run"]
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'task':40} {'rollouts':>8} {'scored':>6} {'passes':>6} {'p':>6} {'signal':>6} {'mean s':>7} {'weight':>7}")
     for row in curriculum_view(outcomes, args.group_size):
         mean = f"{row['mean s']:7.1f}" if row["mean s"] is not None else f"{'-':>7}"
-        print(f"{row['task'][:40]:40} {row['rollouts']:8d} {row['scored']:6d} {row['passes']:6d} {row['p']:6.2f} "
+        print(f"{escaped(row['task'])[:40]:40} {row['rollouts']:8d} {row['scored']:6d} {row['passes']:6d} {row['p']:6.2f} "
               f"{row['signal']:6.2f} {mean} {row['weight']:7.3f}")
     if not outcomes:
         print("no rollouts in the store match")

@@ -16,6 +16,7 @@ from pathlib import Path
 from coding_agent_env.errors import InvalidTaskError
 from coding_agent_env.runs.store import Filters, ResultsStore, default_path
 from coding_agent_env.runs.store_location import location_argument
+from coding_agent_env.runs.store_text import dump_result, escaped
 from coding_agent_env.settings import Settings
 
 __all__ = ["add_arguments", "run"]
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
             result = store.result(args.rollout_id or "")
             if result is None:
                 raise InvalidTaskError(f"no rollout {args.rollout_id!r} in {path}")
-            print(result.model_dump_json(indent=2))
+            print(dump_result(result, indent=2))
         elif args.action == "export":
             if args.output:
                 with args.output.open("w", encoding="utf-8") as out:
@@ -66,12 +67,13 @@ def run(args: argparse.Namespace) -> int:
             for r in store.runs(args.limit):
                 mean = "-" if r.mean_reward is None else f"{r.mean_reward:.3f}"
                 print(f"{r.run_id}  {_when(r.started)}  {r.origin:6}  {r.rollouts:6} rollouts  mean {mean}  "
-                      f"{r.description}")
+                      f"{escaped(r.description)}")
         else:
             for row in store.rollouts(filters, args.limit):
                 reward = "-" if row.reward is None else f"{row.reward:.3f}"
-                print(f"{row.rollout_id}  {_when(row.finished)}  {row.task_id}#{row.attempt}  {row.agent}  "
-                      f"{row.sandbox}  {row.status}  reward {reward}  {row.wall_s:.1f}s")
+                # Shown as stored (`store_text.escaped`): NUL and lone surrogates as `\uXXXX`, never raw.
+                print(f"{escaped(row.rollout_id)}  {_when(row.finished)}  {escaped(row.task_id)}#{row.attempt}  "
+                      f"{escaped(row.agent)}  {escaped(row.sandbox)}  {row.status}  reward {reward}  {row.wall_s:.1f}s")
     return 0
 
 

@@ -2,12 +2,15 @@
 
 The end summary (stdout): the counts and scores, the seconds per phase, then what did not pass (each refused or
 unloadable task and each rollout that did not pass, with its status and first reason; the most severe 20, then
-`... and N more`), and where the rollouts were written.
+`... and N more`), and where the rollouts were written: the journal, and how many the results store acknowledged
+(each row it lacks named).
 
-Exit codes: 0 when every task loaded and ran (whatever the rewards; a rollout ending in an infrastructure error
-included: it is in the summary and the journal), 1 when any task was refused or failed to load (the others still
-ran; the last line says how many), 2 for bad usage, 130 when interrupted (what finished is in `--out`; rerun with
-the same `--out` to go on).
+Exit codes: 0 when every task loaded and ran and the results store acknowledged every rollout (whatever the
+rewards; a rollout ending in an infrastructure error included: it is in the summary and the journal), 1 when any
+task was refused or failed to load (the others still ran; the last line says how many), 2 for bad usage, 3 when
+any finished rollout is not in the results store (refused, or the store unreachable: it is in `--out`; the last
+line says how many; wins over 1), 130 when interrupted (what finished is in `--out`; rerun with the same `--out`
+to go on).
 
 `--out` defaults to `STATE_DIR/runs/<run id>.jsonl` (the run id the results store gives the batch, else the time).
 """
@@ -30,10 +33,11 @@ from coding_agent_env.errors import InvalidTaskError
 from coding_agent_env.models import AGENT_NAMES, Mode
 from coding_agent_env.runs.batch import BatchPlan, RecordSink, Sampling, run_batch
 from coding_agent_env.runs.executor import Executor, InProcessExecutor, ServerExecutor
-from coding_agent_env.runs.journal import Journal, Record
+from coding_agent_env.runs.journal import Journal
 from coding_agent_env.runs.progress import Failures, LiveProgress, summary_table
 from coding_agent_env.runs.store import ResultsStore
 from coding_agent_env.runs.store_location import location_argument
+from coding_agent_env.runs.store_sink import StoreSink
 from coding_agent_env.sandbox.base import SandboxLimits
 from coding_agent_env.settings import Settings
 from coding_agent_env.tasks import TaskOptions, count_tasks, iter_tasks
@@ -41,10 +45,13 @@ from coding_agent_env.tasks.images import ImageMapError, parse_image_map
 from coding_agent_env.tasks.sampler import SAMPLERS, Curriculum, TaskStats, make_sampler
 from coding_agent_env.workspace.redact import Redactor
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["EXIT_NOT_RUN", "EXIT_NOT_STORED", "StoreSink", "add_arguments", "run"]
 
 EXIT_NOT_RUN = 1
 """Some task was refused or failed to load."""
+EXIT_NOT_STORED = 3
+"""Some finished rollout is not in the results store (the store refused it or could not be reached); it is in
+the JSONL journal. Wins over `EXIT_NOT_RUN`: a loss is the worse news."""
 EXIT_INTERRUPTED = 130
 
 
@@ -112,16 +119,6 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return overrides
 
 
-class StoreSink:
-    """Adds each finished record to the results store, under this batch's run id."""
-
-    def __init__(self, store: ResultsStore, run_id: str) -> None:
-        self.store, self.run_id = store, run_id
-
-    def add(self, record: Record) -> None:
-        self.store.add(self.run_id, record)
-
-
 def _describe(args: argparse.Namespace) -> str:
     """The batch's command line, without anything secret (keys never are on it)."""
     return " ".join(["run", *args.tasks, *(f"--{k.replace('_', '-')} {_shown(getattr(args, k))}" for k in
@@ -178,16 +175,17 @@ def run(args: argparse.Namespace) -> int:
     if image_map != settings.image_map:
         settings = settings.model_copy(update={"image_map": image_map})  # what the in-process builds map
     if args.no_store:
-        return _run(args, settings, [], f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}", None)
+        return _run(args, settings, None, f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}")
     with ResultsStore.from_settings(settings, args.results_db) as store:
         run_id = store.new_run("batch", _describe(args))
-        return _run(args, settings, [StoreSink(store, run_id)], run_id, store.path)
+        return _run(args, settings, StoreSink(store, run_id), run_id)
 
 
-def _run(args: argparse.Namespace, settings: Settings, sinks: list[RecordSink], run_id: str,
-         store: Path | None) -> int:
+def _run(args: argparse.Namespace, settings: Settings, sink: StoreSink | None, run_id: str) -> int:
     if args.attempts < 1 or args.concurrency < 1:
         raise InvalidTaskError("--attempts and --concurrency must be at least 1")
+    store = sink.store.path if sink is not None else None
+    sinks: list[RecordSink] = [sink] if sink is not None else []
     sampling = _sampling(args, store)
     out: Path = args.out or settings.state_dir / "runs" / f"{run_id}.jsonl"
     sandbox = args.sandbox or settings.default_backend
@@ -211,6 +209,8 @@ def _run(args: argparse.Namespace, settings: Settings, sinks: list[RecordSink], 
         again = "" if args.out else f" with --out {out}"
         console.print(f"interrupted: {progress.line()}; finished rollouts are in {out}; rerun{again} to go on",
                       soft_wrap=True)
+        for line in sink.lines(str(out)) if sink is not None else []:
+            console.print(line, soft_wrap=True, markup=False, highlight=False)
         return EXIT_INTERRUPTED
     console.print(progress.line(), soft_wrap=True)
     stdout = Console(file=sys.stdout)
@@ -219,10 +219,25 @@ def _run(args: argparse.Namespace, settings: Settings, sinks: list[RecordSink], 
         stdout.print(line, soft_wrap=True, markup=False, highlight=False)
     for line in executor.report() if isinstance(executor, ServerExecutor) else []:
         stdout.print(line, soft_wrap=True, markup=False, highlight=False)
-    where = f"rollouts written to {out}" + (f" and the results store {store} (run {run_id})" if store else "")
-    stdout.print(where, soft_wrap=True, markup=False, highlight=False)
+    for line in _stored_lines(sink, out, run_id):
+        stdout.print(line, soft_wrap=True, markup=False, highlight=False)
+    if sink is not None and sink.missing:
+        stdout.print(f"exit status {EXIT_NOT_STORED}: {sink.missing} of {sink.handed} rollouts not in the results "
+                     "store", soft_wrap=True, markup=False, highlight=False)
+        return EXIT_NOT_STORED
     last = failures.exit_line()
     if last is None:
         return 0
     stdout.print(last, soft_wrap=True, markup=False, highlight=False)
     return EXIT_NOT_RUN
+
+
+def _stored_lines(sink: StoreSink | None, out: Path, run_id: str) -> list[str]:
+    """Where the rollouts went: the journal, and how many of them the results store acknowledged (each row it
+    lacks named)."""
+    if sink is None:
+        return [f"rollouts written to {out}"]
+    if not sink.missing:
+        return [f"rollouts written to {out} and the results store {sink.store.path} (run {run_id})"]
+    return [f"rollouts written to {out}; {sink.acknowledged} of {sink.handed} to the results store {sink.store.path} "
+            f"(run {run_id})", *sink.lines(str(out))]

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from coding_agent_env.models import RolloutResult
+from coding_agent_env.runs.store_text import escaped
 
-__all__ = ["Journal", "Record", "read_records"]
+__all__ = ["Journal", "Record", "append_record", "read_records"]
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,12 @@ class Record:
         return self.task_id, self.attempt
 
     def to_json(self) -> str:
+        """One line of valid UTF-8 JSON whatever the record holds: NUL is `\\u0000` (as `json` writes it), and a
+        lone surrogate (which no UTF-8 file can hold) its `\\udXXX` escape, so `from_json` gives it back."""
         data = {"task_id": self.task_id, "attempt": self.attempt, "source": self.source, "notes": list(self.notes),
                 "result": self.result.model_dump(mode="json")}
-        return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+        # Raw (unescaped) lone surrogates only appear inside JSON strings, where their escape is valid JSON.
+        return escaped(json.dumps(data, ensure_ascii=False, separators=(",", ":")))
 
     @classmethod
     def from_json(cls, line: str) -> Record:
@@ -84,6 +88,17 @@ class Journal:
         if self._handle is not None:
             self._handle.close()
             self._handle = None
+
+
+def append_record(path: Path, record: Record) -> None:
+    """Append one record to the journal at `path` (made if missing; a torn last line cut first), on disk when it
+    returns; OSError when it cannot be."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _cut_torn_tail(path)
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(record.to_json() + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def _cut_torn_tail(path: Path) -> None:

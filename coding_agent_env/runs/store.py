@@ -16,6 +16,7 @@ calls them from a worker thread.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
@@ -30,13 +31,19 @@ from coding_agent_env.runs.store_backend import Backend, Dialect
 from coding_agent_env.runs.store_errors import ResultsStoreError
 from coding_agent_env.runs.store_location import Location, PostgresLocation, parse_location
 from coding_agent_env.runs.store_sqlite import DIALECT as SQLITE
+from coding_agent_env.runs.store_text import dump_result, escaped, exact_json, load_result, restored
 from coding_agent_env.settings import Settings
 
 __all__ = ["Filters", "Location", "ResultsStore", "ResultsStoreError", "RolloutRow", "RunRow", "default_path"]
 
+log = logging.getLogger(__name__)
+
 PRUNE_EVERY = 1000
-_COLUMNS = "rollout_id, run_id, task_id, attempt, agent, sandbox, status, reward, finished, wall_s, source, notes"
-_UPSERT = (f"INSERT INTO rollouts ({_COLUMNS}, result) VALUES ({', '.join('?' * 13)}) ON CONFLICT (rollout_id) "
+_COLUMNS = ("rollout_id, run_id, task_id, attempt, agent, sandbox, status, reward, finished, wall_s, source, notes, "
+            "exact")
+_TEXT_COLUMNS = ("rollout_id", "run_id", "task_id", "agent", "sandbox", "status", "source")
+"""The columns holding caller- or sandbox-given text (`store_text`: stored escaped, exact in `exact`)."""
+_UPSERT = (f"INSERT INTO rollouts ({_COLUMNS}, result) VALUES ({', '.join('?' * 14)}) ON CONFLICT (rollout_id) "
            "DO UPDATE SET " + ", ".join(f"{column} = excluded.{column}" for column in
                                         (*_COLUMNS.split(", ")[1:], "result")))
 _EXPORT_PAGE = 500
@@ -82,10 +89,10 @@ class Filters:
         for column, value in (("run_id", self.run_id), ("agent", self.agent), ("status", self.status)):
             if value:
                 clauses.append(f"{column} = ?")
-                values.append(value)
+                values.append(escaped(value))  # as the column holds it (`store_text`)
         if self.task:
             clauses.append(dialect.contains.format(column="task_id"))
-            values.append(self.task)
+            values.append(escaped(self.task))
         if self.min_reward is not None:
             clauses.append("reward >= ?")
             values.append(self.min_reward)
@@ -119,6 +126,14 @@ class RunRow:
     description: str
     rollouts: int
     mean_reward: float | None
+
+
+def _rollout_row(row: tuple[Any, ...]) -> RolloutRow:
+    """A row of `_COLUMNS`, its text as it was given (`store_text`)."""
+    exact = row[12]
+    values = [restored(column, value, exact) if column in _TEXT_COLUMNS else value
+              for column, value in zip(_COLUMNS.split(", ")[:11], row[:11], strict=True)]
+    return RolloutRow(*values, json.loads(row[11]))
 
 
 class ResultsStore:
@@ -158,21 +173,30 @@ class ResultsStore:
         run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         with self._lock:
             self._db.execute("INSERT INTO runs (run_id, started, origin, description) VALUES (?, ?, ?, ?)",
-                             (run_id, time.time(), origin, description))
+                             (run_id, time.time(), escaped(origin), escaped(description)))
         self.prune()
         return run_id
 
     def add(self, run_id: str, record: Record) -> None:
+        """Store one finished rollout (an upsert by rollout id); returns once the database has acknowledged it.
+        Any text is storable (`store_text`); `ResultsStoreError` when the database refuses the row or cannot be
+        reached: the row is then not stored, and the caller must say so (nothing is retried here)."""
         result = record.result
-        row = (result.rollout_id, run_id, record.task_id, record.attempt, result.agent, result.sandbox,
-               result.status.value, result.reward, time.time(), result.wall_s, record.source,
-               json.dumps(list(record.notes)), result.model_dump_json())
+        text = dict(zip(_TEXT_COLUMNS, (result.rollout_id, run_id, record.task_id, result.agent, result.sandbox,
+                                        result.status.value, record.source), strict=True))
+        stored = {column: escaped(value) for column, value in text.items()}
+        row = (stored["rollout_id"], stored["run_id"], stored["task_id"], record.attempt, stored["agent"],
+               stored["sandbox"], stored["status"], result.reward, time.time(), result.wall_s, stored["source"],
+               json.dumps(list(record.notes)), exact_json(text), dump_result(result))
         with self._lock:
             self._db.execute(_UPSERT, row)
             self._writes += 1
             due = self._writes % PRUNE_EVERY == 0
         if due:
-            self.prune()
+            try:
+                self.prune()
+            except ResultsStoreError as exc:  # the row is stored: a retention pass that failed is not its loss
+                log.warning("results store: retention not applied this time: %s", exc)
 
     def prune(self, now: float | None = None) -> int:
         """Apply retention as of `now` (default: the present); the number of rollouts removed. Runs left empty
@@ -210,7 +234,7 @@ class ResultsStore:
         query = f"SELECT {_COLUMNS} FROM rollouts{where} ORDER BY finished DESC LIMIT ? OFFSET ?"
         with self._lock:
             rows = self._db.query(query, (*values, limit, offset))
-        return [RolloutRow(*row[:11], json.loads(row[11])) for row in rows]
+        return [_rollout_row(row) for row in rows]
 
     def measures(self, filters: Filters | None = None, limit: int = 2000) -> list[tuple[RolloutRow, dict[str, Any]]]:
         """The newest `limit` rollouts matching, each with its result's `timings` and `limits_hit` (read from the
@@ -221,25 +245,26 @@ class ResultsStore:
         query = f"SELECT {_COLUMNS}, {timings}, {limits_hit} FROM rollouts{where} ORDER BY finished DESC LIMIT ?"
         with self._lock:
             rows = self._db.query(query, (*values, limit))
-        return [(RolloutRow(*row[:11], json.loads(row[11])),
-                 {"timings": json.loads(row[12] or "{}"), "limits_hit": json.loads(row[13] or "[]")}) for row in rows]
+        return [(_rollout_row(row), {"timings": json.loads(row[13] or "{}"), "limits_hit": json.loads(row[14] or "[]")})
+                for row in rows]
 
     def task_outcomes(self, filters: Filters | None = None) -> list[tuple[str, int, int, int, float]]:
         """Per task: (task id, rollouts, scored rollouts, passes (reward 1), seconds of the scored ones), most
         rollouts first: what a task sampler learns from (`tasks.sampler`, `coding-agent-env tasks stats`)."""
         where, values = (filters or Filters()).where(self._dialect)
+        # Grouped by the stored (escaped) id; the exact id comes from any row's `exact` (`store_text`).
         query = (f"SELECT task_id, COUNT(*), COUNT(reward), SUM(CASE WHEN reward >= 1.0 THEN 1 ELSE 0 END), "
-                 f"SUM(CASE WHEN reward IS NOT NULL THEN wall_s ELSE 0 END) FROM rollouts{where} "
+                 f"SUM(CASE WHEN reward IS NOT NULL THEN wall_s ELSE 0 END), MAX(exact) FROM rollouts{where} "
                  "GROUP BY task_id ORDER BY COUNT(*) DESC, task_id")
         with self._lock:
             rows = self._db.query(query, values)
-        return [(task, total, scored, int(passes or 0), float(seconds or 0.0)) for task, total, scored, passes, seconds
-                in rows]
+        return [(restored("task_id", task, exact), total, scored, int(passes or 0), float(seconds or 0.0))
+                for task, total, scored, passes, seconds, exact in rows]
 
     def result(self, rollout_id: str) -> RolloutResult | None:
         with self._lock:
-            rows = self._db.query("SELECT result FROM rollouts WHERE rollout_id = ?", (rollout_id,))
-        return RolloutResult.model_validate_json(rows[0][0]) if rows else None
+            rows = self._db.query("SELECT result FROM rollouts WHERE rollout_id = ?", (escaped(rollout_id),))
+        return load_result(rows[0][0]) if rows else None
 
     def export(self, out: TextIO, filters: Filters | None = None) -> int:
         """Write the matching rollouts as JSONL (the batch journal's line shape plus `run_id`), oldest first,
@@ -256,13 +281,15 @@ class ResultsStore:
         last = -1
         while True:
             clause = f"{where} AND {rowid} > ?" if where else f" WHERE {rowid} > ?"
-            query = (f"SELECT {rowid}, run_id, task_id, attempt, source, notes, result FROM rollouts{clause} "
+            query = (f"SELECT {rowid}, run_id, task_id, attempt, source, notes, result, exact FROM rollouts{clause} "
                      f"ORDER BY {rowid} LIMIT {_EXPORT_PAGE}")
             with self._lock:
                 rows = self._db.query(query, (*values, last))
             if not rows:
                 return
-            for key, run_id, task_id, attempt, source, notes, result in rows:
+            for key, run_id, task_id, attempt, source, notes, result, exact in rows:
                 last = key
+                run_id, task_id, source = (restored(column, value, exact) for column, value in
+                                           (("run_id", run_id), ("task_id", task_id), ("source", source)))
                 yield (f'{{"run_id":{json.dumps(run_id)},"task_id":{json.dumps(task_id)},"attempt":{attempt},'
                        f'"source":{json.dumps(source)},"notes":{notes},"result":{result}}}')

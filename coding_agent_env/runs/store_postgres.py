@@ -30,6 +30,7 @@ CONNECT_TIMEOUT_S = 10
 """How long opening the store waits for the server, unless the URL says (`connect_timeout=`)."""
 _LOCK_KEY = 0x636165_7273  # "cae" "rs": the advisory lock of this schema's exclusive sections
 _APPLICATION = "coding-agent-env results store"
+_MAX_ERROR_CHARS = 300
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, started DOUBLE PRECISION NOT NULL, origin TEXT NOT NULL,
@@ -40,7 +41,7 @@ CREATE TABLE IF NOT EXISTS rollouts (
     rollout_id TEXT PRIMARY KEY, run_id TEXT NOT NULL, task_id TEXT NOT NULL, attempt INTEGER NOT NULL,
     agent TEXT NOT NULL, sandbox TEXT NOT NULL, status TEXT NOT NULL, reward DOUBLE PRECISION,
     finished DOUBLE PRECISION NOT NULL, wall_s DOUBLE PRECISION NOT NULL, source TEXT NOT NULL DEFAULT '',
-    notes TEXT NOT NULL DEFAULT '[]', result TEXT NOT NULL
+    notes TEXT NOT NULL DEFAULT '[]', result TEXT NOT NULL, exact TEXT
 );
 CREATE INDEX IF NOT EXISTS rollouts_seq ON rollouts (seq);
 CREATE INDEX IF NOT EXISTS rollouts_finished ON rollouts (finished);
@@ -55,6 +56,9 @@ DIALECT = Dialect(
     json_field="(CASE WHEN strpos({column}, '\\u0000') = 0 THEN (({column})::jsonb -> '{key}')::text END)",
 )
 
+
+_HAS_EXACT = ("SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+              "AND table_name = 'rollouts' AND column_name = 'exact'")
 
 STATEMENT_TIMEOUT_MS = 30_000
 """The longest a statement may run (a prune of many rows included); past it, it fails (a store error)."""
@@ -82,6 +86,9 @@ class PostgresBackend(Backend):
             with self.exclusive():
                 for statement in statements(SCHEMA):
                     self._conn.execute(statement)
+                if not self._conn.execute(_HAS_EXACT).fetchall():
+                    # A store made before `exact` (`store_text`). Only then: ALTER locks the whole table.
+                    self._conn.execute("ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS exact TEXT")
         except BaseException:
             self._conn.close()
             raise
@@ -126,10 +133,15 @@ class PostgresBackend(Backend):
         psycopg = self._psycopg
         try:
             yield
+        except ResultsStoreError:
+            raise  # already ours (a reconnect that failed)
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             raise StoreUnavailableError(f"results store {self.location}: {self._redacted(exc)}") from None
         except psycopg.Error as exc:
             raise ResultsStoreError(f"results store {self.location}: {self._redacted(exc)}") from None
+        except (ValueError, OverflowError) as exc:  # a value the driver could not encode (`store_text` escapes them)
+            raise ResultsStoreError(f"results store {self.location}: {type(exc).__name__}: "
+                                    f"{self._redacted(exc)[:_MAX_ERROR_CHARS]}") from None
 
     @staticmethod
     def _sql(sql: str) -> str:

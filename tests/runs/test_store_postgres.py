@@ -290,3 +290,47 @@ def test_a_result_holding_a_nul_character_does_not_break_the_charts(postgres_url
         assert measured["plain"]["timings"]["total_s"] == 2.5
         assert measured["nul"] == {"timings": {}, "limits_hit": []}
         assert store.result("nul").setup_results[0].stdout == "x\x00y"  # type: ignore[union-attr]
+
+
+async def test_the_servers_store_keeps_a_nul_result_and_reports_a_refused_one(postgres_url: str, tmp_path: Path,
+                                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """The server's recorder (what `RESULTS_FROM_SERVER` writes through): a result whose task id holds NUL is
+    stored exact; one the database refuses (a constraint) is named in one log line and kept in
+    STATE_DIR/results-unstored.jsonl. On main the NUL row was lost with a traceback, and so was the refused one."""
+    import psycopg
+
+    from coding_agent_env.runs.journal import read_records
+    from coding_agent_env.runs.recorder import UNSTORED_FILE, ServerRecorder
+
+    with ResultsStore(postgres_url):
+        pass
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE rollouts ADD CONSTRAINT refuse CHECK (task_id <> 'refused')")
+    settings = Settings.from_env({"RESULTS_DB": postgres_url, "STATE_DIR": str(tmp_path / "state")})
+    recorder = ServerRecorder(settings)
+    for rollout_id, task_id in (("r-nul", "nul\x00id"), ("r-refused", "refused")):
+        recorder(RolloutResult(rollout_id=rollout_id, task_id=task_id, agent="oracle", sandbox="local",
+                               status=RolloutStatus.COMPLETED, reward=1.0))
+    await recorder.aclose()
+    with ResultsStore(postgres_url) as store:
+        assert [(row.rollout_id, row.task_id) for row in store.rollouts()] == [("r-nul", "nul\x00id")]
+    (kept,) = read_records(tmp_path / "state" / UNSTORED_FILE)
+    assert kept.result.rollout_id == "r-refused" and kept.task_id == "refused"
+    (line,) = [r.getMessage() for r in caplog.records if "r-refused" in r.getMessage()]
+    assert "not stored" in line and "refuse" in line and UNSTORED_FILE in line
+    assert not any(r.exc_info for r in caplog.records)
+
+
+def test_a_postgres_store_made_before_the_exact_column_gains_it(postgres_url: str) -> None:
+    import psycopg
+
+    with ResultsStore(postgres_url) as store:
+        run = store.new_run("batch")
+        store.add(run, Record("t", 1, RolloutResult(rollout_id="old", task_id="t", agent="oracle", sandbox="local",
+                                                    status=RolloutStatus.COMPLETED, reward=1.0)))
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE rollouts DROP COLUMN exact")
+    with ResultsStore(postgres_url) as store:
+        store.add(run, Record("nul\x00", 1, RolloutResult(rollout_id="new", task_id="nul\x00", agent="oracle",
+                                                          sandbox="local", status=RolloutStatus.COMPLETED)))
+        assert {row.rollout_id: row.task_id for row in store.rollouts()} == {"old": "t", "new": "nul\x00"}

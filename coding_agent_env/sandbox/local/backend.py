@@ -76,6 +76,7 @@ from coding_agent_env.sandbox.local.launch import ROOT_SUBDIRS, SHM_SUBDIR, SUBD
 from coding_agent_env.sandbox.local.layout import RANGE_SIZE, LocalLayout, make_userns
 from coding_agent_env.sandbox.local.probe import probe
 from coding_agent_env.sandbox.local.provision import Bounds, DirWork, Provisioner, reap
+from coding_agent_env.sandbox.local.reach import unreachable_state_dir
 from coding_agent_env.sandbox.local.sandbox import LocalSandbox
 from coding_agent_env.sandbox.local.uids import UidPool
 from coding_agent_env.settings import Settings
@@ -106,14 +107,32 @@ class LocalBackend(SandboxBackend):
         self._dirs = dirs or DirWork()
         self._guard: Path | None = None
         """The path guard's host directory, made at the first create (`pathguard.install`)."""
+        self._unreachable: str | None = None
+        """Why the sandboxes' uids cannot reach STATE_DIR (`reach`), found at the probe; None: they can."""
 
     def _probe(self) -> Launch:
         with self._probe_lock:
             if self._launch is None:
                 self._bounds = _discover_bounds(self._settings.state_dir) if self._as_root else Bounds()
+                self._unreachable = self._reach() if self._as_root else None
                 self._launch = probe(self._config, self._settings, as_root=self._as_root)
                 log.info("local sandbox isolation: %s; %s", self._launch.detail, self._bounds_detail())
             return self._launch
+
+    def _reach(self) -> str | None:
+        """As root: whether a sandbox uid (one taken from the pool for the question) reaches STATE_DIR."""
+        assert self._uids is not None
+        try:
+            uid = self._uids.take()
+        except SandboxError as exc:  # every uid busy (other servers' sandboxes): they reach it, evidently
+            log.info("STATE_DIR reach not checked: %s", exc)
+            return None
+        try:
+            return unreachable_state_dir(self._settings.state_dir, uid)
+        except OSError as exc:
+            return f"STATE_DIR {self._settings.state_dir} cannot be made: {exc.strerror}"
+        finally:
+            self._uids.give(uid)
 
     def _bounds_detail(self) -> str:
         bounds = self._bounds
@@ -136,8 +155,11 @@ class LocalBackend(SandboxBackend):
         return scopes(enforced, **({} if self._bounds.tmpfs else {"disk": "watched"}))
 
     def _refusal(self, launch: Launch) -> str | None:
-        """Why no sandbox can be made here under this config (isolation required but unavailable), or None."""
+        """Why no sandbox can be made here under this config (isolation required but unavailable, or STATE_DIR
+        out of the sandboxes' reach), or None."""
         config = self._config
+        if self._unreachable is not None:
+            return self._unreachable
         if config.isolation == "bwrap" and launch.isolation != "bwrap":
             return f"bubblewrap is required (LOCAL_ISOLATION=bwrap): {launch.detail}"
         if config.isolation == "auto" and launch.isolation == "none" and not config.allow_unisolated:

@@ -183,6 +183,9 @@ class Launch(abc.ABC):
     forwards_relay = True
     """Under network `llm`, a spawned command needs a way into its own network namespace to the relay (the
     server serving it there, or a forwarder it brings)."""
+    reports_start = False
+    """Whether `command(status_fd=...)` reports if the command started (bubblewrap's `--json-status-fd`: the
+    probe sets it where bwrap has it)."""
 
     def __init__(self, detail: str) -> None:
         self.detail = detail
@@ -232,12 +235,13 @@ class Launch(abc.ABC):
     @abc.abstractmethod
     def command(
         self, box: Box, argv: Sequence[str], cwd: str, *, fresh: bool, netns: int | None, forwarder: bool = False,
-        shm: Path | None = None, who: Identity = DEFAULT,
+        shm: Path | None = None, who: Identity = DEFAULT, status_fd: int | None = None,
     ) -> Command:
         """How to start argv in `box` (`cwd` a sandbox path) in network namespace `netns` (None: a new one);
         with `forwarder`, the relay forwarder runs beside it in that new namespace. `shm`: the host directory
         shown at `/dev/shm` (default: the sandbox's own, `SHM_SUBDIR`), where there is a private `/dev`. `who`:
-        the inner user, in a sandbox with users (`box.userns`)."""
+        the inner user, in a sandbox with users (`box.userns`). `status_fd` (bubblewrap only, `reports_start`):
+        a descriptor the command inherits, on which bwrap reports whether the command started (`started`)."""
 
     def kills_by_uid(self, box: Box) -> bool:
         """Whether close() must end every process of the sandbox's uid (they may have left their group)."""
@@ -274,7 +278,7 @@ class Unisolated(Launch):
 
     def command(
         self, box: Box, argv: Sequence[str], cwd: str, *, fresh: bool, netns: int | None, forwarder: bool = False,
-        shm: Path | None = None, who: Identity = DEFAULT,
+        shm: Path | None = None, who: Identity = DEFAULT, status_fd: int | None = None,
     ) -> Command:
         assert box.userns is None  # refused at create
         head = [*cgroup_join(box), *_prlimit(box.limits)]
@@ -319,10 +323,13 @@ class Bwrap(Launch):
 
     def command(
         self, box: Box, argv: Sequence[str], cwd: str, *, fresh: bool, netns: int | None, forwarder: bool = False,
-        shm: Path | None = None, who: Identity = DEFAULT,
+        shm: Path | None = None, who: Identity = DEFAULT, status_fd: int | None = None,
     ) -> Command:
         inner = self._bwrap(box, argv, cwd, fresh=fresh, netns=netns, forwarder=forwarder, shm=shm, who=who)
         passed = (box.userns,) if box.userns is not None else ()
+        if status_fd is not None:
+            inner[1:1] = ["--json-status-fd", str(status_fd)]
+            passed += (status_fd,)
         return Command([*self._root_launcher(box, netns), *inner], None, self._creds(box), passed)
 
     def _bwrap(

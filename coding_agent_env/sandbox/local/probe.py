@@ -43,7 +43,23 @@ def probe(config: LocalConfig, settings: Settings, *, as_root: bool) -> Launch:
     if failure is not None:
         return Unisolated(f"bubblewrap unusable ({failure}): commands run unisolated")
     plain = Bwrap(f"bubblewrap at {bwrap}", bwrap, system)
-    return _root_launcher(config, settings, plain) if as_root else plain
+    launch = _root_launcher(config, settings, plain) if as_root else plain
+    launch.reports_start = _reports_start(bwrap)
+    return launch
+
+
+def _reports_start(bwrap: str) -> bool:
+    """Whether this bwrap has `--json-status-fd` (bubblewrap 0.5 and later), which tells its own setup failures
+    from the command's exit (`started`); an older one runs commands as before, without that report."""
+    try:
+        done = subprocess.run([bwrap, "--help"], capture_output=True, timeout=_PROBE_TIMEOUT_S, env={}, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    found = b"--json-status-fd" in done.stdout + done.stderr
+    if not found:
+        log.warning("bubblewrap at %s has no --json-status-fd (0.5 or later): its own setup failures cannot be "
+                    "told from a command's exit status", bwrap)
+    return found
 
 
 def _root_launcher(config: LocalConfig, settings: Settings, plain: Bwrap) -> Launch:

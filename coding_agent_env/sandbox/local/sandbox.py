@@ -21,11 +21,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 
-from coding_agent_env.errors import SandboxError, SandboxUnsupportedError
+from coding_agent_env.errors import SandboxError, SandboxStartError, SandboxUnsupportedError
 from coding_agent_env.sandbox.base import Attached, ExecResult, FileEntry, Process, RelayEndpoint, Sandbox
 from coding_agent_env.sandbox.highwater import HIGH_WATER
 from coding_agent_env.sandbox.launcher.inside.treeops import remove_tree
@@ -36,6 +36,7 @@ from coding_agent_env.sandbox.local.hostfs import HostMounts, remove_if_empty
 from coding_agent_env.sandbox.local.launch import ROOT_SUBDIRS, SUBDIRS, Box, Command, Launch, host_dirs
 from coding_agent_env.sandbox.local.layout import DEFAULT, Identity, LocalLayout, identity, unknown_user_argv
 from coding_agent_env.sandbox.local.provision import DirWork, Made, remove_root
+from coding_agent_env.sandbox.local.started import StartChecked, StartReport
 from coding_agent_env.sandbox.local.netns_relay import RelayServing
 
 __all__ = ["LocalSandbox"]
@@ -47,6 +48,12 @@ _WATCH_S = 1.0
 _FULL_SLACK = 64 * 1024
 _LOG_RESERVE = 1 << 20
 """Disk set aside in a spawned command's log file (see `_open_log`), out of the sandbox's own budget."""
+_START_PROBE_TIMEOUT_S = 10.0
+"""How long the check that the sandbox can start anything at all (`_confirm_start_failure`) may take."""
+_START_PROBE_OUTPUT_BYTES = 4096
+"""Output kept of that check (bwrap's message is one line)."""
+_MAX_START_ERROR_CHARS = 300
+"""Characters of bwrap's (or a launcher's) own message kept in a `SandboxStartError`."""
 _INLINE_WRITE = 64 * 1024
 """Writes up to this size run on the event loop (a thread's hand-offs would cost more than the write)."""
 """A tmpfs with less than this free is full (a write of that size would fail)."""
@@ -189,19 +196,11 @@ class LocalSandbox(Sandbox):
         fresh_shm = self._launch.fresh_shm(self._box) if fresh else None
         self._sampled()
         try:
-            command = self._launch.command(
-                self._box, argv, cwd or self.paths.workdir, fresh=fresh, netns=self._netns, shm=fresh_shm, who=who
-            )
-            result = await proc.run_capped(
-                command.argv,
-                env=self._env(env, fresh_dir),
-                cwd=command.cwd,
-                creds=command.creds,
-                timeout=timeout,
-                max_output_bytes=max_output_bytes,
-                track=self._children,
-                pass_fds=command.pass_fds,
-            )
+            run = functools.partial(self._run, fresh=fresh, shm=fresh_shm, who=who, env=self._env(env, fresh_dir),
+                                    max_output_bytes=max_output_bytes, netns=self._netns)
+            result, started = await run(argv, cwd or self.paths.workdir, timeout)
+            if started is False and not result.timed_out and (result.exit_code or 0) >= 0:
+                await self._confirm_start_failure(run)
             self._note_full_disk()
             return result
         except OSError as exc:
@@ -211,6 +210,40 @@ class LocalSandbox(Sandbox):
             for fresh_made in (fresh_dir, fresh_shm):
                 if fresh_made is not None:  # the command filled it: unbounded
                     await asyncio.shield(asyncio.to_thread(remove_tree, fresh_made))
+
+    async def _run(
+        self, argv: Sequence[str], cwd: str, timeout: float, *, fresh: bool, shm: Path | None, who: Identity,
+        env: Mapping[str, str], max_output_bytes: int, netns: int | None, forwarder: bool = False,
+    ) -> tuple[ExecResult, bool | None]:
+        """Run one command to its end in network namespace `netns` (`Launch.command`); (its result, whether
+        bwrap started it: None where the launch does not say, `started`)."""
+        report = StartReport() if self._launch.reports_start else None
+        try:
+            command = self._launch.command(
+                self._box, argv, cwd, fresh=fresh, netns=netns, forwarder=forwarder, shm=shm, who=who,
+                status_fd=report.write_fd if report is not None else None,
+            )
+            result = await proc.run_capped(
+                command.argv, env=env, cwd=command.cwd, creds=command.creds, timeout=timeout,
+                max_output_bytes=max_output_bytes, track=self._children, pass_fds=command.pass_fds,
+            )
+            return result, report.started() if report is not None else None
+        finally:
+            if report is not None:
+                report.close()
+
+    async def _confirm_start_failure(self, run: Callable[..., Awaitable[tuple[ExecResult, bool | None]]]) -> None:
+        """bwrap exited without starting a command: `SandboxStartError` (an infrastructure fault, with bwrap's
+        own message) when the sandbox's plumbing itself is broken, i.e. a shell's `exit 0` in `/` with the same
+        binds (`run`) cannot start either and no limit of the sandbox was hit. Otherwise it was the command's
+        own doing (its `--chdir` into a directory its agent made unreadable, a process limit its agent's
+        leftovers hold): its exit status stands (`started`)."""
+        if self._hits():
+            return
+        probe, started = await run([self.shell, "-c", "exit 0"], "/", _START_PROBE_TIMEOUT_S)
+        if started is not False or probe.timed_out:
+            return
+        raise SandboxStartError(f"the sandbox could not start the command: {_first_error(probe.stderr)}")
 
     async def spawn(
         self,
@@ -228,9 +261,11 @@ class LocalSandbox(Sandbox):
         # The forwarder's command gets a namespace of its own from bwrap, for the forwarder's port.
         forwarder = self._forwards and served is None
         netns = None if forwarder else served.netns if served is not None and served.netns is not None else self._netns
+        report = StartReport() if self._launch.reports_start else None
         try:
             command: Command = self._launch.command(
-                self._box, argv, cwd or self.paths.workdir, fresh=False, netns=netns, forwarder=forwarder, who=who
+                self._box, argv, cwd or self.paths.workdir, fresh=False, netns=netns, forwarder=forwarder, who=who,
+                status_fd=report.write_fd if report is not None else None,
             )
             out = self._open_log(log_path) if log_path else os.open(os.devnull, os.O_WRONLY)
             try:
@@ -240,7 +275,11 @@ class LocalSandbox(Sandbox):
                 )
             finally:
                 os.close(out)
+                if report is not None:
+                    report.close_write()
         except BaseException as exc:
+            if report is not None:
+                report.close()
             if served is not None:
                 await asyncio.shield(served.stop())  # no agent: nothing may reach the relay
             if isinstance(exc, OSError):
@@ -254,7 +293,12 @@ class LocalSandbox(Sandbox):
             if served is not None:
                 await served.stop()
 
-        return proc.HostProcess(child, self._children, on_exit=exited)
+        process = proc.HostProcess(child, self._children, on_exit=exited)
+        if report is None:
+            return process
+        run = functools.partial(self._run, fresh=False, shm=None, who=who, env=self._env(env, None),
+                                max_output_bytes=_START_PROBE_OUTPUT_BYTES, netns=netns, forwarder=forwarder)
+        return StartChecked(process, report, functools.partial(self._confirm_start_failure, run))
 
     async def attach(
         self,
@@ -431,6 +475,16 @@ class LocalSandbox(Sandbox):
                 self._release(box.uid)
             if self._release_users is not None:
                 self._release_users()  # its processes are all dead: no file of the range is written any more
+
+
+def _first_error(stderr: bytes) -> str:
+    """The launcher's or bwrap's own message (its last `bwrap:` line, else its last line), printable and
+    bounded."""
+    lines = [line.strip() for line in stderr.decode("utf-8", "replace").splitlines() if line.strip()]
+    ours = [line for line in lines if line.startswith("bwrap:")]
+    text = (ours or lines or ["(no message)"])[-1]
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text[:_MAX_START_ERROR_CHARS]
 
 
 def _kill_and_remove(cgroup: SandboxCgroup) -> None:
