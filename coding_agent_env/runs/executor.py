@@ -20,7 +20,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 import httpx
-from websockets.exceptions import WebSocketException
+from websockets.exceptions import InvalidStatus, WebSocketException
 
 from coding_agent_env.client import CodingAgentEnv, ToolCallError
 from coding_agent_env.errors import RequestError
@@ -77,6 +77,10 @@ def _refuse_if_refused(result: RolloutResult) -> RolloutResult:
     if reason is not None:
         raise Refused(reason)
     return result
+
+
+_DENIED = (401, 403)
+"""Handshake statuses of a server that refuses this caller (no caller token, or the wrong one)."""
 
 
 def failed_result(request: RolloutRequest, exc: BaseException, *, sandbox: str = "") -> RolloutResult:
@@ -214,11 +218,21 @@ class ServerExecutor(Executor):
         if held is not None:
             return held
         tried: dict[str, str] = {}
+        denied: dict[str, str] = {}
         while (url := self._server(worker, tried)) is not None:
             client = CodingAgentEnv(url)
             try:
                 await client.connect()
                 await client.reset()
+            except InvalidStatus as exc:
+                await _close_quietly(client)
+                tried[url] = f"cannot connect: {type(exc).__name__}: {exc}"
+                if exc.response.status_code in _DENIED:
+                    tried[url] = denied[url] = (
+                        f"server {url} refused this caller ({exc.response.status_code}): set API_TOKEN to the "
+                        "server's caller token")
+                self._down(url, tried[url])
+                continue
             except (OSError, WebSocketException, TimeoutError) as exc:
                 await _close_quietly(client)
                 tried[url] = f"cannot connect: {type(exc).__name__}: {exc}"
@@ -230,6 +244,8 @@ class ServerExecutor(Executor):
             self.unreachable.pop(url, None)
             self._clients[worker] = (url, client)
             return url, client
+        if denied and len(denied) == len(tried):  # every server answered, refusing this caller: nothing can run
+            raise Refused("; ".join(denied.values()))
         raise ServerUnreachableError("; ".join(f"server {url}: {tried[url]}" for url in self.urls))
 
     def _down(self, url: str, reason: str) -> None:

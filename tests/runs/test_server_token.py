@@ -51,12 +51,13 @@ def test_run_server_sends_api_token(guarded: str, tmp_path: Path, monkeypatch: p
                                     capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out.jsonl"
     monkeypatch.delenv("API_TOKEN", raising=False)
-    main(["run", str(TASK), "--agent", "oracle", "--server", guarded, "--out", str(out), "--no-progress"])
-    # Its exit status is the batch's rule (a run whose rollouts all failed is another issue's item); the refusal
-    # itself names the 401.
-    refused = [json.loads(line) for line in out.read_text().splitlines()]
-    assert all(r["result"]["reward"] is None and "401" in r["result"]["error"] for r in refused), refused
-    capsys.readouterr()
+    # Refused, not run: no rollout record, the reason names the 401 and the way out, and the run exits 1.
+    code = main(["run", str(TASK), "--agent", "oracle", "--server", guarded, "--out", str(out), "--no-progress"])
+    printed = capsys.readouterr().out
+    assert code == 1, printed
+    assert not out.exists() or out.read_text() == ""
+    assert f"server {guarded} refused this caller (401): set API_TOKEN" in printed
+    assert "exit status 1: 1 refused (1 task never ran)" in printed
     out.unlink()
     monkeypatch.setenv("API_TOKEN", TOKEN)
     assert main(["run", str(TASK), "--agent", "oracle", "--server", guarded, "--out", str(out), "--no-progress"]) == 0
