@@ -147,12 +147,14 @@ def _jobs(
     observer: BatchObserver,
 ) -> Iterator[Job]:
     for item, request in _loaded(items, plan, summary, observer):
+        todo = [attempt for attempt in range(1, plan.attempts + 1) if (item.task_id, attempt) not in journal.done]
         if plan.attempts > 1 and plan.group_attempts and request.group_id is None:
             digest = hashlib.sha256(item.task_id.encode("utf-8", "surrogatepass")).hexdigest()[:24]
-            request = request.model_copy(update={"group_id": f"attempts-{digest}"})  # any task id: a valid group id
-        for attempt in range(1, plan.attempts + 1):
-            if (item.task_id, attempt) not in journal.done:
-                yield Job(item, attempt, request)
+            # Any task id is a valid group id. The members still to run are all that will come: the template
+            # goes as soon as the last has ended.
+            request = request.model_copy(update={"group_id": f"attempts-{digest}", "group_size": len(todo) or None})
+        for attempt in todo:
+            yield Job(item, attempt, request)
 
 
 def _loaded(

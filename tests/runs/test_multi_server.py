@@ -111,3 +111,26 @@ def test_tasks_a_server_cannot_honour_are_refused_and_the_run_exits_1(
     assert f"exit status 1: {TASKS} refused ({TASKS} tasks never ran)" in printed
     refused = [line for line in printed.splitlines() if line.strip().startswith("refused")]
     assert len(refused) == TASKS and all("cannot honour the task's tests" in line for line in refused), refused
+
+
+def test_a_tasks_attempts_are_a_group_of_known_size_released_as_the_last_ends(
+        make_live: Callable[..., LiveServer], tmp_path: Path) -> None:
+    """`run --attempts N` makes a task's attempts one group of N members (`group_size`): its set-up template is
+    released as the last attempt ends, not kept idle for GROUP_IDLE_S (10 minutes here) for members that cannot
+    come. Read from the server's own gauge of templates held."""
+    import httpx
+
+    server = make_live(group_idle_s=600.0)
+    task = {"instruction": "x", "task_id": "grouped", "setup": ["echo set > s"], "solution": ["cp s f"],
+            "verify": ["grep -qx set f"]}
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps(task) + "\n")
+    out = tmp_path / "out.jsonl"
+    code = main(["run", str(tasks), "--agent", "oracle", "--attempts", "3", "-n", "3", "--server", server.http,
+                 "--out", str(out), "--no-store", "--no-progress"])
+    done = records(out)
+    assert code == 0 and [rec["result"]["reward"] for rec in done] == [1.0] * 3, done
+    assert {rec["result"]["group"]["setup"] for rec in done} == {"forked"}, done
+    gauge = [line for line in httpx.get(f"{server.http}/metrics", timeout=10).text.splitlines()
+             if line.startswith("coding_agent_env_group_templates{")]
+    assert gauge and all(float(line.rsplit(" ", 1)[1]) == 0 for line in gauge), gauge
