@@ -22,6 +22,10 @@ import httpx
 from coding_agent_env.settings import LocalConfig, Settings
 from tests.helpers import free_port, serving, wait_until
 
+CANARY = "cae-operator-secret-4f1d9a"
+"""In the server's environment (as an operator's API key is) and in a file of its state dir: no sandbox may
+read it."""
+CANARY_FILE = "operator-secret.txt"
 START_DEADLINE_S = 60.0
 PROBE_EVERY_S = 0.1
 PROBE_TIMEOUT_S = 5.0
@@ -31,8 +35,11 @@ PROBE_TIMEOUT_S = 5.0
 class HostileServer:
     """`coding-agent-env serve` on a free loopback port, with its own state dir and sandbox uid range."""
 
-    def __init__(self, state_dir: Path, *, docker: dict[str, str] | None = None) -> None:
+    def __init__(self, state_dir: Path, *, docker: dict[str, str] | None = None,
+                 isolation: str | None = None) -> None:
+        """`isolation`: the local backend's `LOCAL_ISOLATION` (None: its default)."""
         self.state_dir = state_dir
+        (state_dir / CANARY_FILE).write_text(CANARY)
         self.port = free_port()
         self.uid_base = 600_000 + secrets.randbelow(20_000) * 64
         env = {
@@ -46,6 +53,8 @@ class HostileServer:
             # A stall is the loop held half a second: what /health's probe would feel (its bound is 1 s).
             "LOOP_STALL_WARN_MS": "500",
             **(docker or {}),
+            **({"LOCAL_ISOLATION": isolation} if isolation else {}),
+            "CAE_HOSTILE_CANARY": CANARY,
         }
         self.log = state_dir.parent / f"{state_dir.name}.server.log"
         with open(self.log, "wb") as out:
