@@ -43,7 +43,8 @@ def in_container() -> bool:
     return any(name in groups for name in _CONTAINER_CGROUPS)
 
 
-def no_tier_refusal(causes: str) -> str:
-    """The refusal: `causes` (the probe's sentences: why bubblewrap, why Landlock cannot run) and the fixes."""
-    fixes = _IN_CONTAINER if in_container() else _ON_HOST
+def no_tier_refusal(causes: str, *, container: bool | None = None) -> str:
+    """The refusal: `causes` (the probe's sentences: why bubblewrap, why Landlock cannot run) and the fixes for
+    where the server runs (`container`; None: `in_container()`)."""
+    fixes = _IN_CONTAINER if (in_container() if container is None else container) else _ON_HOST
     return f"No sandbox can be made on this host. {causes} {fixes} {_OPT_IN}"
