@@ -21,7 +21,7 @@ _TRIAL_TIMEOUT_S = 10.0
 def confine_argv(policy: Policy, argv: Sequence[str]) -> list[str]:
     """Start `argv` confined by `policy`: the server's interpreter runs `confine` by path, isolated (`-I -S`: no
     site-packages, no environment variables of Python's, nothing of the working directory)."""
-    return [sys.executable, "-I", "-S", CONFINE, policy.dumps(), "--", *argv]
+    return [sys.executable, "-I", "-S", CONFINE, *policy.args(), "--", *argv]
 
 
 def landlock_refusal(uid: int | None) -> str | None:

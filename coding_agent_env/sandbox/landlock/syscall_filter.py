@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import platform
+import os
 import struct
-from dataclasses import dataclass
 
 __all__ = ["SeccompError", "install", "supported"]
 
@@ -69,16 +68,17 @@ class SeccompError(OSError):
 
 def supported() -> str | None:
     """None where this filter knows the machine's system calls, else why not."""
-    machine = platform.machine()
+    machine = os.uname().machine
     return None if machine in _NR else f"no seccomp filter for the {machine} architecture"
 
 
-@dataclass
 class _Asm:
-    """Classic BPF with forward jumps to labels (resolved by `assemble`)."""
+    """Classic BPF with forward jumps to labels (resolved by `assemble`). Not a dataclass: `confine` imports
+    this module on every command, and dataclasses costs more to import than the rest of it."""
 
-    code: list[tuple[int, object, object, int]]
-    labels: dict[str, int]
+    def __init__(self) -> None:
+        self.code: list[tuple[int, object, object, int]] = []
+        self.labels: dict[str, int] = {}
 
     def op(self, code: int, k: int, jt: object = 0, jf: object = 0) -> None:
         self.code.append((code, jt, jf, k))
@@ -98,7 +98,7 @@ class _Asm:
 def _program(machine: str, inet: bool) -> bytes:
     nr = _NR[machine]
     deny, allow = _RET_ERRNO | errno.EPERM, _RET_ALLOW
-    a = _Asm([], {})
+    a = _Asm()
     a.op(_LD_W_ABS, _OFF_ARCH)
     a.op(_JEQ, _AUDIT_ARCH[machine], 1, 0)
     a.op(_RET, _RET_KILL_PROCESS)
@@ -159,7 +159,7 @@ def install(*, inet: bool) -> None:
     why = supported()
     if why is not None:
         raise SeccompError(0, why)
-    program = _program(platform.machine(), inet)
+    program = _program(os.uname().machine, inet)
     buffer = ctypes.create_string_buffer(program, len(program))
     prog = _Fprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
     libc = ctypes.CDLL(None, use_errno=True)
