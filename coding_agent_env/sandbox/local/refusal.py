@@ -15,9 +15,10 @@ _CONTAINER_CGROUPS = ("docker", "kubepods", "containerd", "libpod", "lxc")
 _IN_CONTAINER = (
     "Inside a container, only the container's options help: run it with both `--security-opt "
     "seccomp=unconfined` and `--security-opt systempaths=unconfined` (bubblewrap then makes its namespaces; "
-    "seccomp=unconfined alone still cannot mount /proc), or on a Docker engine whose seccomp profile allows the "
-    "landlock system calls (Docker 23 or later, or `--security-opt seccomp=PROFILE` with landlock_create_ruleset, "
-    "landlock_add_rule and landlock_restrict_self allowed), or use the docker or a remote sandbox backend."
+    "seccomp=unconfined alone still cannot mount /proc), or on a kernel with Landlock ABI 6 or later (Linux 6.12) "
+    "and an engine whose seccomp profile allows the landlock system calls (recent engines' default does; else "
+    "`--security-opt seccomp=PROFILE` with landlock_create_ruleset, landlock_add_rule and landlock_restrict_self "
+    "allowed), or use the docker or a remote sandbox backend."
 )
 _ON_HOST = (
     "Install bubblewrap (apt-get install bubblewrap) or point BWRAP_PATH at one that works, and allow "
