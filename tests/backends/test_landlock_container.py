@@ -5,7 +5,7 @@ dockerd (.ci/run starts one; skipped without one, failed under CI).
 The container (the offline test image, the host's /usr bound read-only) plays the server: a process of uid
 1000 holding a secret in its environment, a state dir with a secret file, a loopback listener; a command
 confined by `confine` as the local backend starts it (same uid, no namespace) must reach none of them, while
-its own directory and the system work.
+its own directory and the system work; and its processes are bounded though it shares the server's uid.
 """
 
 from __future__ import annotations
@@ -37,6 +37,23 @@ python3 -I -S /landlock/confine.py --read /usr --read /etc --write /tmp/state/bo
   python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", $port), 5); print(\"CONNECTED\")'
   true"
 echo "exit=$?"
+# Without a uid of its own, a fork bomb's reach is bounded: 10 processes beyond what uid 1000 has now.
+python3 -I -S /landlock/confine.py --read /usr --read /etc --nproc-over-uid 10 -- /usr/bin/python3 -c '
+import os, signal, time
+children = []
+for _ in range(40):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    children.append(pid)
+print("FORKED", len(children))
+for pid in children:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)'
 kill $server $listener
 """
 
@@ -56,6 +73,8 @@ def test_a_confined_command_in_a_space_like_container_reaches_nothing_of_the_ser
         container.remove(force=True)
     assert status["StatusCode"] == 0, out
     lines = out.splitlines()
-    assert lines[0] == "own" and "exit=0" in lines, out
+    assert "own" in lines and "exit=0" in lines, out  # stdout and stderr interleave in the log
     assert canary not in out and "SIGNALLED" not in out and "CONNECTED" not in out, out
     assert out.count("Permission denied") >= 4, out  # both environments, both files; the connection: EPERM
+    forked = int(out.split("FORKED ", 1)[1].split()[0])
+    assert 1 <= forked <= 10, out

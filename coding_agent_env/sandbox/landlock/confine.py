@@ -2,7 +2,9 @@
 then become ARGV. Stdlib only, run by path: the server's packages are never imported here, and what it imports
 is kept cheap (it runs before every command).
 
-In order: join the sandbox's control groups, set the rlimits (soft = hard; core dumps off), drop to the
+In order: join the sandbox's control groups, set the rlimits (soft = hard; core dumps off; with
+`--nproc-over-uid N`, RLIMIT_NPROC at N more than the tasks this uid has now: a guard where the sandbox shares
+the server's uid, so a fork bomb cannot take every process the uid may have), drop to the
 sandbox's uid (the server as root), restore SIGPIPE and SIGXFSZ (Python ignores them; a command must not
 inherit that), set no_new_privs, enter a new Landlock domain (the policy's paths and this process's own /proc
 entries: `proc_paths`), install the seccomp filter (`syscall_filter.install`), exec. Any failure exits
@@ -31,7 +33,7 @@ _RLIMITS = {"data": resource.RLIMIT_DATA, "fsize": resource.RLIMIT_FSIZE, "cpu":
             "nproc": resource.RLIMIT_NPROC, "as": resource.RLIMIT_AS, "nofile": resource.RLIMIT_NOFILE}
 _LISTS = {"--read": "read", "--write": "write", "--device": "devices", "--cgroup": "cgroup_procs",
           "--connect": "connect_ports", "--rlimit": "rlimits"}
-_SINGLE = {"--inet": "inet", "--uid": "uid"}
+_SINGLE = {"--inet": "inet", "--uid": "uid", "--nproc-over-uid": "nproc_over_uid"}
 _PR_SET_NO_NEW_PRIVS = 38
 _SIGPIPE, _SIGXFSZ, _SIG_DFL = 13, 25, 0  # the same numbers on x86-64 and arm64
 _PROC = "/proc"
@@ -64,6 +66,19 @@ def proc_paths(pid: int) -> list[str]:
     return [f"{_PROC}/{pid}", *(f"{_PROC}/{name}" for name in names)]
 
 
+def _tasks_of(uid: int) -> int:
+    """How many tasks (threads) processes of `uid` have now: what RLIMIT_NPROC counts against."""
+    count = 0
+    for name in os.listdir(_PROC):
+        if name.isdigit():
+            try:
+                if os.stat(f"{_PROC}/{name}").st_uid == uid:
+                    count += len(os.listdir(f"{_PROC}/{name}/task"))
+            except OSError:
+                continue  # gone meanwhile
+    return count
+
+
 def confine(options: dict[str, list[str]]) -> None:
     """Confine the calling process (single-threaded) for good; OSError or ValueError on any failure."""
     for procs in options["cgroup_procs"]:
@@ -73,6 +88,9 @@ def confine(options: dict[str, list[str]]) -> None:
         name, _, value = limit.partition("=")
         resource.setrlimit(_RLIMITS[name], (int(value), int(value)))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    for headroom in map(int, options["nproc_over_uid"]):
+        count = _tasks_of(os.getuid()) + headroom
+        resource.setrlimit(resource.RLIMIT_NPROC, (count, count))
     for uid in map(int, options["uid"]):
         os.setgroups([])
         os.setresgid(uid, uid, uid)

@@ -41,6 +41,8 @@ class Policy:
     rlimits: Mapping[str, int] = field(default_factory=dict)
     cgroup_procs: tuple[str, ...] = ()
     uid: int | None = None
+    nproc_over_uid: int | None = None
+    """Without a uid of its own: RLIMIT_NPROC this many above the tasks the uid has when the command starts."""
 
     def args(self) -> list[str]:
         """`confine`'s options (each a flag and its value; paths are argv strings, never parsed by a shell)."""
@@ -55,4 +57,6 @@ class Policy:
             args += ["--inet", "1"]
         if self.uid is not None:
             args += ["--uid", str(self.uid)]
+        if self.nproc_over_uid is not None:
+            args += ["--nproc-over-uid", str(self.nproc_over_uid)]
         return args

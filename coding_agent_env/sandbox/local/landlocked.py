@@ -27,12 +27,14 @@ _FRESH = "fresh"
 """The prefix of a `fresh` command's home directory under the sandbox root."""
 
 
-def landlocked(uid: int | None, why_not_bwrap: str) -> Landlocked | str:
-    """The strategy, tried for real (as `uid`: a server running as root), or why Landlock is unusable here."""
+def landlocked(uid: int | None, why_not_bwrap: str, max_processes: int) -> Landlocked | str:
+    """The strategy, tried for real (as `uid`: a server running as root), or why Landlock is unusable here.
+    `max_processes`: without root, each command may start that many processes beyond those the server's uid
+    has (a guard, not a reported limit: other sandboxes of that uid count too)."""
     refusal = landlock_refusal(uid)
     if refusal is not None:
         return refusal
-    return Landlocked(f"Landlock and seccomp ({why_not_bwrap})")
+    return Landlocked(f"Landlock and seccomp ({why_not_bwrap})", max_processes)
 
 
 class Landlocked(Unisolated):
@@ -40,6 +42,10 @@ class Landlocked(Unisolated):
 
     isolation = "landlock"
     forwards_relay = True  # only a spawned command may reach the relay (its port granted then)
+
+    def __init__(self, detail: str, max_processes: int) -> None:
+        super().__init__(detail)
+        self.max_processes = max_processes
 
     def network(self, relay: RelayEndpoint | None) -> str:
         return "none" if relay is None else "llm"
@@ -69,6 +75,7 @@ class Landlocked(Unisolated):
         policy = Policy(
             read=read, write=tuple(str(path) for path in own), inet=bool(ports), connect_ports=ports,
             rlimits=dict(box.limits), cgroup_procs=box.cgroup_procs, uid=box.uid,
+            nproc_over_uid=self.max_processes if box.uid is None and "nproc" not in box.limits else None,
         )
         # Spawned with the server's credentials: confine joins the groups and sets the limits before it drops to
         # the sandbox's uid (as root), so the interpreter and confine need not be readable by that uid.

@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 
 from coding_agent_env.settings.backends import LocalConfig
-from coding_agent_env.sandbox.base import rlimits
+from coding_agent_env.sandbox.base import SandboxLimits, rlimits
 from coding_agent_env.sandbox.local import enter, netns
 from coding_agent_env.sandbox.local.landlocked import landlocked
 from coding_agent_env.sandbox.local.launch import Bwrap, BwrapEnter, BwrapNsenter, Launch, Unisolated, namespace_args
@@ -41,23 +41,23 @@ def probe(config: LocalConfig, settings: Settings, *, as_root: bool) -> Launch:
         return Unisolated("unisolated by the operator's choice (LOCAL_ISOLATION=none)")
     uid = config.uid_base if as_root else None
     if config.isolation == "landlock":
-        return _landlock(uid, "the operator's choice, LOCAL_ISOLATION=landlock", bwrap_failed=False)
+        return _landlock(uid, "the operator's choice, LOCAL_ISOLATION=landlock", settings, bwrap_failed=False)
     system = system_args()
     bwrap = config.bwrap_path or shutil.which("bwrap") or _bundled_bwrap(settings.state_dir, as_root=as_root)
     if bwrap is None:
-        return _landlock(uid, "bubblewrap is not installed (nor BWRAP_PATH set)")
+        return _landlock(uid, "bubblewrap is not installed (nor BWRAP_PATH set)", settings)
     creds = {"user": config.uid_base, "group": config.uid_base, "extra_groups": []} if as_root else {}
     failure = _try_run([bwrap, *namespace_args(share_net=False), *system, "--", "true"], creds)
     if failure is not None:
-        return _landlock(uid, f"bubblewrap cannot make its namespaces here ({failure})")
+        return _landlock(uid, f"bubblewrap cannot make its namespaces here ({failure})", settings)
     plain = Bwrap(f"bubblewrap at {bwrap}", bwrap, system)
     return _root_launcher(config, settings, plain) if as_root else plain
 
 
-def _landlock(uid: int | None, why: str, *, bwrap_failed: bool = True) -> Launch:
+def _landlock(uid: int | None, why: str, settings: Settings, *, bwrap_failed: bool = True) -> Launch:
     """Landlock where it works (its detail says `why`, not bubblewrap), else `Unisolated` whose detail gives each
     tier's failure as a sentence of its own (`why` is bubblewrap's when `bwrap_failed`)."""
-    tier = landlocked(uid, why)
+    tier = landlocked(uid, why, SandboxLimits.from_settings(settings).max_processes)
     if not isinstance(tier, str):
         return tier
     causes = [why, tier] if bwrap_failed else [tier]
