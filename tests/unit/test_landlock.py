@@ -56,7 +56,8 @@ def _populated(tmp_path: Path) -> Path:
 def canary() -> Iterator[int]:
     """A process of the same uid with a secret in its environment (the server, as a Space runs it)."""
     creds = {"user": UID, "group": UID, "extra_groups": []} if UID is not None else {}
-    proc = subprocess.Popen(["sleep", "300"], env={"OPENAI_API_KEY": CANARY}, start_new_session=True, **creds)  # type: ignore[call-overload]
+    proc = subprocess.Popen(  # type: ignore[call-overload]
+        ["sleep", "300"], env={"OPENAI_API_KEY": CANARY}, start_new_session=True, **creds)
     try:
         yield proc.pid
     finally:
@@ -119,8 +120,9 @@ def test_network_is_the_relay_port_alone() -> None:
 
 
 def _python(code: str, **policy: object) -> str:
-    argv = confine_argv(Policy(read=system_paths(), write=(), uid=UID, **policy), [sys.executable if UID is None  # type: ignore[arg-type]
-                                                                                   else "/usr/bin/python3", "-c", code])
+    # As root the command runs as UID, which cannot read the test's own interpreter (under /root here).
+    python = sys.executable if UID is None else "/usr/bin/python3"
+    argv = confine_argv(Policy(read=system_paths(), write=(), uid=UID, **policy), [python, "-c", code])  # type: ignore[arg-type]
     done = subprocess.run(argv, cwd="/", env={}, capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
