@@ -41,7 +41,8 @@ user asked (root with namespace-only capabilities). What a mode cannot show is r
 Where bubblewrap cannot create namespaces (e.g. in an unprivileged container), or where the operator chose
 `LocalConfig.isolation="landlock"`, commands run in the host directory, each confined by Landlock and seccomp
 (`landlocked`; `isolation` says `landlock`); where neither works, or where the operator chose
-`LocalConfig.isolation="none"`, as plain subprocesses there, and `isolation` says `none`. Which of these modes runs is probed once (`probe`) and is then one `Launch` strategy (`launch`).
+`LocalConfig.isolation="none"`, as plain subprocesses there, and `isolation` says `none`. Which of these modes
+runs is probed once (`probe`) and is then one `Launch` strategy (`launch`).
 """
 
 
