@@ -47,7 +47,8 @@ def hostile_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, Hostil
     os.chmod(parent, 0o711)
     state = parent / "state"
     state.mkdir(mode=0o711)
-    server = HostileServer(state, docker=docker, isolation="landlock" if backend == "local-landlock" else None)
+    tier = {"LOCAL_ISOLATION": "landlock"} if backend == "local-landlock" else None
+    server = HostileServer(state, docker=docker, settings=tier)
     try:
         yield backend, server
     finally:

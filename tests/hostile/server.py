@@ -36,8 +36,8 @@ class HostileServer:
     """`coding-agent-env serve` on a free loopback port, with its own state dir and sandbox uid range."""
 
     def __init__(self, state_dir: Path, *, docker: dict[str, str] | None = None,
-                 isolation: str | None = None) -> None:
-        """`isolation`: the local backend's `LOCAL_ISOLATION` (None: its default)."""
+                 settings: dict[str, str] | None = None) -> None:
+        """`docker`: the Docker backend's variables (enables it); `settings`: further variables, over the rest."""
         self.state_dir = state_dir
         (state_dir / CANARY_FILE).write_text(CANARY)
         self.port = free_port()
@@ -53,7 +53,7 @@ class HostileServer:
             # A stall is the loop held half a second: what /health's probe would feel (its bound is 1 s).
             "LOOP_STALL_WARN_MS": "500",
             **(docker or {}),
-            **({"LOCAL_ISOLATION": isolation} if isolation else {}),
+            **(settings or {}),
             "CAE_HOSTILE_CANARY": CANARY,
         }
         self.log = state_dir.parent / f"{state_dir.name}.server.log"
