@@ -4,7 +4,7 @@ A Landlock domain is made by a process for itself and everything it starts after
 widened. What this module handles (`restrict`): every filesystem right the running kernel knows, outside the
 paths granted read-only or read-write (and a few device files); TCP bind and connect, outside the ports granted
 (ABI >= 4); signals and abstract unix sockets to anything outside the domain (ABI >= 6). The kernel also denies
-a domain's processes ptrace and `/proc/PID/{environ,mem,...}` of every process outside it, whatever its uid.
+a domain's processes ptrace and `/proc/PID/{environ,mem,...}` of the processes of their uid outside it.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ kexec, reboot, swap, accounting, quotas, hostname, the tty injection ioctl (TIOC
 group the server kills (setsid, setpgid). Sockets: unix (and socketpair) always, netlink routing information,
 TCP over IPv4/IPv6 only where `inet` (Landlock then says which ports); every other family or protocol (UDP,
 raw, packet, SCTP, ...) is refused. clone3 answers ENOSYS (its flags sit in memory a filter cannot read; libc
-falls back to clone). Another architecture's system calls (x32, 32-bit) kill the process.
+falls back to clone). x32 system calls are refused; another architecture's (32-bit) kill the process.
 """
 
 from __future__ import annotations
