@@ -177,12 +177,15 @@ def serving(url: str, proc: subprocess.Popen[Any] | None = None, log: Callable[[
 
 
 async def relay_port_refused(box: Sandbox) -> bool:
-    """Whether a command exec'd in `box` has its connection to the relay port refused (any other outcome,
-    a connection or a failure to try, is False)."""
+    """Whether a command exec'd in `box` has its connection to the relay port refused: nothing listening there
+    (its own network namespace), or the connection denied (Landlock: EACCES; its seccomp filter refusing the
+    TCP socket: EPERM). Any other outcome, a connection or a failure to try, is False."""
     assert box.relay_url is not None
     port = box.relay_url.split(":")[2].split("/")[0]
-    probe = (f"import errno, socket, sys; code = socket.socket().connect_ex(('127.0.0.1', {port}));"
-             " sys.exit(0 if code == errno.ECONNREFUSED else 1)")
+    probe = ("import errno, socket, sys\n"
+             "try:\n    code = socket.socket().connect_ex(('127.0.0.1', %s))\n"
+             "except PermissionError as exc:\n    code = exc.errno\n"
+             "sys.exit(0 if code in (errno.ECONNREFUSED, errno.EACCES, errno.EPERM) else 1)" % port)
     return (await box.exec(["python3", "-c", probe], timeout=30, max_output_bytes=64 * 1024)).exit_code == 0
 
 

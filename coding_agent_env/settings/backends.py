@@ -62,11 +62,12 @@ class LocalConfig(_Config):
 
     kind: Literal["local"] = "local"
 
-    isolation: Literal["auto", "bwrap", "none"] = "auto"
-    """`auto`: bubblewrap where it works here; where it does not, the backend refuses every rollout (fail
-    closed) unless `allow_unisolated`, when commands run unisolated (reported as `none`); `bwrap`: bubblewrap,
-    or the backend is unavailable; `none`: commands run as plain host processes, the operator's explicit choice
-    (reported as `none`)."""
+    isolation: Literal["auto", "bwrap", "landlock", "none"] = "auto"
+    """`auto`: bubblewrap where it works here, else Landlock and seccomp (reported as `landlock`); where neither
+    does, the backend refuses every rollout (fail closed) unless `allow_unisolated`, when commands run unisolated
+    (reported as `none`); `bwrap`: bubblewrap, or the backend is unavailable; `landlock`: Landlock and seccomp
+    even where bubblewrap works, or the backend is unavailable; `none`: commands run as plain host processes, the
+    operator's explicit choice (reported as `none`)."""
 
     allow_unisolated: bool = False
     """The operator's explicit opt-in to unisolated commands where bubblewrap cannot run (`isolation=auto`)."""

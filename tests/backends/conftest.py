@@ -148,6 +148,8 @@ def kind_configs(kind: str, request: pytest.FixtureRequest,
         return "local", (local,), real
     if kind == "local-unisolated":  # the operator's explicit opt-in to unisolated commands
         return "local", (local.model_copy(update={"isolation": "none"}),), real
+    if kind == "local-landlock":  # the tier of unprivileged containers, forced here (bubblewrap works too)
+        return "local", (local.model_copy(update={"isolation": "landlock"}),), real
     if kind in ("docker", "docker-exec", "docker-image", "docker-layers"):
         request.getfixturevalue("docker_engine")
         request.getfixturevalue("no_leftover_containers")

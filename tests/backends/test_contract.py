@@ -29,7 +29,7 @@ from tests.backends.conftest import forwarder_source_path, processes
 from tests.helpers import poll, relay_port_refused
 
 OUT = 64 * 1024
-BACKENDS = ["local", "local-unisolated", "docker", "docker-exec", "hf", "e2b-fake", "k8s"]
+BACKENDS = ["local", "local-unisolated", "local-landlock", "docker", "docker-exec", "hf", "e2b-fake", "k8s"]
 """Backend kinds (see conftest `make_backend`); `docker-exec` is Docker's mode for a daemon not on this host."""
 STAND_INS = {"hf": "the hf-sandbox server runs on this host, not in a pod", "e2b-fake": "the e2b fake runs commands on this host, not in a VM"}
 
@@ -44,6 +44,8 @@ async def sandbox(kind: str, make_backend: Callable[[str], Any], assert_no_lefto
     box = await make_backend(kind)().create(SandboxSpec(rollout_id="contract"))
     if kind == "local-unisolated":
         assert box.isolation == "none"
+    if kind == "local-landlock":
+        assert box.isolation == "landlock"
     if isinstance(box, DockerSandbox):
         assert box.transport.name == ("exec" if kind == "docker-exec" else "control"), "not the transport under test"
     try:
@@ -259,6 +261,9 @@ async def test_llm_policy_reaches_only_the_relay(
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     servers: list[asyncio.Server] = []
+    # The relay's own loopback listener (`Relay.base_url`): what an unisolated or Landlock sandbox reaches.
+    tcp_relay = await asyncio.start_server(_answer_pong, "127.0.0.1", 0)
+    tcp_url = f"http://127.0.0.1:{tcp_relay.sockets[0].getsockname()[1]}/v1"
 
     async def serve(sock: socket.socket) -> Callable[[], Awaitable[None]]:
         server = await asyncio.start_server(_answer_pong, sock=sock)
@@ -270,7 +275,7 @@ async def test_llm_policy_reaches_only_the_relay(
 
         return stop
 
-    endpoint = RelayEndpoint(str(sock_dir / "relay.sock"), "http://127.0.0.1:1/v1", forwarder_source_path(),
+    endpoint = RelayEndpoint(str(sock_dir / "relay.sock"), tcp_url, forwarder_source_path(),
                              serve=serve if served else None)
     spec = SandboxSpec(rollout_id="llm", network="llm", relay=endpoint)
     try:
@@ -299,8 +304,9 @@ async def test_llm_policy_reaches_only_the_relay(
         assert all(not server.is_serving() for server in servers), "close() left the relay serving a sandbox"
     finally:
         listener.close()
-        relay.close()
-        await relay.wait_closed()
+        for server in (relay, tcp_relay):
+            server.close()
+            await server.wait_closed()
         shutil.rmtree(sock_dir)
 
 

@@ -17,9 +17,10 @@ from coding_agent_env.rollout import run_rollout
 from tests.backends.conftest import Target
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "binary_search.yaml"
-GUARDED = {"local": True, "local-unisolated": True, "docker": True, "docker-exec": True, "hf": False,
-           "e2b-fake": False}
-"""Whether each backend kind shows the guard (local-unisolated: as root, each sandbox has a uid of its own)."""
+GUARDED = {"local": True, "local-unisolated": True, "local-landlock": True, "docker": True, "docker-exec": True,
+           "hf": False, "e2b-fake": False}
+"""Whether each backend kind shows the guard (local-unisolated: as root, each sandbox has a uid of its own;
+local-landlock: its Landlock domain reads the guard and writes nothing there, whatever the uid)."""
 SHAPES = [
     "python3 -c 'import search; assert search.binary_search([1, 3, 9], 9) == 2'",
     "python3 -m unittest -q test_search",

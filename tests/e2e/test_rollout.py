@@ -49,21 +49,24 @@ async def test_oracle_passes_binary_search(settings: Settings) -> None:
 async def test_without_isolation_nothing_runs_unless_the_operator_opts_in(
     settings: Settings, assert_no_leftovers: None
 ) -> None:
-    """Fail closed: where bubblewrap cannot run, a rollout is refused before anything is made, naming the
-    fixes; with SANDBOX_ALLOW_UNISOLATED it runs, and says it ran unisolated."""
-    broken = with_local(settings, bwrap_path="/bin/false")  # a bubblewrap that cannot run
-    with pytest.raises(BackendRefusedError, match=r"apt-get install bubblewrap.*SANDBOX_ALLOW_UNISOLATED=true"):
-        await run_rollout(load_task(str(EXAMPLE)), settings=broken)
-    assert not broken.state_dir.exists() or not any(broken.state_dir.iterdir())
-    async with Backends(broken) as backends:
+    """Fail closed: where the isolation asked for cannot run, a rollout is refused before anything is made,
+    naming the setting; where bubblewrap cannot run but Landlock can, the Landlock tier runs it (and says so),
+    whatever SANDBOX_ALLOW_UNISOLATED says. (Where no tier works the refusal names the fixes:
+    tests/unit/test_landlock.py; this kernel always has Landlock.)"""
+    required = with_local(settings, bwrap_path="/bin/false", isolation="bwrap")  # a bubblewrap that cannot run
+    with pytest.raises(BackendRefusedError, match=r"LOCAL_ISOLATION=bwrap"):
+        await run_rollout(load_task(str(EXAMPLE)), settings=required)
+    assert not required.state_dir.exists() or not any(required.state_dir.iterdir())
+    async with Backends(required) as backends:
         status = backends.get("local").check()
-        assert not status.available and "SANDBOX_ALLOW_UNISOLATED" in status.detail
+        assert not status.available and "LOCAL_ISOLATION=bwrap" in status.detail
         task = parse_task({"instruction": "x"})
         with pytest.raises(BackendRefusedError):
-            await Episode.start(task, settings=broken, backends=backends)
-    opted_in = with_local(settings, bwrap_path="/bin/false", allow_unisolated=True)
-    result = await run_rollout(load_task(str(EXAMPLE)), settings=opted_in)
-    assert (result.isolation, result.network, result.reward) == ("none", "host", 1.0)
+            await Episode.start(task, settings=required, backends=backends)
+    for allow in (False, True):
+        fallback = with_local(settings, bwrap_path="/bin/false", allow_unisolated=allow)
+        result = await run_rollout(load_task(str(EXAMPLE)), settings=fallback)
+        assert (result.isolation, result.network, result.reward) == ("landlock", "none", 1.0)
     assert Settings.from_env({"SANDBOX_ALLOW_UNISOLATED": "true"}).backend_config("local").allow_unisolated
 
 

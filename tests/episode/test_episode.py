@@ -19,7 +19,7 @@ from tests.helpers import leftovers, poll
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "binary_search.yaml"
 KINDS = ["local", "docker"]
-EVERY_KIND = [*KINDS, "local-unisolated", "hf", "e2b-fake"]
+EVERY_KIND = [*KINDS, "local-unisolated", "local-landlock", "hf", "e2b-fake"]
 
 TASK = {
     "instruction": "Write the answer.",
@@ -58,7 +58,7 @@ async def test_a_full_episode(kind: str, backend_for: Callable[[str], Target], s
     assert episode.status is EpisodeStatus.RUNNING and episode.id == "ep-1"
     report = episode.report()
     assert [r.cmd for r in report.setup_results] == ["mkdir -p work && echo ready > work/flag"]
-    assert report.sandbox == target.name and report.isolation in ("bwrap", "docker", "none", "e2b")
+    assert report.sandbox == target.name and report.isolation in ("bwrap", "landlock", "docker", "none", "e2b")
     # The persistent shell: cwd and exported variables carry over; a file written by setup is there.
     first = await episode.terminal("cd work && export GREETING='hi there'")
     assert (first.exit_code, first.timed_out) == (0, False)
@@ -66,7 +66,7 @@ async def test_a_full_episode(kind: str, backend_for: Callable[[str], Target], s
     assert second.exit_code == 3
     where, greeting, flag, uid = second.output.splitlines()[0].split("|")
     assert where.endswith("/work") and (greeting, flag) == ("hi there", "ready")
-    assert uid == "1000" or report.isolation in ("none", "e2b")  # an isolated sandbox's user
+    assert uid == "1000" or report.isolation in ("none", "landlock", "e2b")  # a namespace's user (in place: the host's)
     assert "err" in second.output
     assert (await episode.terminal("cat ../notes/readme.txt")).output == "hello"
     final = await episode.final_answer("42")
@@ -146,6 +146,24 @@ async def test_a_background_writer_cannot_forge_the_reward(kind: str, backend_fo
     final = await episode.final_answer("x")
     assert final.reward == 0.5 and [r.exit_code for r in final.verify_results] == [0, 1]
     assert final.reward_note is None
+
+
+@pytest.mark.parametrize("leave", ["set -m; ", "", "setsid "], ids=["job-control", "background", "setsid"])
+async def test_a_background_writer_cannot_forge_the_reward_under_landlock(
+    leave: str, backend_for: Callable[[str], Target], start: Starter
+) -> None:
+    """INTEGRITY 25 on the Landlock tier, where no PID namespace ends the shell's processes: a writer that tries
+    to leave the process group the server kills (job control's setpgid, setsid: both refused there) or just
+    runs in the background is dead before verify, so the honest reward stands."""
+    verify = ['test "$(cat "$FINAL_ANSWER_FILE")" = x', "false"]
+    episode = await start(backend_for("local-landlock"), {**TASK, "verify_scripts": verify})
+    assert episode.sandbox is not None and episode.sandbox.isolation == "landlock"
+    logs = episode.sandbox.paths.logs
+    planted = (f"{leave}bash -c 'while :; do mkdir -p {logs}/verifier; echo 1 > {logs}/verifier/reward.txt;"
+               f" echo 1 > {logs}/final_answer.txt; sleep 0.01; done' >/dev/null 2>&1 & echo ok")
+    assert "ok" in (await episode.terminal(planted)).output  # the writer runs (job control says it cannot)
+    final = await episode.final_answer("x")
+    assert final.reward == 0.5 and [r.exit_code for r in final.verify_results] == [0, 1]
 
 
 async def test_artifacts_verify_in_a_clean_room(backend_for: Callable[[str], Target],

@@ -17,7 +17,8 @@ import pytest
 from tests.backends.rootfs import HOST_BINDS, IMAGE, ensure_image
 from tests.hostile.server import HostileServer
 
-BACKENDS = ["local", "docker"]
+BACKENDS = ["local", "local-landlock", "docker"]
+"""`local-landlock`: the local backend forced to the tier of unprivileged containers (Landlock and seccomp)."""
 
 
 def _docker_env() -> dict[str, str]:
@@ -46,7 +47,8 @@ def hostile_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, Hostil
     os.chmod(parent, 0o711)
     state = parent / "state"
     state.mkdir(mode=0o711)
-    server = HostileServer(state, docker=docker)
+    tier = {"LOCAL_ISOLATION": "landlock"} if backend == "local-landlock" else None
+    server = HostileServer(state, docker=docker, settings=tier)
     try:
         yield backend, server
     finally:

@@ -22,6 +22,10 @@ import httpx
 from coding_agent_env.settings import LocalConfig, Settings
 from tests.helpers import free_port, serving, wait_until
 
+CANARY = "cae-operator-secret-4f1d9a"
+"""In the server's environment (as an operator's API key is) and in a file of its state dir: no sandbox may
+read it."""
+CANARY_FILE = "operator-secret.txt"
 START_DEADLINE_S = 60.0
 PROBE_EVERY_S = 0.1
 PROBE_TIMEOUT_S = 5.0
@@ -35,6 +39,7 @@ class HostileServer:
                  settings: dict[str, str] | None = None) -> None:
         """`docker`: the Docker backend's variables (enables it); `settings`: further variables, over the rest."""
         self.state_dir = state_dir
+        (state_dir / CANARY_FILE).write_text(CANARY)
         self.port = free_port()
         self.uid_base = 600_000 + secrets.randbelow(20_000) * 64
         env = {
@@ -49,6 +54,7 @@ class HostileServer:
             "LOOP_STALL_WARN_MS": "500",
             **(docker or {}),
             **(settings or {}),
+            "CAE_HOSTILE_CANARY": CANARY,
         }
         self.log = state_dir.parent / f"{state_dir.name}.server.log"
         with open(self.log, "wb") as out:

@@ -1,5 +1,5 @@
 """The hostile-agent suite: each attack an RL policy could learn, one shell command (or a small file) at a time,
-run through a live server on the local backend (bubblewrap) and on Docker.
+run through a live server on the local backend (bubblewrap, and forced to its Landlock tier) and on Docker.
 
 For every case: while the hostile rollout runs, the server's `/health` answers within `HEALTH_WORST_S`
 (probed every 0.1 s from another thread), its event-loop watchdog counts no stall (the loop held half a second)
@@ -25,7 +25,7 @@ import pytest
 from coding_agent_env.client import CodingAgentEnv
 from coding_agent_env.models import RolloutResult
 from tests.helpers import leftovers, poll, sandbox_cgroups
-from tests.hostile.server import HealthProbe, HostileServer
+from tests.hostile.server import CANARY, CANARY_FILE, HealthProbe, HostileServer
 
 HEALTH_WORST_S = 1.0
 """The slowest `/health` answer allowed while an attack runs."""
@@ -198,6 +198,17 @@ ATTACKS = [
         "limits": {"max_processes": 64},
         "verify": ["true"],
     }, reward=1.0, check=_hit("process")),
+    # 7. The operator's secrets: every process's environment (the server's, pid 1's, other sandboxes'), the
+    # server's state dir (a Landlock sandbox's workspace is below it: `../..`), other sandboxes' directories.
+    Attack("read-other-processes-environ", {
+        "solution": ["cat /proc/1/environ /proc/[0-9]*/environ > found.txt 2>/dev/null; cat found.txt; true"],
+        "verify": ["! grep -q CAE_HOSTILE_CANARY found.txt"],
+    }, reward=1.0, check=_no_secret(CANARY)),
+    Attack("read-the-servers-state", {
+        "solution": [f"cat ../../{CANARY_FILE} ../../*/work/* ../../*/home/* /proc/1/cwd/* > found.txt 2>/dev/null;"
+                     " ls -a ../.. >> found.txt 2>/dev/null; cat found.txt; true"],
+        "verify": [f"! grep -q {CANARY_FILE} found.txt", "! grep -q '^hi$' found.txt"],
+    }, reward=1.0, check=_no_secret(CANARY)),
     # 6. The disk filled, then emptied before anyone looked: the high-water mark still says it was hit.
     Attack("disk-filled-then-emptied", {
         "solution": ["dd if=/dev/zero of=big bs=1M count=200 2>/dev/null; rm -f big; true"],
@@ -219,6 +230,9 @@ def _left(server: HostileServer) -> dict[str, list[str]]:
     """What the server's sandboxes left on the host (processes, mounts, dirs, its cgroups)."""
     left = leftovers(server.settings())
     left.pop("cgroups", None)  # the test's own, not the server's: checked by the server's pid below
+    dirs = [entry for entry in left.pop("dirs", []) if entry != CANARY_FILE]  # the operator's, put there
+    if dirs:
+        left["dirs"] = dirs
     groups = sandbox_cgroups(server.proc.pid)
     if groups:
         left["cgroups"] = groups
@@ -228,14 +242,17 @@ def _left(server: HostileServer) -> dict[str, list[str]]:
 @pytest.mark.parametrize("attack", ATTACKS, ids=lambda attack: attack.name)
 async def test_attack(attack: Attack, hostile_server: tuple[str, HostileServer]) -> None:
     backend, server = hostile_server
-    if backend not in attack.backends:
+    kind = "local" if backend.startswith("local") else backend  # a tier of the local backend runs its cases
+    if kind not in attack.backends:
         pytest.skip(f"{attack.name}: not a {backend} case")
+    if backend == "local-landlock" and attack.request.get("verify_files_root") == "/tests":
+        pytest.skip(f"{attack.name}: hidden tests at /tests are refused by the Landlock tier (no bind mounts)")
     request = {"task_id": attack.name, "agent": "oracle", "instruction": f"attack: {attack.name}",
-               "sandbox": backend, "agent_timeout_s": 60, "command_timeout_s": 60, **attack.request}
+               "sandbox": kind, "agent_timeout_s": 60, "command_timeout_s": 60, **attack.request}
     stalls_before = server.loop_stats()["stalls"]
     with HealthProbe(server.http) as probe:
         (hostile, took), (benign, _) = await asyncio.wait_for(
-            asyncio.gather(_rollout(server, request), _rollout(server, {**BENIGN, "sandbox": backend})),
+            asyncio.gather(_rollout(server, request), _rollout(server, {**BENIGN, "sandbox": kind})),
             timeout=300,
         )
     summary = json.dumps({"status": hostile.status, "reward": hostile.reward, "note": hostile.reward_note,

@@ -39,8 +39,10 @@ user asked (root with namespace-only capabilities). What a mode cannot show is r
 (`SandboxUnsupportedError` naming the setting): any of them unisolated, users without root.
 
 Where bubblewrap cannot create namespaces (e.g. in an unprivileged container), or where the operator chose
-`LocalConfig.isolation="none"`, commands run as plain subprocesses in the host directory and `isolation` says
-`none`. Which of these modes runs is probed once (`probe`) and is then one `Launch` strategy (`launch`).
+`LocalConfig.isolation="landlock"`, commands run in the host directory, each confined by Landlock and seccomp
+(`landlocked`; `isolation` says `landlock`); where neither works, or where the operator chose
+`LocalConfig.isolation="none"`, as plain subprocesses there, and `isolation` says `none`. Which of these modes
+runs is probed once (`probe`) and is then one `Launch` strategy (`launch`).
 """
 
 
@@ -72,9 +74,10 @@ from coding_agent_env.sandbox import pathguard
 from coding_agent_env.sandbox.local.cgroup import Cgroups
 from coding_agent_env.sandbox.local.disk import mount_tmpfs, unmount
 from coding_agent_env.sandbox.local.fork import LocalTemplate, overlay_refusal, used_bytes
-from coding_agent_env.sandbox.local.launch import ROOT_SUBDIRS, SHM_SUBDIR, SUBDIRS, Launch
+from coding_agent_env.sandbox.local.launch import ROOT_SUBDIRS, SHM_SUBDIR, SUBDIRS, Launch, Unisolated
 from coding_agent_env.sandbox.local.layout import RANGE_SIZE, LocalLayout, make_userns
 from coding_agent_env.sandbox.local.probe import probe
+from coding_agent_env.sandbox.local.refusal import no_tier_refusal
 from coding_agent_env.sandbox.local.provision import Bounds, DirWork, Provisioner, reap
 from coding_agent_env.sandbox.local.reach import unreachable_state_dir
 from coding_agent_env.sandbox.local.sandbox import LocalSandbox
@@ -162,14 +165,10 @@ class LocalBackend(SandboxBackend):
             return self._unreachable
         if config.isolation == "bwrap" and launch.isolation != "bwrap":
             return f"bubblewrap is required (LOCAL_ISOLATION=bwrap): {launch.detail}"
+        if config.isolation == "landlock" and launch.isolation != "landlock":
+            return f"Landlock is required (LOCAL_ISOLATION=landlock): {launch.detail}"
         if config.isolation == "auto" and launch.isolation == "none" and not config.allow_unisolated:
-            return (
-                f"no sandbox can be made on this host ({launch.detail}), and commands never run unisolated "
-                "unless the operator says so. Install bubblewrap (apt-get install bubblewrap) or point "
-                "BWRAP_PATH at one that works, allow unprivileged user namespaces "
-                "(sysctl kernel.unprivileged_userns_clone=1), or opt in to unisolated commands with "
-                "SANDBOX_ALLOW_UNISOLATED=true"
-            )
+            return no_tier_refusal(launch.detail)
         return self._secrets_refusal(launch)
 
     def _secrets_refusal(self, launch: Launch) -> str | None:
@@ -180,8 +179,8 @@ class LocalBackend(SandboxBackend):
         return (
             f"commands would run unisolated ({launch.detail}) while this server holds operator secrets "
             f"({', '.join(held)}), which any such command could read. "
-            "Use a backend that isolates (bubblewrap, docker, a remote sandbox), remove the secrets, or set "
-            "SANDBOX_ALLOW_UNISOLATED_WITH_SECRETS=true to run callers' commands where they can read them"
+            "Use a backend that isolates (bubblewrap, Landlock, docker, a remote sandbox), remove the secrets, or "
+            "set SANDBOX_ALLOW_UNISOLATED_WITH_SECRETS=true to run callers' commands where they can read them"
         )
 
     async def refusal(self) -> str | None:
@@ -249,7 +248,7 @@ class LocalBackend(SandboxBackend):
         if spec.network == "llm" and spec.relay is None:
             raise SandboxError("network policy 'llm' needs the relay's endpoint")
         relay = spec.relay if spec.network == "llm" else None
-        layout = LocalLayout.of(spec, isolated=launch.isolation != "none")
+        layout = LocalLayout.of(spec, isolated=not isinstance(launch, Unisolated))  # Landlocked is one too
         if layout.users and not (self._as_root and launch.supports_users):
             raise SandboxUnsupportedError("local", "users", "other users need a server running as root (a range of "
                                                             "host ids for the sandbox's own user namespace)")

@@ -85,7 +85,8 @@ class LocalLayout:
     def of(cls, spec: SandboxSpec, *, isolated: bool) -> LocalLayout:
         """`SandboxUnsupportedError` naming the setting for what cannot be honoured (`isolated`: bubblewrap)."""
         if not isolated:
-            why = "unisolated commands run in the host's directories, which cannot be shown at another path"
+            why = ("without bubblewrap (isolation none or landlock), commands run in the sandbox's host directories, "
+                   "which cannot be shown at another path")
             if spec.tests:  # named first: a Harbor task's hidden tests are what such a sandbox lacks most
                 raise SandboxUnsupportedError("local", "tests", f"{why}: it cannot show hidden tests at /tests")
             if spec.workdir is not None:
@@ -93,8 +94,8 @@ class LocalLayout:
             if spec.writable_roots:
                 raise SandboxUnsupportedError("local", "writable_roots", why)
             if spec.users:
-                raise SandboxUnsupportedError("local", "users", "unisolated commands run as one host user, never as "
-                                                                 "root or another user")
+                raise SandboxUnsupportedError("local", "users", "without bubblewrap, commands run as one host user, "
+                                                                 "never as root or another user")
             return cls()
         workdir = None if spec.workdir is None else _claimable(spec.workdir, "workdir", _OWN)
         roots: list[str] = []

@@ -3,7 +3,8 @@
 Unprivileged, bubblewrap runs each command in namespaces of its own (`Bwrap`). As root, a root launcher also
 starts bwrap as the sandbox's uid inside a network namespace the server made: the compiled helper where a C
 compiler is (`BwrapEnter`), else nsenter (`BwrapNsenter`); each is tried for real before it is chosen. Where
-bubblewrap cannot create namespaces (e.g. an unprivileged container) commands run `Unisolated`.
+bubblewrap cannot create namespaces (e.g. an unprivileged container) commands are confined by Landlock and
+seccomp (`Landlocked`), tried for real too; where neither works, `Unisolated` (refused unless opted in).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import subprocess
 from pathlib import Path
 
 from coding_agent_env.settings.backends import LocalConfig
-from coding_agent_env.sandbox.base import rlimits
+from coding_agent_env.sandbox.base import SandboxLimits, rlimits
 from coding_agent_env.sandbox.local import enter, netns
+from coding_agent_env.sandbox.local.landlocked import landlocked
 from coding_agent_env.sandbox.local.launch import Bwrap, BwrapEnter, BwrapNsenter, Launch, Unisolated, namespace_args
 from coding_agent_env.settings import Settings
 
@@ -31,17 +33,23 @@ _PROBE_TIMEOUT_S = 10.0
 
 
 def probe(config: LocalConfig, settings: Settings, *, as_root: bool) -> Launch:
-    """The strategy for this host and `config` (runs bubblewrap, and as root the root launchers, a few times)."""
+    """The strategy for this host and `config` (runs bubblewrap, and as root the root launchers, a few times).
+    Where bubblewrap cannot run (or `isolation=landlock`), Landlock and seccomp (`landlocked`); where neither
+    can, `Unisolated`, whose detail says why each tier is unusable (one sentence each: `LocalBackend` refuses
+    unless the operator opted in)."""
     if config.isolation == "none":
         return Unisolated("unisolated by the operator's choice (LOCAL_ISOLATION=none)")
+    uid = config.uid_base if as_root else None
+    if config.isolation == "landlock":
+        return _landlock(uid, "the operator's choice, LOCAL_ISOLATION=landlock", settings, bwrap_failed=False)
     system = system_args()
     bwrap = config.bwrap_path or shutil.which("bwrap") or _bundled_bwrap(settings.state_dir, as_root=as_root)
     if bwrap is None:
-        return Unisolated("bubblewrap not found: commands run unisolated")
+        return _landlock(uid, "bubblewrap is not installed (nor BWRAP_PATH set)", settings)
     creds = {"user": config.uid_base, "group": config.uid_base, "extra_groups": []} if as_root else {}
     failure = _try_run([bwrap, *namespace_args(share_net=False), *system, "--", "true"], creds)
     if failure is not None:
-        return Unisolated(f"bubblewrap unusable ({failure}): commands run unisolated")
+        return _landlock(uid, f"bubblewrap cannot make its namespaces here ({failure})", settings)
     plain = Bwrap(f"bubblewrap at {bwrap}", bwrap, system)
     launch = _root_launcher(config, settings, plain) if as_root else plain
     launch.reports_start = _reports_start(bwrap)
@@ -60,6 +68,16 @@ def _reports_start(bwrap: str) -> bool:
         log.warning("bubblewrap at %s has no --json-status-fd (0.5 or later): its own setup failures cannot be "
                     "told from a command's exit status", bwrap)
     return found
+
+
+def _landlock(uid: int | None, why: str, settings: Settings, *, bwrap_failed: bool = True) -> Launch:
+    """Landlock where it works (its detail says `why`, not bubblewrap), else `Unisolated` whose detail gives each
+    tier's failure as a sentence of its own (`why` is bubblewrap's when `bwrap_failed`)."""
+    tier = landlocked(uid, why, SandboxLimits.from_settings(settings).max_processes)
+    if not isinstance(tier, str):
+        return tier
+    causes = [why, tier] if bwrap_failed else [tier]
+    return Unisolated(" ".join(f"{cause[:1].upper()}{cause[1:]}." for cause in causes))
 
 
 def _root_launcher(config: LocalConfig, settings: Settings, plain: Bwrap) -> Launch:
