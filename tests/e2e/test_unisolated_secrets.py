@@ -50,9 +50,11 @@ SECRET_SETTINGS: dict[str, dict[str, Any]] = {
     "endpoint key": {"llm_endpoints": {"mine": {"base_url": "http://127.0.0.1:9/v1", "api_key": "k"}}},
 }
 UNISOLATED: dict[str, dict[str, Any]] = {
-    "auto fallback opted in": {"bwrap_path": "/bin/false", "allow_unisolated": True},
     "isolation none": {"isolation": "none"},
 }
+"""The unisolated mode every kernel gives. The other, bubblewrap unusable with SANDBOX_ALLOW_UNISOLATED, falls back to
+the Landlock tier where the kernel has Landlock (as here): `test_the_fallback_is_landlock_and_holds_secrets_safe`."""
+FALLBACK = {"bwrap_path": "/bin/false", "allow_unisolated": True}
 
 
 @pytest.mark.parametrize("secret", sorted(SECRET_SETTINGS))
@@ -97,3 +99,19 @@ def test_the_second_opt_in_is_read_from_its_variable() -> None:
     assert settings.backend_config("local").allow_unisolated_with_secrets  # type: ignore[union-attr]
     assert settings.configured_secrets == ("API_TOKEN", "OPENAI_API_KEY")
     assert Settings.from_env({}).configured_secrets == ()
+
+
+async def test_the_fallback_is_landlock_and_holds_secrets_safe(settings: Settings, drop: Path) -> None:
+    """With bubblewrap unusable and SANDBOX_ALLOW_UNISOLATED set, a kernel with Landlock gives its tier, not
+    unisolated commands: holding secrets is no reason to refuse, and the command cannot write outside its sandbox.
+    Without Landlock the fallback is unisolated, and refused while secrets are held."""
+    held = holding(with_local(settings, **FALLBACK), openai_api_key="sk-held")
+    async with Backends(held) as backends:
+        status = backends.get("local").check()
+    if status.isolation != "landlock":
+        assert not status.available and "SANDBOX_ALLOW_UNISOLATED_WITH_SECRETS" in status.detail, status
+        return
+    result = await run_rollout(request(drop), settings=held)
+    assert result.isolation == "landlock" and result.error is None, result.error
+    assert result.agent_exit_code not in (0, None)  # its `touch` outside its writable places was denied...
+    assert not (drop / MARKER).exists()  # ...and left nothing there
