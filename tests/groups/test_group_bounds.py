@@ -47,8 +47,14 @@ def tmpfs_bytes(state_dir: Path) -> int:
     for line in Path("/proc/self/mounts").read_text().splitlines():
         fields = line.split()
         if len(fields) > 2 and fields[2] == "tmpfs" and fields[1].startswith(prefix):
-            st = os.statvfs(fields[1].replace("\\040", " "))
-            total += (st.f_blocks - st.f_bfree) * st.f_frsize
+            path = fields[1].replace("\\040", " ")
+            try:
+                st = os.statvfs(path)
+            except FileNotFoundError:  # released since the mount table was read
+                continue
+            # Still mounted after the measure: else (a template released meanwhile) it measured the disk below.
+            if os.path.ismount(path):
+                total += (st.f_blocks - st.f_bfree) * st.f_frsize
     return total
 
 
