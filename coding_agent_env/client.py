@@ -84,8 +84,8 @@ class ToolCallError(ClientError):
 EpisodeState = EnvState
 """The session's `state` (the server's own model, `env_state.EnvState`; this name is kept for callers)."""
 
-_RESET_KEYS = frozenset({"seed", "episode_id", "policy_version", "group_id"})
-"""`reset` arguments that are not a task's fields (`group_id` is one, but a set's task may carry it alone)."""
+_RESET_KEYS = frozenset({"seed", "episode_id", "policy_version"})
+"""`reset` arguments that say nothing of a task: with only these, a bare reset (answered at once)."""
 
 
 class StepReply(BaseModel):
@@ -166,6 +166,8 @@ class CodingAgentEnv:
         data = {**kwargs, **({"episode_id": episode_id} if episode_id is not None else {})}
         self._budget = _episode_budget(kwargs)
         wait = self._stage_wait(lambda budget: budget.stages.provision_s + budget.stages.setup_s)
+        if not set(kwargs) - _RESET_KEYS:
+            wait = self.reply_timeout_s
         reply = await self._ask({"type": "reset", "data": data}, wait)
         payload = reply["data"]
         return EpisodeStart.model_validate({**payload.get("observation", {}), "done": payload.get("done", False)})
