@@ -36,6 +36,8 @@ GENERATED = {
     "reference/models.md": "models_page",
     "reference/cli.md": "cli_page",
 }
+SCHEMA_SHOWN_CHARS = 4000
+"""A tool's input schema longer than this is listed by its fields rather than printed."""
 NOTE = "*Generated from the code at every docs build (`docs/hooks/reference.py`): do not edit.*\n\n"
 
 
@@ -237,10 +239,7 @@ def routes_page() -> str:
     tools = "\n".join(
         f"| `{tool.name}` | {'yes' if tool.openenv else 'MCP only'} | {one_line(tool.description)} |" for tool in TOOLS
     )
-    schemas = "\n\n".join(
-        f"### `{tool.name}`\n\n```json\n{json.dumps(tool.schema(), indent=1)[:6000]}\n```" for tool in TOOLS
-        if tool.name != "run_rollout"
-    )
+    schemas = "\n\n".join(_tool_schema(tool.name, tool.schema()) for tool in TOOLS)
     return (
         f"# Routes and messages\n\n{NOTE}"
         "The routes of a default server (`build_app(Settings())`, web tab on, no task set). HEAD is answered "
@@ -258,7 +257,32 @@ def routes_page() -> str:
         "A `step`'s `data` is `{\"type\":\"list_tools\"}` or `{\"type\":\"call_tool\",\"tool_name\":...,"
         "\"arguments\":{...}}`. `run_rollout`'s arguments are the [`RolloutRequest`](models.md#rolloutrequest) "
         "fields; `terminal` and `keystrokes` are offered while the session's episode lives.\n\n"
-        f"| tool | OpenEnv paths | what |\n|---|---|---|\n{tools}\n\n{schemas}\n"
+        f"| tool | OpenEnv paths | what |\n|---|---|---|\n{tools}\n\n{_jsonrpc()}\n## Tool input schemas\n\n{schemas}\n"
+    )
+
+
+def _tool_schema(name: str, schema: dict[str, Any]) -> str:
+    text = json.dumps(schema, indent=1)
+    if len(text) > SCHEMA_SHOWN_CHARS:  # a task's whole schema: its fields are the wire models' page
+        fields = ", ".join(f"`{field}`" for field in schema.get("properties", {}))
+        return f"### `{name}`\n\nAn object of these fields ([wire models](models.md)): {fields}."
+    return f"### `{name}`\n\n```json\n{text}\n```"
+
+
+def _jsonrpc() -> str:
+    from coding_agent_env.api.protocols import jsonrpc
+
+    doc = one_line((inspect.getdoc(jsonrpc) or "").split("\n\n")[0])
+    codes = "\n".join(
+        f"| `{value}` | `{name}` |" for name, value in vars(jsonrpc).items()
+        if name.isupper() and isinstance(value, int) and -32800 < value <= -32000
+    )
+    return (
+        "## JSON-RPC at `POST /mcp` (and `WS /mcp`)\n\n"
+        f"{doc} Every answer is HTTP 200 with `{{\"jsonrpc\":\"2.0\",\"id\",\"result\"|\"error\"}}`; "
+        "`params.session_id` names a session made by `openenv/session/create` (a WebSocket attaches to it with "
+        "`/ws?session_id=`). A request carrying MCP's handshake goes to the real MCP server instead.\n\n"
+        f"| code | meaning |\n|---|---|\n{codes}\n"
     )
 
 
