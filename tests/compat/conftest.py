@@ -25,7 +25,8 @@ def _made(make: Callable[[], Path]) -> Path:
     try:
         return make()
     except venvs.IndexUnreachable as exc:
-        pytest.skip(str(exc))
+        pytest.skip(f"{exc}: the compat tests install OpenEnv's released packages from PyPI into side virtualenvs "
+                    "(`python3 -m tests.compat.venvs`)")
     except venvs.InstallFailed as exc:
         raise AssertionError(str(exc)) from None
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,9 +26,9 @@ GEN_A = "openenv-core==0.3.0"
 GEN_B = "openenv==0.10.0"
 TRAINER = "trainer-openenv-0.10.0"
 TRL_TRAINER = "trl-1.16"
-TRL_SPECS = ("torch>=2.6,<3", "trl>=1.16,<2", "transformers>=5,<6", "gguf>=0.17,<1", "datasets>=4,<6")
-"""What `examples/trl_grpo.py` needs beside this package: TRL's GRPOTrainer on CPU, and a GGUF model loaded by
-transformers (torch comes from PyPI with its CUDA wheels, ~6 GB; it runs on CPU)."""
+TRL_SPECS = tuple(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["trl"])
+"""What `examples/trl_grpo.py` needs beside this package, the `trl` extra: TRL's GRPOTrainer on CPU, and a GGUF model
+loaded by transformers (torch comes from PyPI with its CUDA wheels, ~6 GB; it runs on CPU)."""
 _UNREACHABLE = ("NewConnectionError", "Max retries exceeded", "Temporary failure in name resolution",
                 "Network is unreachable", "No matching distribution found")
 

@@ -1,7 +1,7 @@
 """deploy/, offline: the kustomization lists every manifest (and renders to exactly those objects where kubectl is
 installed), every object passes the Kubernetes models or its agent-sandbox CRD schema (unknown fields refused),
 and the objects agree with each other and with the package (setting names, Secret refs, selectors, the RBAC the
-SDK needs, the sandbox network). What a real cluster must still check is in the README's deploy section."""
+SDK needs, the sandbox network). What a real cluster must still check is in docs/how-to/deploy-kubernetes.md."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Validators for deploy/'s objects, offline: core objects against the Kubernetes OpenAPI models of the installed
-`kubernetes` client, agent-sandbox objects against their CRDs' schemas (vendored, see README.md).
+`kubernetes` client, agent-sandbox objects against their CRDs' schemas (vendored, see tests/deploy/README.md).
 
 Both reject an unknown field, as `kubectl apply` with strict field validation (the default since 1.27) does: a
 misspelt field must fail here, not be dropped silently by the API server's pruning."""

@@ -45,7 +45,7 @@ def trl_python() -> Path:
     try:
         return venvs.trl_trainer(reinstall=False)
     except venvs.IndexUnreachable as exc:
-        pytest.skip(f"no TRL virtualenv: {exc}")
+        pytest.skip(f"no TRL virtualenv ({exc}): `python3 -m tests.compat.venvs` builds it from PyPI (.ci/run does)")
     except venvs.InstallFailed as exc:
         raise AssertionError(str(exc)) from None
 

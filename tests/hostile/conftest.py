@@ -29,7 +29,8 @@ def _docker_env() -> dict[str, str]:
     if host.startswith("unix://") and not os.path.exists(host.removeprefix("unix://")):
         if os.environ.get("CI") == "true":
             pytest.fail(f"no Docker daemon at {host} under CI")
-        pytest.skip(f"no Docker daemon at {host}; .ci/run starts one")
+        pytest.skip(f"no Docker daemon at {host}: start one with `dockerd --bridge=none --iptables=false &` (as .ci/run "
+                    "does) or set DOCKER_HOST")
     client = docker.DockerClient(base_url=host)
     try:
         ensure_image(client)

@@ -1,7 +1,7 @@
 """The /web tab in a real browser: presets run with the oracle agent, a failing task, capacity, cancel.
 
 One live server (MAX_CONCURRENT_ENVS=2) and one Chromium for the module; each test gets its own page.
-Set UI_SCREENSHOT=docs/web-ui.png to refresh the README's screenshot of the result view.
+Set UI_SCREENSHOT=docs/web-ui.png to refresh the screenshot in the README and docs/tutorials/first-rollout.md of the result view.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""verify_env's rules without a sandbox, and the bundled verifiers' shape (README "Verifiers RL cannot game")."""
+"""verify_env's rules without a sandbox, and the bundled verifiers' shape (docs/concepts/integrity.md)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ Each preset carries its reference `solution`, so the `oracle` agent scores it wi
 Each declares its `artifacts`, so verify runs in a clean room. The two that run the agent's code verify it with
 a hidden checker (`verify_files`, run as `python3 -I`) that runs the artifact in a child process and judges
 only its answers: an artifact that exits at import, patches unittest or writes the reward file scores 0
-(README: "Verifiers RL cannot game"). `binary_search`'s checker is the bundled example's
+(docs/concepts/integrity.md). `binary_search`'s checker is the bundled example's
 (examples/binary_search.yaml), verbatim; `failing` runs no code of the agent's.
 The tab shows a preset's task in its editors and builds the request from what the editors hold (`form`); the
 Interactive tab starts an episode from the preset's task fields an episode takes (`task_fields`).

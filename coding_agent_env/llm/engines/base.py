@@ -39,7 +39,7 @@ class Engine:
 
     name = "openai"
     checked = "OpenAI chat completions API shape (no engine run here)"
-    """The engine version and how the adapter was checked: what the README's engines table says."""
+    """The engine version and how the adapter was checked: what the engines table of docs/concepts/llm-relay.md says."""
 
     def ask(self, body: dict[str, Any], *, top_logprobs: int, token_ids: bool) -> None:
         """Add, in place, what asks for logprobs (and ids where the engine has a switch). `token_ids`: the
