@@ -34,7 +34,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
 # unisolated unless the operator opts in (SANDBOX_ALLOW_UNISOLATED, and with secrets set also
 # SANDBOX_ALLOW_UNISOLATED_WITH_SECRETS; see docs/security.md).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends bubblewrap ca-certificates git procps util-linux \
+ && apt-get install -y --no-install-recommends bubblewrap ca-certificates git procps tini util-linux \
  && rm -rf /var/lib/apt/lists/*
 
 COPY --from=node /usr/local/bin/node /usr/local/bin/node
@@ -67,4 +67,8 @@ ENV HOST=0.0.0.0 PORT=8000
 # environment, so no process it starts inherits them. An exposed Space should set API_TOKEN (docs/security.md).
 # A Space with persistent storage mounts it at /data: the results store (every rollout the server runs, the
 # Runs view) goes there unless RESULTS_DB says otherwise; without /data it lives in STATE_DIR (lost on restart).
+# tini is PID 1: it reaps what sandboxes leave behind (a process killed at a deadline, re-parented to PID 1), which
+# uvicorn as PID 1 never would (zombies would pile up over thousands of rollouts). `-e 143`: uvicorn re-raises the
+# SIGTERM it stopped on once it has shut down, which is a clean stop: exit 0, as before.
+ENTRYPOINT ["/usr/bin/tini", "-e", "143", "--"]
 CMD ["sh", "-c", "if [ -z \"${RESULTS_DB:-}\" ] && [ -d /data ] && [ -w /data ]; then export RESULTS_DB=/data/coding-agent-env/results.sqlite RESULTS_FROM_SERVER=${RESULTS_FROM_SERVER:-true}; mkdir -p /data/coding-agent-env; fi; exec uvicorn server.app:app --host \"$HOST\" --port \"$PORT\""]
