@@ -14,8 +14,8 @@ import pytest
 from coding_agent_env.sandbox.local import proc
 
 
-def _start(script: str) -> proc.Child:
-    return proc.start(["bash", "-c", script], env={"PATH": "/usr/bin:/bin"}, cwd="/", creds=proc.HostCredentials(),
+async def _start(script: str) -> proc.Child:
+    return await proc.start(["bash", "-c", script], env={"PATH": "/usr/bin:/bin"}, cwd="/", creds=proc.HostCredentials(),
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -28,7 +28,7 @@ def _alive(pid: int) -> bool:
 
 
 async def test_a_reaped_child_never_signals_its_old_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    child = _start("exit 3")
+    child = await _start("exit 3")
     assert await child.wait() == 3
     sent: list[tuple[int, int]] = []
     monkeypatch.setattr(os, "killpg", lambda pgid, sig: sent.append((pgid, sig)))
@@ -39,7 +39,7 @@ async def test_a_reaped_child_never_signals_its_old_group(monkeypatch: pytest.Mo
 async def test_what_the_leader_left_in_its_group_dies_with_it() -> None:
     """The leader leaves a TERM-ignoring background child in its group and exits: by the time `wait()`
     returns, that child is dead too (killed before the leader was reaped, so by a group id still its own)."""
-    child = _start("(trap '' TERM; exec sleep 600) & exit 0")
+    child = await _start("(trap '' TERM; exec sleep 600) & exit 0")
     assert await child.wait() == 0
     end = time.monotonic() + 5  # SIGKILL was sent; the kernel may take a moment to finish the target off
     while (members := _members(child.pid)) and time.monotonic() < end:
