@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +32,8 @@ PROBE_TIMEOUT_S = 5.0
 class HostileServer:
     """`coding-agent-env serve` on a free loopback port, with its own state dir and sandbox uid range."""
 
-    def __init__(self, state_dir: Path, *, docker: dict[str, str] | None = None) -> None:
+    def __init__(self, state_dir: Path, *, docker: dict[str, str] | None = None, args: Sequence[str] = ()) -> None:
+        """`args`: more of `serve`'s arguments (`--tasks PATH`)."""
         self.state_dir = state_dir
         self.port = free_port()
         self.uid_base = 600_000 + secrets.randbelow(20_000) * 64
@@ -50,7 +52,7 @@ class HostileServer:
         self.log = state_dir.parent / f"{state_dir.name}.server.log"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "coding_agent_env.cli", "serve", "--port", str(self.port)],
+                [sys.executable, "-m", "coding_agent_env.cli", "serve", "--port", str(self.port), *args],
                 env=env, start_new_session=True, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             )
         self._wait_up()
