@@ -1,4 +1,7 @@
-"""A process start never holds the event loop (INTEGRITY rule 41; issue 42 item 4).
+"""The server's event loop first (INTEGRITY rule 41; issue 42 item 4): a process start never holds it, and the
+sandboxes' control groups weigh less than the server's own processes when they compete for CPU.
+
+A process start never holds the loop.
 
 A start waits for the child's exec (vfork suspends the parent until then); on a loaded machine the child waits
 for a CPU first, and under 128 rollouts on 2 cores the loop waited with it, hundreds of milliseconds at a time.
@@ -11,10 +14,19 @@ ticking through the start (on main it froze for the whole second: `subprocess.Po
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coding_agent_env.sandbox import SandboxSpec
+from coding_agent_env.sandbox.local import LocalBackend
+from coding_agent_env.settings import LocalConfig, Settings
+from tests.helpers import sandbox_cgroups
 
 HELD_S = 1.0
 """How long strace holds the child's exec."""
@@ -68,3 +80,31 @@ def test_a_start_held_in_exec_leaves_the_loop_running(tmp_path: Path) -> None:
     assert out["code"] == 0
     assert out["start_s"] >= HELD_S * 0.9, out  # the exec really was held
     assert out["largest_gap_s"] < HELD_S / 2, f"the loop was held while a process started: {out}"
+
+
+def _weight(group: str) -> int:
+    """A group's CPU weight on v2's scale (v1's `cpu.shares` read back: 1024 for a process's 100)."""
+    path = Path(group)
+    if (path / "cpu.weight").exists():
+        return int((path / "cpu.weight").read_text())
+    return round(int((path / "cpu.shares").read_text()) * 100 / 1024)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sandbox control groups are made as root")
+@pytest.mark.parametrize(("config", "weight"), [({}, 10), ({"cpu_weight": 100}, 100)])
+async def test_a_sandbox_group_weighs_less_than_the_server(settings: Settings, assert_no_leftovers: None,
+                                                           config: dict[str, Any], weight: int) -> None:
+    """By default a sandbox's group has a tenth of a process's CPU weight (`LocalConfig.cpu_weight`): 128 busy
+    sandboxes no longer leave the server's loop 1/129 of the machine. The operator may set it back to 100."""
+    local = settings.backend_config("local")
+    assert isinstance(local, LocalConfig)
+    backend = LocalBackend(local.model_copy(update=config), settings)
+    box = await backend.create(SandboxSpec(rollout_id="weight"))
+    try:
+        groups = [group for group in sandbox_cgroups() if Path(group, "cpu.shares").exists()
+                  or Path(group, "cpu.weight").exists()]
+        if not groups:
+            pytest.skip("no sandbox control group with the cpu controller here")
+        assert {_weight(group) for group in groups} == {weight}
+    finally:
+        await box.close()

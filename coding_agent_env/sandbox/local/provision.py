@@ -73,16 +73,18 @@ class DirWork:
 @dataclass(frozen=True)
 class Bounds:
     """How a backend bounds each sandbox as a whole (as root): `cgroups` to make its control group in (None:
-    none can be made here), `tmpfs` whether its root is a tmpfs of its disk budget."""
+    none can be made here), `tmpfs` whether its root is a tmpfs of its disk budget, `cpu_weight` the group's
+    CPU weight (`CgroupLimits.cpu_weight`)."""
 
     cgroups: Cgroups | None = None
     tmpfs: bool = False
+    cpu_weight: int = 100
 
     def cgroup_limits(self, limits: SandboxLimits) -> CgroupLimits:
         """The group's bounds: a tmpfs root's pages are charged to it, so its memory is raised by the disk
         budget (each budget then holds on its own)."""
         disk = limits.disk_mb << 20 if self.tmpfs else 0
-        return CgroupLimits((limits.memory_mb << 20) + disk, limits.max_processes, limits.cpus)
+        return CgroupLimits((limits.memory_mb << 20) + disk, limits.max_processes, limits.cpus, self.cpu_weight)
 
 
 @dataclass(frozen=True)
