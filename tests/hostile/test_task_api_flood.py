@@ -83,6 +83,9 @@ def test_a_flood_of_whole_split_lists_leaves_the_loop_free(flood_server: Hostile
     assert probe.answers > 0 and not probe.failures, probe.failures
     assert probe.worst_s < HEALTH_WORST_S, f"/health took {probe.worst_s:.2f} s during the flood"
     stats = flood_server.loop_stats()
+    print(f"flood: {CLIENTS * ROUNDS} answers of {answers[0][1] / 1e6:.1f} MB; /health worst {probe.worst_s * 1000:.0f}"
+          f" ms over {probe.answers} probes; loop lag max {stats['lag_max_ms']:.0f} ms, "
+          f"stalls {stats['stalls'] - stalls_before}")
     assert stats["stalls"] == stalls_before, f"the event loop stalled: {stats['last_stall']}"
 
 
