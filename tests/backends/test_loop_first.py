@@ -13,6 +13,7 @@ ticking through the start (on main it froze for the whole second: `subprocess.Po
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ import pytest
 
 from coding_agent_env.sandbox import SandboxSpec
 from coding_agent_env.sandbox.local import LocalBackend
+from coding_agent_env.sandbox.local.provision import DirWork, Provisioner
 from coding_agent_env.settings import LocalConfig, Settings
 from tests.helpers import sandbox_cgroups
 
@@ -108,3 +110,21 @@ async def test_a_sandbox_group_weighs_less_than_the_server(settings: Settings, a
         assert {_weight(group) for group in groups} == {weight}
     finally:
         await box.close()
+
+
+async def test_sandboxes_being_made_count_as_alive(tmp_path: Path) -> None:
+    """A burst of creations leaves the loop: `DirWork` counts the sandboxes being made beside those alive, so
+    of 8 made at once only the first `inline_max_live` make their roots on the loop's thread (on main all 8
+    found none alive, and 128 clients starting at once held the loop a quarter of a second)."""
+    dirs = DirWork(inline_max_live=2)
+    provisioner = Provisioner(tmp_path / "state", dirs, with_netns=False)
+    makes = [asyncio.ensure_future(provisioner.make(f"r{i}", None, None, release=lambda: None)) for i in range(8)]
+    await asyncio.sleep(0)  # every make() has begun (the inline ones have already finished their work)
+    assert dirs.making == 8 - sum(make.done() for make in makes) and not dirs.inline()
+    made = await asyncio.gather(*makes)
+    try:
+        assert dirs.making == 0 and dirs.inline()
+        assert len({m.root for m in made}) == 8
+    finally:
+        for m in made:
+            m.undo()
