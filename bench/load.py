@@ -165,7 +165,8 @@ async def load(url: str, clients: int, rollouts: int, deadline: float) -> tuple[
 
 def stall_sites(log: str) -> Counter[str]:
     """Where the server's watchdog saw its loop held (its warnings in the log): the innermost frame of this
-    package in each stack (`file:line in function`) and the innermost function of all, or what the watchdog said when it saw no stack."""
+    package in each stack (`file:line in function`) and the innermost function of all, or what the watchdog
+    said when it saw no stack."""
     sites: Counter[str] = Counter()
     for block in log.split("event loop ")[1:]:
         if block.startswith("stalled"):

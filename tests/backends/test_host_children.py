@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import subprocess
 import time
 
@@ -15,8 +16,8 @@ from coding_agent_env.sandbox.local import proc
 
 
 async def _start(script: str) -> proc.Child:
-    return await proc.start(["bash", "-c", script], env={"PATH": "/usr/bin:/bin"}, cwd="/", creds=proc.HostCredentials(),
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return await proc.start(["bash", "-c", script], env={"PATH": "/usr/bin:/bin"}, cwd="/",
+                            creds=proc.HostCredentials(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _alive(pid: int) -> bool:
@@ -57,3 +58,36 @@ def _pgid(pid: str) -> int | None:
             return int(handle.read().rpartition(")")[2].split()[2])
     except (FileNotFoundError, IndexError, ValueError):
         return None
+
+
+def _running(marker: str) -> list[int]:
+    """PIDs of live processes whose argv holds `marker`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                if marker.encode() in handle.read().split(b"\0") and _alive(int(entry)):
+                    found.append(int(entry))
+        except (FileNotFoundError, ProcessLookupError, ValueError, NotADirectoryError):
+            continue
+    return found
+
+
+async def test_a_start_cancelled_on_its_spawn_thread_leaves_no_child() -> None:
+    """Cancelled while its child is being made (on a spawn thread), `start` still waits for the child, kills it
+    and forgets it: nothing runs, nothing stays in the owner's `Children`."""
+    marker = f"600.{secrets.randbelow(10**6)}"
+    track = proc.Children()
+    started = asyncio.ensure_future(proc.start(["sleep", marker], env={"PATH": "/usr/bin:/bin"}, cwd="/",
+                                               creds=proc.HostCredentials(), stdout=subprocess.DEVNULL,
+                                               stderr=subprocess.DEVNULL, track=track))
+    await asyncio.sleep(0)  # under way on a spawn thread
+    assert track.starting == 1
+    started.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await started
+    await track.settled()
+    end = time.monotonic() + 5
+    while (track or _running(marker)) and time.monotonic() < end:
+        await asyncio.sleep(0.01)  # the kill is sent; the child's exit is noticed on the loop
+    assert not track and not _running(marker)

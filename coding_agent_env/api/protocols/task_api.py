@@ -2,7 +2,8 @@
 
     GET  /list_environments          -> ["coding_agent_env"]
     GET  /{env}/splits               -> [{"name", "type", "num_tasks"}]
-    POST /{env}/tasks      {split, limit?, cursor?}  -> {"tasks": [...], "env_name": "coding_agent_env"[, "next_cursor"]}
+    POST /{env}/tasks      {split, limit?, cursor?} -> {"tasks": [...], "env_name": "coding_agent_env"}
+                                                   (+ "next_cursor" when paged)
     POST /{env}/num_tasks  {split}   -> {"num_tasks": n}
     POST /{env}/task       {split, index}        -> {"task": {...}}
     POST /{env}/task_range {split, start?, stop?} -> {"tasks": [...]}   (Python slice bounds)

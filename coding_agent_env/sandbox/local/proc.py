@@ -209,12 +209,18 @@ async def start(
             track[child.pid] = child
         return child
 
+    def unwanted(popen: subprocess.Popen[bytes]) -> None:
+        child = arrived(popen)
+        killed = child.kill_tree()
+        if track is not None:
+            killed.add_done_callback(lambda _: track.pop(child.pid, None))
+
     if track is not None:
         track._began()
     try:
         popen = await spawner.popen(
-            list(argv), lambda made: arrived(made).kill_tree(), stdin=stdin, stdout=stdout, stderr=stderr,
-            env=dict(env), cwd=cwd, start_new_session=True, **extra,
+            list(argv), unwanted, stdin=stdin, stdout=stdout, stderr=stderr, env=dict(env), cwd=cwd,
+            start_new_session=True, **extra,
         )
         return arrived(popen)
     finally:
