@@ -98,7 +98,7 @@ class LocalSandbox(Sandbox):
         """Set by `freeze`: close keeps the root and the uid (a group's template owns them then)."""
         self._closing: asyncio.Future[None] | None = None
         self._children = proc.Children()
-        """Running children by process group: what close() kills and reaps."""
+        """Running children by process group, and starts under way: what close() waits for, kills and reaps."""
         self.id = root.name
         self.isolation = launch.isolation
         hosts = host_dirs(root)
