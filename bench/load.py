@@ -211,6 +211,8 @@ def main() -> None:
             args.log.write_text(log)
         sites = stall_sites(log)
     report(idle, loaded, passed, done, seconds, before, after, args)
+    if sites:
+        print("where the watchdog saw the loop held (its warnings since the server started), most often first:")
     for site, count in sites.most_common(10):
         print(f"   {count:4} x {site}")
 
@@ -230,10 +232,8 @@ def report(idle: list[float], loaded: list[float], passed: int, done: int, secon
     print(f"rollouts: {passed} of {done} passed ({args.clients * args.rollouts} asked) in {seconds:.1f} s: "
           f"{done / seconds:.1f} rollouts/s on {os.cpu_count()} cores")
     stalls = int(after["stalls"]) - int(before["stalls"])  # type: ignore[call-overload]
-    print(f"event loop: largest lag {after['lag_max_ms']:.1f} ms, stalls under load {stalls} "
+    print(f"event loop: largest lag since start {after['lag_max_ms']:.1f} ms, stalls under load {stalls} "
           f"(threshold {after['stall_threshold_ms']:.0f} ms; goal: 0)")
-    if stalls:
-        print("where the watchdog saw the loop held (startup included), most often first:")
 
 
 if __name__ == "__main__":
