@@ -102,13 +102,21 @@ class LocalConfig(_Config):
     relay_port: int = Field(default=DEFAULT_RELAY_PORT, ge=1, le=65535)
     """Loopback port at which agents inside a network-less sandbox reach the LLM relay."""
 
+    cpu_weight: int = Field(default=10, ge=1, le=10_000)
+    """As root, each sandbox's control group's CPU weight, on cgroup v2's scale where a process has 100 (v1's
+    `cpu.shares` scaled from it): 10 lets the server's event loop run first when sandboxes keep every CPU busy
+    (at the default weight, 128 busy sandboxes left the loop 1/129 of the CPU and `/health` waited up to a
+    second). It orders, it does not bound: idle CPU still goes to the sandboxes, which share it equally; a
+    host shared with other busy programs may want it higher (100: a sandbox weighs as much as any process)."""
+
     ENV: ClassVar[Mapping[str, str]] = {"isolation": "LOCAL_ISOLATION", "bwrap_path": "BWRAP_PATH",
                                         "root_launcher": "LOCAL_ROOT_LAUNCHER", "uid_base": "SANDBOX_UID_BASE",
                                         "uid_count": "SANDBOX_UID_COUNT", "relay_port": "SANDBOX_RELAY_PORT",
                                         "allow_unisolated": "SANDBOX_ALLOW_UNISOLATED",
                                         "allow_unisolated_with_secrets": "SANDBOX_ALLOW_UNISOLATED_WITH_SECRETS",
                                         "uid_range_base": "SANDBOX_UID_RANGE_BASE",
-                                        "uid_range_count": "SANDBOX_UID_RANGE_COUNT"}
+                                        "uid_range_count": "SANDBOX_UID_RANGE_COUNT",
+                                        "cpu_weight": "SANDBOX_CPU_WEIGHT"}
 
     @model_validator(mode="after")
     def _id_ranges_apart(self) -> LocalConfig:

@@ -129,3 +129,31 @@ def test_openenvs_released_client_runs_task_i_by_split_and_index(ours: str, gen_
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["opened_done"] is False
     assert (out["final"]["status"], out["final"]["reward"]) == ("completed", 1.0), out["final"]
+
+
+def test_tasks_pages_with_limit_and_cursor(ours: str) -> None:
+    """Ours beside openenv's answer: `limit` pages the list, `next_cursor` carries on, null on the last page;
+    the pages put together are the whole answer (which a request without `limit` still gets)."""
+    whole = httpx.post(f"{ours}/{ENV}/tasks", json={"split": "harbor"}).json()
+    assert "next_cursor" not in whole and len(whole["tasks"]) > 2
+    pages, cursor = [], None
+    while True:
+        page = httpx.post(f"{ours}/{ENV}/tasks", json={"split": "harbor", "limit": 2,
+                                                      **({"cursor": cursor} if cursor else {})}).json()
+        assert len(page["tasks"]) <= 2 and page["env_name"] == ENV
+        pages.append(page["tasks"])
+        if (cursor := page["next_cursor"]) is None:
+            break
+    assert [task for page in pages for task in page] == whole["tasks"]
+    assert len(pages) == -(-len(whole["tasks"]) // 2)
+
+
+@pytest.mark.parametrize(("body", "code"), [
+    ({"limit": 0}, 422), ({"limit": 10_001}, 422), ({"limit": 2, "cursor": "x"}, 400),
+    ({"limit": 2, "cursor": "0"}, 400), ({"limit": 2, "cursor": "999"}, 400), ({"limit": 2, "cursor": "-1"}, 400),
+])
+def test_a_bad_page_is_refused(ours: str, body: dict[str, Any], code: int) -> None:
+    answer = httpx.post(f"{ours}/{ENV}/tasks", json={"split": "harbor", **body})
+    assert answer.status_code == code, answer.text
+    if code == 400:
+        assert answer.json() == {"detail": "Invalid cursor"}

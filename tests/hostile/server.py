@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,8 +37,9 @@ class HostileServer:
     """`coding-agent-env serve` on a free loopback port, with its own state dir and sandbox uid range."""
 
     def __init__(self, state_dir: Path, *, docker: dict[str, str] | None = None,
-                 settings: dict[str, str] | None = None) -> None:
-        """`docker`: the Docker backend's variables (enables it); `settings`: further variables, over the rest."""
+                 settings: dict[str, str] | None = None, args: Sequence[str] = ()) -> None:
+        """`docker`: the Docker backend's variables (enables it); `settings`: further variables, over the rest;
+        `args`: more of `serve`'s arguments (`--tasks PATH`)."""
         self.state_dir = state_dir
         (state_dir / CANARY_FILE).write_text(CANARY)
         self.port = free_port()
@@ -59,7 +61,7 @@ class HostileServer:
         self.log = state_dir.parent / f"{state_dir.name}.server.log"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "coding_agent_env.cli", "serve", "--port", str(self.port)],
+                [sys.executable, "-m", "coding_agent_env.cli", "serve", "--port", str(self.port), *args],
                 env=env, start_new_session=True, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             )
         self._wait_up()

@@ -2,7 +2,8 @@
 
     GET  /list_environments          -> ["coding_agent_env"]
     GET  /{env}/splits               -> [{"name", "type", "num_tasks"}]
-    POST /{env}/tasks      {split}   -> {"tasks": [...], "env_name": "coding_agent_env"}
+    POST /{env}/tasks      {split, limit?, cursor?} -> {"tasks": [...], "env_name": "coding_agent_env"}
+                                                   (+ "next_cursor" when paged)
     POST /{env}/num_tasks  {split}   -> {"num_tasks": n}
     POST /{env}/task       {split, index}        -> {"task": {...}}
     POST /{env}/task_range {split, start?, stop?} -> {"tasks": [...]}   (Python slice bounds)
@@ -14,6 +15,14 @@ supported for this environment`. Where openenv leaves the answer to the environm
 Harbor environment raises a bare error, a 500) this server says 404 `unknown split 'x'; this server's splits
 are [...]`. Tasks are their public part only (`CatalogTask.public`).
 
+Large answers: `tasks` and `task_range` answers are streamed, serialised a chunk at a time off the event loop
+(`task_stream`), so a 100,000-task split costs the loop no more than a small one. `tasks` also pages (ours, not
+openenv's): with `limit` (1..`MAX_PAGE`; a `cursor` alone: `MAX_PAGE`) the answer holds at most that many
+tasks from `cursor` (the opaque string a previous page gave as `next_cursor`; none: the start) and
+`next_cursor`, to pass on for the next page (null on the last). A
+request without `limit` gets the whole split, as openenv 0.10's clients expect. A cursor that is not one this
+server gave for the split is 400 `Invalid cursor`.
+
 With the server's metrics every request is counted by its route (the path template, never the path sent) and
 the status code it was answered with (`coding_agent_env_task_api_requests_total`), the 422s FastAPI answers for a
 bad body included.
@@ -21,7 +30,8 @@ bad body included.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+import re
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, status
@@ -31,10 +41,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
+from coding_agent_env.api.protocols.task_stream import tasks_response
 from coding_agent_env.observe.metrics import ServerMetrics
-from coding_agent_env.tasks.catalog import NoTaskSetError, TaskCatalog, TaskIndexError, UnknownSplitError
+from coding_agent_env.tasks.catalog import CatalogTask, NoTaskSetError, TaskCatalog, TaskIndexError, UnknownSplitError
 
-__all__ = ["build_task_router"]
+__all__ = ["MAX_PAGE", "build_task_router"]
+
+MAX_PAGE = 10_000
+"""The largest `limit` a `tasks` page may ask for."""
+_CURSOR = re.compile(r"^[0-9]{1,12}$")
 
 
 class _Body(BaseModel):
@@ -43,6 +58,13 @@ class _Body(BaseModel):
 
 class SplitBody(_Body):
     split: str = Field(description="Task split name")
+
+
+class ListBody(SplitBody):
+    limit: int | None = Field(default=None, ge=1, le=MAX_PAGE,
+                              description="At most this many tasks (a page); none: the whole split")
+    cursor: str | None = Field(default=None, max_length=32,
+                               description="Where the page starts: a previous page's next_cursor; none: the start")
 
 
 class TaskBody(_Body):
@@ -97,9 +119,9 @@ def build_task_router(catalog: TaskCatalog, env_name: str,
         if not catalog:
             raise HTTPException(status.HTTP_501_NOT_IMPLEMENTED, detail=f"{method} is not supported for this environment")
 
-    def tasks_of(split: str) -> list[Any]:
+    def tasks_of(split: str) -> Sequence[CatalogTask]:
         try:
-            return list(catalog.tasks(split))
+            return catalog.tasks(split)
         except UnknownSplitError as exc:
             raise HTTPException(status.HTTP_404_NOT_FOUND, detail=str(exc)) from None
         except NoTaskSetError as exc:  # checked above; kept so a change there cannot turn into a 500
@@ -114,10 +136,16 @@ def build_task_router(catalog: TaskCatalog, env_name: str,
         check(env, "list_splits")
         return catalog.splits()
 
-    @router.post("/{env}/tasks")
-    async def list_tasks(env: str, body: SplitBody) -> dict[str, Any]:
+    @router.post("/{env}/tasks", response_model=None)
+    async def list_tasks(env: str, body: ListBody) -> Response:
         check(env, "list_tasks")
-        return {"tasks": [task.public() for task in tasks_of(body.split)], "env_name": env_name}
+        tasks = tasks_of(body.split)
+        if body.limit is None and body.cursor is None:
+            return tasks_response(tasks, {"env_name": env_name})
+        start = _page_start(body.cursor, len(tasks))
+        stop = start + (body.limit or MAX_PAGE)
+        next_cursor = str(stop) if stop < len(tasks) else None
+        return tasks_response(tasks[start:stop], {"env_name": env_name, "next_cursor": next_cursor})
 
     @router.post("/{env}/num_tasks")
     async def num_tasks(env: str, body: SplitBody) -> dict[str, Any]:
@@ -133,9 +161,18 @@ def build_task_router(catalog: TaskCatalog, env_name: str,
         except TaskIndexError:
             raise HTTPException(status.HTTP_400_BAD_REQUEST, detail="Invalid task index") from None
 
-    @router.post("/{env}/task_range")
-    async def get_task_range(env: str, body: RangeBody) -> dict[str, Any]:
+    @router.post("/{env}/task_range", response_model=None)
+    async def get_task_range(env: str, body: RangeBody) -> Response:
         check(env, "get_task_range")
-        return {"tasks": [task.public() for task in tasks_of(body.split)[body.start:body.stop]]}
+        return tasks_response(tasks_of(body.split)[body.start:body.stop])
 
     return router
+
+
+def _page_start(cursor: str | None, size: int) -> int:
+    """The index a page starts at: 0 without a cursor; 400 for a cursor this server cannot have given."""
+    if cursor is None:
+        return 0
+    if not _CURSOR.match(cursor) or not 0 < int(cursor) < size:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, detail="Invalid cursor")
+    return int(cursor)

@@ -116,7 +116,8 @@ class LocalBackend(SandboxBackend):
     def _probe(self) -> Launch:
         with self._probe_lock:
             if self._launch is None:
-                self._bounds = _discover_bounds(self._settings.state_dir) if self._as_root else Bounds()
+                self._bounds = (_discover_bounds(self._settings.state_dir, self._config.cpu_weight)
+                                if self._as_root else Bounds())
                 self._unreachable = self._reach() if self._as_root else None
                 self._launch = probe(self._config, self._settings, as_root=self._as_root)
                 log.info("local sandbox isolation: %s; %s", self._launch.detail, self._bounds_detail())
@@ -345,8 +346,9 @@ class LocalBackend(SandboxBackend):
         return await asyncio.to_thread(reap, self._settings.state_dir)
 
 
-def _discover_bounds(state_dir: Path) -> Bounds:
-    """As root: the control groups this server may make, and whether it may mount a tmpfs (tried once)."""
+def _discover_bounds(state_dir: Path, cpu_weight: int) -> Bounds:
+    """As root: the control groups this server may make (each of `cpu_weight`), and whether it may mount a tmpfs
+    (tried once)."""
     cgroups = Cgroups.discover()
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -356,4 +358,4 @@ def _discover_bounds(state_dir: Path) -> Bounds:
     except OSError as exc:
         log.warning("no tmpfs per sandbox here (%s): disk budgets are watched, not enforced by the kernel", exc)
         tmpfs = False
-    return Bounds(cgroups, tmpfs)
+    return Bounds(cgroups, tmpfs, cpu_weight)

@@ -38,16 +38,22 @@ _ROOT = Path("/sys/fs/cgroup")
 _CONTROLLERS = ("memory", "pids", "cpu")
 _CPU_PERIOD_US = 100_000
 _PREFIX = "cae-"
+_V1_SHARES_PER_WEIGHT = 1024 / 100
+"""cgroup v1's `cpu.shares` (a process: 1024) per unit of v2's `cpu.weight` (a process: 100)."""
+_V1_MIN_SHARES = 2
 
 
 @dataclass(frozen=True)
 class CgroupLimits:
     """What a sandbox's group bounds: bytes of memory (its processes' and its tmpfs pages), processes and
-    threads, CPUs (a share of the period; 0: not bounded)."""
+    threads, CPUs (a share of the period; 0: not bounded), and its CPU weight beside the server's processes
+    (cgroup v2's `cpu.weight` scale, where a process has 100; v1's `cpu.shares` scaled from it): who runs first
+    under contention, not a bound (`LocalConfig.cpu_weight`)."""
 
     memory_bytes: int
     max_processes: int
     cpus: float
+    cpu_weight: int = 100
 
 
 @dataclass(frozen=True)
@@ -145,6 +151,7 @@ class SandboxCgroup:
             _write(path / "memory.max", limits.memory_bytes)
             _write_optional(path / "memory.swap.max", 0)
             _write(path / "pids.max", limits.max_processes)
+            _write(path / "cpu.weight", limits.cpu_weight)
             if quota is not None:
                 _write(path / "cpu.max", f"{quota} {_CPU_PERIOD_US}")
             return
@@ -153,6 +160,7 @@ class SandboxCgroup:
         # Where swap is accounted, memory + swap gets the same bound: no escaping the limit into swap.
         _write_optional(memory / "memory.memsw.limit_in_bytes", limits.memory_bytes)
         _write(pids / "pids.max", limits.max_processes)
+        _write(cpu / "cpu.shares", max(_V1_MIN_SHARES, round(limits.cpu_weight * _V1_SHARES_PER_WEIGHT)))
         if quota is not None:
             _write(cpu / "cpu.cfs_period_us", _CPU_PERIOD_US)
             _write(cpu / "cpu.cfs_quota_us", quota)

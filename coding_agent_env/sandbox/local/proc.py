@@ -6,9 +6,12 @@ of its own) is outside that group: `Child.kill_tree()` kills it too and waits un
 kernel has then killed and reaped everything in the namespace. So a killed command's whole tree is gone when
 the kill returns, not a moment later (`--die-with-parent` only covers a server that dies).
 
-Children are started with `subprocess.Popen` and their exit is watched through a pidfd on the event loop,
-not through asyncio's subprocess machinery, whose default child watcher starts (and waits for) one thread
-per child on the event loop: at a few hundred commands a second that was a large part of the loop's time.
+Children are started with `subprocess.Popen` on the server's spawn threads (`spawner`: a start waits for the
+child's exec, which on a loaded machine waits for a CPU, and must not hold the event loop meanwhile), and their
+exit is watched through a pidfd on the event loop, not through asyncio's subprocess machinery, whose default
+child watcher starts (and waits for) one thread per child on the event loop: at a few hundred commands a second
+that was a large part of the loop's time. An owner's children (`Children`) include the starts still under way,
+so its close can wait for those and kill what they made.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from coding_agent_env.sandbox.base import ExecResult, Process
+from coding_agent_env.sandbox.local import spawner
 
-__all__ = ["Child", "HostCredentials", "HostProcess", "kill_all_of_uid", "kill_group", "run_capped", "start"]
+__all__ = ["Child", "Children", "HostCredentials", "HostProcess", "kill_all_of_uid", "kill_group", "run_capped",
+           "start"]
 
 _CHUNK = 64 * 1024
 _DRAIN_GRACE_S = 2.0
@@ -144,7 +149,39 @@ class Child:
             self._exited.set_result(code)
 
 
-def start(
+class Children(dict[int, Child]):
+    """One owner's running children by pid (group id), and how many of its starts are still under way on the
+    spawn threads (each lands here as soon as its child exists)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._starting = 0
+        self._settled: asyncio.Event | None = None
+
+    @property
+    def starting(self) -> int:
+        return self._starting
+
+    async def settled(self) -> None:
+        """Returns once no start is under way: every child they made is in the dict (or was killed by a cancelled
+        caller). For a close, which must kill what a start in flight made."""
+        while self._starting:
+            if self._settled is None:
+                self._settled = asyncio.Event()
+            await self._settled.wait()
+
+    def _began(self) -> None:
+        self._starting += 1
+        if self._settled is not None:
+            self._settled.clear()
+
+    def _ended(self) -> None:
+        self._starting -= 1
+        if not self._starting and self._settled is not None:
+            self._settled.set()
+
+
+async def start(
     argv: Sequence[str],
     *,
     env: Mapping[str, str],
@@ -154,25 +191,41 @@ def start(
     stderr: int,
     pass_fds: Sequence[int] = (),
     stdin: int = subprocess.DEVNULL,
+    track: Children | None = None,
 ) -> Child:
-    """Start argv in a new session (with `pass_fds` inherited at their numbers). Without credentials to change,
-    Python can spawn it with vfork."""
+    """Start argv in a new session (with `pass_fds` inherited at their numbers), on a spawn thread; the child is
+    in `track` (by group id) from the moment it exists. Without credentials to change, Python spawns it with
+    vfork. Cancelled meanwhile: the child, once started, is killed (its tree, as `Child.kill_tree`)."""
     extra: dict[str, object] = {}
     if creds.uid is not None:
         extra = {"user": creds.uid, "group": creds.gid, "extra_groups": []}
     if pass_fds:
         extra["pass_fds"] = tuple(pass_fds)
-    popen = subprocess.Popen(
-        list(argv),
-        stdin=stdin,
-        stdout=stdout,
-        stderr=stderr,
-        env=dict(env),
-        cwd=cwd,
-        start_new_session=True,
-        **extra,  # type: ignore[call-overload]
-    )
-    return Child(popen, asyncio.get_running_loop())
+    loop = asyncio.get_running_loop()
+
+    def arrived(popen: subprocess.Popen[bytes]) -> Child:
+        child = Child(popen, loop)
+        if track is not None:
+            track[child.pid] = child
+        return child
+
+    def unwanted(popen: subprocess.Popen[bytes]) -> None:
+        child = arrived(popen)
+        killed = child.kill_tree()
+        if track is not None:
+            killed.add_done_callback(lambda _: track.pop(child.pid, None))
+
+    if track is not None:
+        track._began()
+    try:
+        popen = await spawner.popen(
+            list(argv), unwanted, stdin=stdin, stdout=stdout, stderr=stderr, env=dict(env), cwd=cwd,
+            start_new_session=True, **extra,
+        )
+        return arrived(popen)
+    finally:
+        if track is not None:
+            track._ended()
 
 
 class _Sink:
@@ -219,18 +272,20 @@ async def _start_piped(
     env: Mapping[str, str],
     cwd: str | None,
     creds: HostCredentials,
-    track: dict[int, Child],
+    track: Children,
     transports: list[asyncio.BaseTransport],
     pass_fds: Sequence[int] = (),
 ) -> tuple[Child, asyncio.StreamReader, asyncio.StreamReader]:
     """Start argv with its stdout and stderr on pipes of ours; (child, stdout reader, stderr reader).
 
-    Nothing awaits between the caller's checks and the child being in `track`: a concurrent close() either
-    refused the command already or kills it (the argv may name the sandbox's namespace by fd)."""
+    The start is counted in `track` while under way and the child is there from the moment it exists: a
+    concurrent close() either refused the command already or waits for the start (`Children.settled`), keeping
+    the descriptors the argv names (the sandbox's namespaces) open until then, and kills the child."""
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
     try:
-        proc = start(argv, env=env, cwd=cwd, creds=creds, stdout=out_write, stderr=err_write, pass_fds=pass_fds)
+        proc = await start(argv, env=env, cwd=cwd, creds=creds, stdout=out_write, stderr=err_write,
+                           pass_fds=pass_fds, track=track)
     except BaseException:
         os.close(out_read)
         os.close(err_read)
@@ -238,7 +293,6 @@ async def _start_piped(
     finally:
         os.close(out_write)
         os.close(err_write)
-    track[proc.pid] = proc
     loop = asyncio.get_running_loop()
     try:
         out_reader = await _pipe_reader(loop, out_read, transports)
@@ -262,7 +316,7 @@ async def run_capped(
     creds: HostCredentials,
     timeout: float,
     max_output_bytes: int,
-    track: dict[int, Child],
+    track: Children,
     pass_fds: Sequence[int] = (),
 ) -> ExecResult:
     """Run to completion or to `timeout`, then kill the group. Cancellation kills the group too.
@@ -353,7 +407,7 @@ async def kill_all_of_uid(creds: HostCredentials) -> None:
     """SIGKILL every process of the sandbox's own host uid (`kill(-1)` run as that uid)."""
     if creds.uid is None:
         return
-    proc = start(
+    proc = await start(
         ["kill", "-KILL", "-1"],
         env={"PATH": "/usr/bin:/bin"},
         cwd="/",

@@ -45,18 +45,21 @@ class DirWork:
     On the event loop while at most `inline_max_live` sandboxes are alive: a worker thread's two hand-offs
     cost about as much again, and that latency is what a lone rollout feels. With more alive, the loop's own
     time is what matters, so it goes to worker threads; and one call slower than `slow_s` (a busy journal)
-    sends all of it to threads for `backoff_s`. `live` counts the sandboxes alive; only the event loop
-    changes it."""
+    sends all of it to threads for `backoff_s`. `live` counts the sandboxes alive and `making` those being
+    made (a burst of creations is as many sandboxes as a crowd of live ones: on main, 128 clients starting
+    at once all found none alive and made their roots on the loop, one after another); only the event loop
+    changes them."""
 
     def __init__(self, *, inline_max_live: int = 2, slow_s: float = 0.005, backoff_s: float = 30.0) -> None:
         self.live = 0
+        self.making = 0
         self.inline_max_live = inline_max_live
         self.slow_s = slow_s
         self.backoff_s = backoff_s
         self._slow_until = 0.0
 
     def inline(self) -> bool:
-        return self.live <= self.inline_max_live and time.monotonic() >= self._slow_until
+        return self.live + self.making <= self.inline_max_live and time.monotonic() >= self._slow_until
 
     def timed(self, work: Callable[[], _T]) -> _T:
         started = time.monotonic()
@@ -73,16 +76,18 @@ class DirWork:
 @dataclass(frozen=True)
 class Bounds:
     """How a backend bounds each sandbox as a whole (as root): `cgroups` to make its control group in (None:
-    none can be made here), `tmpfs` whether its root is a tmpfs of its disk budget."""
+    none can be made here), `tmpfs` whether its root is a tmpfs of its disk budget, `cpu_weight` the group's
+    CPU weight (`CgroupLimits.cpu_weight`)."""
 
     cgroups: Cgroups | None = None
     tmpfs: bool = False
+    cpu_weight: int = 100
 
     def cgroup_limits(self, limits: SandboxLimits) -> CgroupLimits:
         """The group's bounds: a tmpfs root's pages are charged to it, so its memory is raised by the disk
         budget (each budget then holds on its own)."""
         disk = limits.disk_mb << 20 if self.tmpfs else 0
-        return CgroupLimits((limits.memory_mb << 20) + disk, limits.max_processes, limits.cpus)
+        return CgroupLimits((limits.memory_mb << 20) + disk, limits.max_processes, limits.cpus, self.cpu_weight)
 
 
 @dataclass(frozen=True)
@@ -131,10 +136,12 @@ class Provisioner:
         """A new sandbox for `uid`, with the relay port reserved in its namespace. Shielded: cancelled, it waits
         for its (bounded) work to finish and undoes it before the cancellation goes on, so nothing is left when
         the caller sees it. On failure or cancellation `release` is called (the uid is free again)."""
+        self._dirs.making += 1
         if self._dirs.inline():
             made = asyncio.ensure_future(self._on_loop(rollout_id, uid, reserve_port))
         else:
             made = asyncio.ensure_future(asyncio.to_thread(self._in_thread, rollout_id, uid, reserve_port))
+        made.add_done_callback(self._made)
         try:
             return await asyncio.shield(made)
         except asyncio.CancelledError:
@@ -143,6 +150,9 @@ class Provisioner:
         except BaseException:
             release()
             raise
+
+    def _made(self, _: object) -> None:
+        self._dirs.making -= 1  # a done callback: on the loop, once, however the making ended
 
     def _in_thread(self, rollout_id: str, uid: int | None, reserve_port: int | None) -> Made:
         """On a worker thread. The kernel makes the namespace while this thread makes the directories."""

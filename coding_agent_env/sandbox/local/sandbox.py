@@ -106,8 +106,8 @@ class LocalSandbox(Sandbox):
         self._keep_root = False
         """Set by `freeze`: close keeps the root and the uid (a group's template owns them then)."""
         self._closing: asyncio.Future[None] | None = None
-        self._children: dict[int, proc.Child] = {}
-        """Running children by process group: what close() kills and reaps."""
+        self._children = proc.Children()
+        """Running children by process group, and starts under way: what close() waits for, kills and reaps."""
         self.id = root.name
         self.isolation = launch.isolation
         hosts = host_dirs(root)
@@ -269,9 +269,9 @@ class LocalSandbox(Sandbox):
             )
             out = self._open_log(log_path) if log_path else os.open(os.devnull, os.O_WRONLY)
             try:
-                child = proc.start(
+                child = await proc.start(
                     command.argv, env=self._env(env, None), cwd=command.cwd, creds=command.creds, stdout=out,
-                    stderr=out, pass_fds=command.pass_fds,
+                    stderr=out, pass_fds=command.pass_fds, track=self._children,
                 )
             finally:
                 os.close(out)
@@ -285,7 +285,6 @@ class LocalSandbox(Sandbox):
             if isinstance(exc, OSError):
                 raise SandboxError(f"cannot start process: {exc.strerror}") from exc
             raise
-        self._children[child.pid] = child
         self._sampled()
 
         async def exited() -> None:
@@ -315,16 +314,18 @@ class LocalSandbox(Sandbox):
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
         try:
-            child = proc.start(command.argv, env=self._env(env, None), cwd=command.cwd, creds=command.creds,
-                               stdin=stdin_r, stdout=stdout_w, stderr=stdout_w, pass_fds=command.pass_fds)
-        except OSError as exc:
+            child = await proc.start(command.argv, env=self._env(env, None), cwd=command.cwd, creds=command.creds,
+                                     stdin=stdin_r, stdout=stdout_w, stderr=stdout_w, pass_fds=command.pass_fds,
+                                     track=self._children)
+        except BaseException as exc:
             for fd in (stdin_w, stdout_r):
                 os.close(fd)
-            raise SandboxError(f"cannot start process: {exc.strerror}") from exc
+            if isinstance(exc, OSError):
+                raise SandboxError(f"cannot start process: {exc.strerror}") from exc
+            raise
         finally:
             os.close(stdin_r)
             os.close(stdout_w)
-        self._children[child.pid] = child
         self._sampled()
         process = proc.HostProcess(child, self._children, on_exit=self._attached_exited)
         loop = asyncio.get_running_loop()
@@ -429,11 +430,6 @@ class LocalSandbox(Sandbox):
             HIGH_WATER.forget(self._mark)
         # Before any await: even a close cancelled at once has killed.
         killed = [child.kill_tree() for child in self._children.values()]
-        if self._netns is not None:
-            os.close(self._netns)  # the namespace goes with its last process
-            self._netns = None
-        if self._box.userns is not None:
-            os.close(self._box.userns)  # likewise; no command can start any more (closed)
         if self._serving is not None:
             self._serving.release_reserved()
         # Shielded (and referenced, so it runs to the end): a cancelled close still reaps, removes
@@ -442,6 +438,16 @@ class LocalSandbox(Sandbox):
         await asyncio.shield(self._closing)
 
     async def _finish_close(self, killed: list[asyncio.Future[object]]) -> None:
+        # A start under way on a spawn thread (the sandbox was open when it began) passes the namespaces'
+        # descriptors by number: they stay open until it has made its child, which is then killed too.
+        if self._children.starting:
+            await self._children.settled()
+            killed += [child.kill_tree() for child in self._children.values()]
+        if self._netns is not None:
+            os.close(self._netns)  # the namespace goes with its last process
+            self._netns = None
+        if self._box.userns is not None:
+            os.close(self._box.userns)  # likewise; no command can start any more (closed)
         if killed:
             await asyncio.wait(killed, timeout=_REAP_S)
         if self._serving is not None:
