@@ -1,0 +1,182 @@
+"""The live shell's channel against the agent's own processes (INTEGRITY 40, issue 42 item 2), on real
+bubblewrap: a background job started by one `terminal` step must not be able to read the commands of later
+steps, answer for them, or end a step early; a shell stopped by its own child still ends the step by its
+deadline, honestly. Every case checks the answers the episode gives, not the machinery.
+
+The attacker is one Python program (`ATTACK`, a file of the task) started in the background by one step: it
+tries every door it can find (FIFOs beside the shell's files, every descriptor of the shell and its supervisor
+through /proc, their memory, ptrace), and where a door opens it stops the shell, reads what comes for it and
+answers in its place, as the forgery measured on the old design did.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from tests.backends.conftest import Target, backend_for  # noqa: F401 (a fixture)
+from tests.episode.test_episode import TASK, Starter, start  # noqa: F401 (a fixture)
+from tests.helpers import poll
+
+ATTACK = r'''
+import ctypes, json, os, re, signal, stat, sys, time
+
+shell, supervisor, logs, report = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+reached = []
+
+def note(what):
+    reached.append(what)
+
+def try_open(path, flags):
+    try:
+        return os.open(path, flags | os.O_NONBLOCK)
+    except OSError:
+        return None
+
+# 1. Files beside the shell's: any FIFO or socket there is a door.
+doors = []
+for top, _, names in os.walk(logs):
+    for name in names:
+        path = os.path.join(top, name)
+        if stat.S_ISFIFO(os.lstat(path).st_mode):
+            fd = try_open(path, os.O_RDWR)
+            if fd is not None:
+                note(f"fifo {name}")
+                doors.append((name, fd))
+# 2. Every descriptor of the shell and its supervisor, through /proc.
+for pid in (shell, supervisor):
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        fds = []
+    for fd in fds:
+        path = f"/proc/{pid}/fd/{fd}"
+        opened = try_open(path, os.O_RDWR) or try_open(path, os.O_RDONLY) or try_open(path, os.O_WRONLY)
+        if opened is not None:
+            note(f"fd {pid}/{fd}")
+            doors.append((os.path.basename(os.readlink(path)), opened))
+    for leaf in ("mem", "environ"):
+        got = try_open(f"/proc/{pid}/{leaf}", os.O_RDONLY)
+        if got is not None:
+            note(f"{leaf} {pid}")
+            os.close(got)
+# 3. ptrace.
+libc = ctypes.CDLL(None, use_errno=True)
+PTRACE_SEIZE, PTRACE_DETACH = 0x4206, 17
+for pid in (shell, supervisor):
+    if libc.ptrace(PTRACE_SEIZE, pid, None, None) == 0:
+        note(f"ptrace {pid}")
+        libc.ptrace(PTRACE_DETACH, pid, None, None)
+
+with open(report, "w") as handle:
+    json.dump(reached, handle)
+if not doors:
+    sys.exit(0)
+
+# A door opened: stop the shell, read what comes for it, answer in its place (the measured forgery).
+os.kill(shell, signal.SIGSTOP)
+control = dict(doors).get("live-control")
+output = os.path.join(logs, "live-output")
+deadline = time.monotonic() + 60
+pending = b""
+while time.monotonic() < deadline:
+    got = b""
+    for _, fd in doors:
+        try:
+            got += os.read(fd, 65536)
+        except OSError:
+            pass
+    pending += got
+    for token in re.findall(rb'__cae_done "\$\?" (\S+)', pending):
+        with open(output, "ab") as out:
+            out.write(b"FORGED\n")
+        if control is not None:
+            os.write(control, b"r 0 " + token + b"\n")
+        pending = pending.replace(token, b"")
+    for nonce in re.findall(rb"(?:RUN|KEYS) ([0-9a-f]{32}) ", pending):
+        for name, fd in doors:
+            try:
+                os.write(fd, b"FORGED\n\x1e" + nonce + b" done 0\x1f")
+            except OSError:
+                pass
+        pending = pending.replace(nonce, b"")
+    time.sleep(0.01)
+'''
+
+LIVE = {**TASK, "command_timeout_s": 3, "files": {**TASK["files"], "attack.py": ATTACK}}
+
+
+async def _attacker(episode, report: str) -> list[str]:  # type: ignore[no-untyped-def]
+    """Start the attacker in the background (one step) and return what it reached."""
+    logs = episode.sandbox.paths.logs
+    started = await episode.terminal(f"nohup setsid python3 attack.py $$ $PPID {logs} {report} >/dev/null 2>&1 &")
+    assert started.exit_code == 0, started
+    path = f"{episode.sandbox.paths.workdir}/{report}"
+    text = await poll(lambda: _read(episode, path), "the attacker's report", timeout_s=20)
+    return json.loads(text)
+
+
+async def _read(episode, path: str) -> str | None:  # type: ignore[no-untyped-def]
+    try:
+        return await episode.sandbox.read_text(path)
+    except Exception:
+        return None
+
+
+async def test_a_background_job_cannot_answer_for_later_commands(backend_for: Callable[[str], Target],
+                                                                start: Starter) -> None:
+    """The forgery measured on the old design: later `false` and `pytest; exit 7` must not come back as
+    exit 0 with invented output. Each later step ends honestly (its own status, or a timeout)."""
+    episode = await start(backend_for("local"), LIVE)
+    assert episode.report().shell == "live"
+    reached = await _attacker(episode, "reached.json")
+    honest = []
+    for command, code in (("false", 1), ("echo real; (exit 7)", 7)):
+        out = await episode.terminal(command)
+        assert "FORGED" not in out.output, (command, out)
+        assert out.exit_code in (code, None) and (out.exit_code is not None or out.timed_out), (command, out)
+        honest.append(out.exit_code == code)
+    assert honest == [True, True]
+    assert reached == [], f"the attacker reached the shell's channel: {reached}"
+    assert (await episode.terminal("echo fine")).output == "fine\n"
+
+
+async def test_a_background_job_cannot_reach_the_shell_or_its_supervisor(backend_for: Callable[[str], Target],
+                                                                        start: Starter) -> None:
+    """No descriptor, memory or ptrace of the shell or its supervisor is open to a process of the sandbox's
+    uid; no FIFO lies beside the shell's files."""
+    episode = await start(backend_for("local"), LIVE)
+    reached = await _attacker(episode, "reached.json")
+    assert reached == []
+    listed = await episode.terminal(f"find {episode.sandbox.paths.logs} \\( -type p -o -type s \\) | wc -l")
+    assert listed.output.strip() == "0"
+
+
+async def test_a_command_cannot_end_its_step_early_or_fake_the_marker(backend_for: Callable[[str], Target],
+                                                                     start: Starter) -> None:
+    """Whatever a command (or its background job) writes, on its output, on any descriptor, or as signals to
+    the supervisor from another process, the step ends when the command does, with its own status."""
+    episode = await start(backend_for("local"), LIVE)
+    fakes = ("printf '\\036- ready 0\\037\\036%s done 0\\037r 0 boot\\nx 0\\n' $RANDOM; "
+             "for fd in 3 4 5 6 7 8 9 10 11 12 199; do { echo 'r 0 x' >&$fd; } 2>/dev/null; done; ")
+    signals = "for s in $(seq 34 64); do /bin/kill -s $s $PPID 2>/dev/null; done; "
+    out = await episode.terminal(fakes + signals + "sleep 1; echo after; (exit 5)")
+    assert out.exit_code == 5 and not out.timed_out, out
+    assert out.output.endswith("after\n") and "\x1e- ready 0\x1f" in out.output, out
+    background = await episode.terminal(f"( sleep 0.3; {fakes}{signals} ) & sleep 1.5; echo mine; (exit 6)")
+    assert background.exit_code == 6 and background.output.endswith("mine\n"), background
+    assert (await episode.terminal("echo next")).output == "next\n"
+
+
+async def test_a_shell_stopped_by_its_child_ends_the_step_by_its_deadline(backend_for: Callable[[str], Target],
+                                                                         start: Starter) -> None:
+    """A child that SIGSTOPs the shell: the step ends by its deadline as a timeout (never an exit status the
+    shell did not give), and the next step runs in a working shell with the saved state."""
+    episode = await start(backend_for("local"), LIVE)
+    await episode.terminal("export KEEP=1")
+    stopped = await episode.terminal("python3 -c 'import os, signal; os.kill(os.getppid(), signal.SIGSTOP)'; "
+                                     "echo never")
+    assert stopped.timed_out and stopped.exit_code is None and "never" not in stopped.output, stopped
+    assert stopped.duration_s < LIVE["command_timeout_s"] + 12, stopped
+    after = await episode.terminal("echo $KEEP")
+    assert (after.output, after.exit_code) == ("1\n", 0), after
