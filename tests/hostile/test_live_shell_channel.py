@@ -159,7 +159,8 @@ async def test_a_command_cannot_end_its_step_early_or_fake_the_marker(backend_fo
     episode = await start(backend_for("local"), LIVE)
     fakes = ("printf '\\036- ready 0\\037\\036%s done 0\\037r 0 boot\\nx 0\\n' $RANDOM; "
              "for fd in 3 4 5 6 7 8 9 10 11 12 199; do { echo 'r 0 x' >&$fd; } 2>/dev/null; done; ")
-    signals = "for s in $(seq 34 64); do /bin/kill -s $s $PPID 2>/dev/null; done; "
+    signals = ("for s in $(seq 34 64); do /bin/kill -s $s $PPID 2>/dev/null; builtin kill -n $s $PPID 2>/dev/null; "
+               "done; ")
     out = await episode.terminal(fakes + signals + "sleep 1; echo after; (exit 5)")
     assert out.exit_code == 5 and not out.timed_out, out
     assert out.output.endswith("after\n") and "\x1e- ready 0\x1f" in out.output, out
@@ -178,5 +179,26 @@ async def test_a_shell_stopped_by_its_child_ends_the_step_by_its_deadline(backen
                                      "echo never")
     assert stopped.timed_out and stopped.exit_code is None and "never" not in stopped.output, stopped
     assert stopped.duration_s < LIVE["command_timeout_s"] + 12, stopped
+    after = await episode.terminal("echo $KEEP")
+    assert (after.output, after.exit_code) == ("1\n", 0), after
+
+
+async def test_a_bash_job_holding_the_shells_input_can_steal_a_line_never_answer_for_it(
+    backend_for: Callable[[str], Target], start: Starter
+) -> None:
+    """A subshell keeps the descriptors bash saved while its command ran (the shell's stdin among them): it can
+    stop the shell and read what comes next, but what it read never runs as the step, and no end it sends is
+    taken (the kernel names it, not the shell, as the sender): the step times out, honestly."""
+    episode = await start(backend_for("local"), LIVE)
+    await episode.terminal("export KEEP=1")
+    thief = ("( sleep 0.5; kill -STOP $$; echo x >stopped; "
+             "for fd in /proc/$BASHPID/fd/*; do n=${fd##*/}; [ $n -gt 2 ] && [ $n -lt 255 ] && "
+             "{ while IFS= read -r -t 2 -u $n line; do printf '%s\\n' \"$line\" >>stolen.txt; done; } 2>/dev/null; "
+             "done; for s in $(seq 34 50); do builtin kill -n $s $PPID; done; echo thief done >&2 ) & echo started")
+    assert (await episode.terminal(thief)).output == "started\n"
+    await poll(lambda: _read(episode, f"{episode.sandbox.paths.workdir}/stopped"), "the thief to stop the shell")
+    stolen = await episode.terminal("sleep 1; false")
+    assert stolen.timed_out and stolen.exit_code is None, stolen  # what it read never ran: no status but a timeout
+    assert "false" in await episode.sandbox.read_text(f"{episode.sandbox.paths.workdir}/stolen.txt")
     after = await episode.terminal("echo $KEEP")
     assert (after.output, after.exit_code) == ("1\n", 0), after
