@@ -63,6 +63,8 @@ START_TIMEOUT_S = 15.0
 ANSWER_GRACE_S = 8.0
 """Beyond a request's own time: the supervisor's interrupt, two kills and restart (about 3 s), and slack."""
 NOTE_BYTES = 256
+REASON_CHARS = 200
+"""The most of the supervisor's own words (the sandbox's: untrusted) a start failure quotes."""
 MAX_KEYS_DURATION_S = 60.0
 
 
@@ -187,13 +189,14 @@ class LiveShell:
         await channel.open(argv, source)
         self._channel = channel
         try:
-            status, _, _ = _parse(await channel.ask("-", b"", START_TIMEOUT_S), "-", self.cap)
+            status, _, said = _parse(await channel.ask("-", b"", START_TIMEOUT_S), "-", self.cap)
         except (LiveShellError, TimeoutError) as exc:
             await self.close()
             raise LiveShellError(f"the live shell did not start: {exc or 'no answer in time'}") from None
         if status != "ready":
             await self.close()
-            raise LiveShellError(f"the live shell did not start ({status})")
+            reason = "".join(c if c.isprintable() else "?" for c in said[:REASON_CHARS])
+            raise LiveShellError(f"the live shell did not start ({status}{': ' + reason if reason else ''})")
 
     async def run(self, command: str, *, timeout_s: float) -> LiveOutcome:
         """Run one command (see the module docstring); its output and how it ended."""

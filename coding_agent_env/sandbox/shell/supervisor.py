@@ -29,6 +29,9 @@ import time
 
 PR_SET_DUMPABLE = 4
 SI_USER = 0
+UNSEALING_CAPS = (1 << 1) | (1 << 2) | (1 << 19)
+"""CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH (an execute-only bash is readable: the shell would be dumpable),
+CAP_SYS_PTRACE (a non-dumpable process can be traced): a user holding one gets no live shell."""
 BITS = 8
 """Exit status bits, then as many sequence bits, then the end signal: `SIGRTMIN + 2 * BITS`."""
 START_S = 10.0
@@ -36,6 +39,7 @@ STEP_S = 1.0
 """Each escalation step after a timeout: SIGINT, then SIGKILL to the foreground job, twice."""
 REAP_S = 5.0
 STATE_MAX = 1 << 20
+REASON_MAX = 200
 CHUNK = 1 << 16
 NOT_PREFIXES = ("BASH", "__cae")
 NOT_NAMES = ("SHELLOPTS", "PPID", "UID", "EUID", "SHLVL", "_")
@@ -70,15 +74,13 @@ trap '__cae_save 2>/dev/null' EXIT
 when `__cae_cmd` was set by that line (a line read in part by another process reports nothing)."""
 
 
+_SAFE = frozenset(b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_-./,:=+@%^")
+_QUOTED = ["" if byte == 0 else chr(byte) if byte in _SAFE else "\\x%02x" % byte for byte in range(256)]
+
+
 def quote(data):
     """`data` as one bash word that holds no space, quote, newline or separator (`$'...'`, NUL dropped)."""
-    out = []
-    for byte in data:
-        if 48 <= byte <= 57 or 65 <= byte <= 90 or 97 <= byte <= 122 or byte in b"_-./,:=+@%^":
-            out.append(chr(byte))
-        elif byte:
-            out.append("\\x%02x" % byte)
-    return "$'" + "".join(out) + "'"
+    return "$'" + "".join(map(_QUOTED.__getitem__, data)) + "'"
 
 
 def parse_state(saved):
@@ -386,6 +388,12 @@ _SYNCHRONOUS = {signal.SIGKILL, signal.SIGSTOP, signal.SIGSEGV, signal.SIGBUS, s
                 signal.SIGTRAP, signal.SIGSYS, signal.SIGABRT}
 
 
+def _capabilities():
+    with open("/proc/self/status", "rb") as handle:
+        found = re.search(rb"\nCapEff:\s*([0-9a-f]+)", handle.read())
+    return int(found.group(1), 16) if found is not None else -1
+
+
 def _last_pid():
     try:
         with open("/proc/sys/kernel/ns_last_pid", "rb") as handle:
@@ -428,14 +436,14 @@ def _answer(output, nonce, status, rc):
 def main(argv):
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 2) if os.environ.get("CAE_LIVE_DEBUG") is None else None
-    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
-        _answer(b"", "-", "failed", "0")
+    if _capabilities() & UNSEALING_CAPS or ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        _answer(b"", "-", "unsealable", "0")
         return 1
     try:
         supervisor = Supervisor(argv[0], max(int(argv[1]), 1))
         supervisor.start()
-    except OSError:
-        _answer(b"", "-", "failed", "0")
+    except Exception as exc:  # said to the server, which falls back to one exec per command
+        _answer(repr(exc)[:REASON_MAX].encode("ascii", "replace"), "-", "failed", "0")
         return 1
     _answer(b"", "-", "ready", "0")
     requests = Requests()
