@@ -202,3 +202,24 @@ async def test_a_bash_job_holding_the_shells_input_can_steal_a_line_never_answer
     assert "false" in await episode.sandbox.read_text(f"{episode.sandbox.paths.workdir}/stolen.txt")
     after = await episode.terminal("echo $KEEP")
     assert (after.output, after.exit_code) == ("1\n", 0), after
+
+
+async def test_a_rewritten_state_file_restores_variables_never_code(backend_for: Callable[[str], Target],
+                                                                    start: Starter) -> None:
+    """A background job rewrites the shell's saved state (functions, a trap, a command beside an export) and
+    kills the shell: the new shell takes back exported variables and the working directory only, so `false`
+    still fails and nothing of the file ran."""
+    episode = await start(backend_for("local"), LIVE)
+    state = f"{episode.sandbox.paths.logs}/agent/live-state.sh"
+    poison = ("false() { return 0; }\ntrap 'echo FORGED' DEBUG\n"
+              'declare -x POISON="$(echo ran > ran.txt)"\ndeclare -x KEPT="yes"; echo ran > ran2.txt\n'
+              'declare -x PLAIN="a b"\n')
+    await episode.sandbox.write_text(f"{episode.sandbox.paths.workdir}/poison.txt", poison)
+    killer = f"( sleep 0.3; kill -9 $$; sleep 0.2; cp poison.txt {state}; echo x >killed ) & echo started"
+    assert (await episode.terminal(killer)).output == "started\n"
+    await poll(lambda: _read(episode, f"{episode.sandbox.paths.workdir}/killed"), "the shell to be killed")
+    out = await episode.terminal("false")
+    assert out.exit_code == 1 and "FORGED" not in out.output, out
+    shown = await episode.terminal("echo \"$POISON|${KEPT-unset}|$PLAIN\"; ls ran*.txt 2>/dev/null | wc -l")
+    assert shown.output == "$(echo ran > ran.txt)|unset|a b\n0\n", shown
+

@@ -305,7 +305,14 @@ class Supervisor:
 
     # -- requests ----------------------------------------------------------------------------------------
 
+    def _alive(self):
+        """A shell that died between requests (killed by another process) is replaced before the next one:
+        its end is no request's."""
+        if self._reap(0) is not None:
+            self.start()
+
     def run(self, command, timeout_s):
+        self._alive()
         self.seq = self.seq % 255 + 1
         since = _last_pid()
         line = '__cae_cmd=%s; { eval "$__cae_cmd"; } <"$__cae_null"; __cae_end "$?" %d\n' % (quote(command),
@@ -334,6 +341,7 @@ class Supervisor:
         return status, str(rc)
 
     def keys(self, data, duration_s):
+        self._alive()
         deadline = time.monotonic() + duration_s
         if data == b"\x03":
             self._kill_group(signal.SIGINT)
