@@ -44,9 +44,11 @@ CHUNK = 1 << 16
 NOT_PREFIXES = ("BASH", "__cae")
 NOT_NAMES = ("SHELLOPTS", "PPID", "UID", "EUID", "SHLVL", "_")
 """Variables a restarted shell does not take from the saved state (the shell's own, or ours)."""
-_DECLARE = re.compile(rb'declare -([a-zA-Z-]+) ([A-Za-z_][A-Za-z0-9_]*)(?:="((?:[^"\\]|\\.)*)"|=\$\'((?:[^\'\\]|\\.)*)\')?\n',
-                      re.S)
-"""One line of `export -p`: its flags, the name, and the value in double quotes or in `$'...'`."""
+_DECLARE = re.compile(
+    rb'(?:declare -([a-zA-Z-]+)|export) ([A-Za-z_][A-Za-z0-9_]*)(?:="((?:[^"\\]|\\.)*)"|=\$\'((?:[^\'\\]|\\.)*)\')?\n', re.S
+)
+"""One line of `export -p` (`export ...` in POSIX mode): its flags, the name, and the value in double quotes or
+in `$'...'`."""
 _ANSI_C = re.compile(rb"\\(x[0-9a-fA-F]{1,2}|[0-7]{1,3}|.)", re.S)
 _ANSI_C_LETTERS = {b"a": 7, b"b": 8, b"e": 27, b"E": 27, b"f": 12, b"n": 10, b"r": 13, b"t": 9, b"v": 11}
 
@@ -84,12 +86,12 @@ def quote(data):
 
 
 def parse_state(saved):
-    """The saved state (`export -p`, then NUL and the working directory) as shell lines that set only exported variables and the
-    working directory, every value re-quoted; anything else in the file is dropped."""
+    """The saved state (`export -p`, then NUL and the working directory) as shell lines that set only exported
+    variables and the working directory, every value re-quoted; anything else in the file is dropped."""
     text, _, where = saved.partition(b"\0")
     lines = []
     for match in _DECLARE.finditer(text):
-        flags, name, quoted, ansi_c = match.group(1), match.group(2).decode(), match.group(3), match.group(4)
+        flags, name, quoted, ansi_c = match.group(1) or b"x", match.group(2).decode(), match.group(3), match.group(4)
         if set(flags.decode()) - set("xri-") or name.startswith(NOT_PREFIXES) or name in NOT_NAMES:
             continue
         if quoted is not None:
