@@ -4,8 +4,8 @@ steps, answer for them, or end a step early; a shell stopped by its own child st
 deadline, honestly. Every case checks the answers the episode gives, not the machinery.
 
 The attacker is one Python program (`ATTACK`, a file of the task) started in the background by one step: it
-tries every door it can find (FIFOs beside the shell's files, every descriptor of the shell and its supervisor
-through /proc, their memory, ptrace), and where a door opens it stops the shell, reads what comes for it and
+tries every door it can find (FIFOs beside the shell's files, every descriptor of every other process of the
+sandbox through /proc, the shell's and the supervisor's memory, ptrace), and where a door opens it stops the shell, reads what comes for it and
 answers in its place, as the forgery measured on the old design did.
 """
 
@@ -43,18 +43,27 @@ for top, _, names in os.walk(logs):
             if fd is not None:
                 note(f"fifo {name}")
                 doors.append((name, fd))
-# 2. Every descriptor of the shell and its supervisor, through /proc.
-for pid in (shell, supervisor):
+# 2. Every pipe or socket of every other process of the sandbox (the shell, its supervisor, bubblewrap's PID 1,
+# ...) through /proc; the shell's and the supervisor's memory and environment.
+others = sorted(int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid())
+for pid in others:
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         fds = []
     for fd in fds:
         path = f"/proc/{pid}/fd/{fd}"
+        try:
+            target = os.readlink(path)
+        except OSError:
+            continue
+        if not target.startswith(("pipe:", "socket:")) and not target.startswith(logs):
+            continue
         opened = try_open(path, os.O_RDWR) or try_open(path, os.O_RDONLY) or try_open(path, os.O_WRONLY)
         if opened is not None:
             note(f"fd {pid}/{fd}")
-            doors.append((os.path.basename(os.readlink(path)), opened))
+            doors.append((os.path.basename(target), opened))
+for pid in (shell, supervisor):
     for leaf in ("mem", "environ"):
         got = try_open(f"/proc/{pid}/{leaf}", os.O_RDONLY)
         if got is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -47,6 +48,8 @@ _WATCH_S = 1.0
 _FULL_SLACK = 64 * 1024
 _LOG_RESERVE = 1 << 20
 """Disk set aside in a spawned command's log file (see `_open_log`), out of the sandbox's own budget."""
+_ATTACH_STDIO = 'exec "$@" <&{stdin} >&{stdout} 2>&{stdout} {stdin}<&- {stdout}>&-'
+"""An attached command's first step inside the sandbox: its pipes, inherited at their own numbers, onto stdio."""
 _INLINE_WRITE = 64 * 1024
 """Writes up to this size run on the event loop (a thread's hand-offs would cost more than the write)."""
 """A tmpfs with less than this free is full (a write of that size would fail)."""
@@ -263,13 +266,17 @@ class LocalSandbox(Sandbox):
     ) -> Attached:
         self._check_open()
         argv, who = self._who(argv, user)
-        command = self._launch.command(self._box, argv, cwd or self.paths.workdir, fresh=False, netns=self._netns,
-                                       who=who)
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
+        # The pipes reach the command at other numbers, which it moves onto its stdio itself: bubblewrap's PID 1
+        # keeps only stdio (here /dev/null), so no process of the sandbox but the command holds them.
+        moved = [self.shell, "-c", _ATTACH_STDIO.format(stdin=stdin_r, stdout=stdout_w), "attach", *argv]
+        command = self._launch.command(self._box, moved, cwd or self.paths.workdir, fresh=False, netns=self._netns,
+                                       who=who)
         try:
             child = proc.start(command.argv, env=self._env(env, None), cwd=command.cwd, creds=command.creds,
-                               stdin=stdin_r, stdout=stdout_w, stderr=stdout_w, pass_fds=command.pass_fds)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               pass_fds=(*command.pass_fds, stdin_r, stdout_w))
         except OSError as exc:
             for fd in (stdin_w, stdout_r):
                 os.close(fd)
