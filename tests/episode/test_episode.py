@@ -105,20 +105,16 @@ async def test_setup_failure_ends_the_episode_with_real_results(kind: str, backe
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_command_past_its_timeout_ends_its_foreground_job(kind: str, backend_for: Callable[[str], Target],
                                                                   start: Starter) -> None:
-    """The live shell (local) interrupts the foreground job only: its background job lives on, as in a terminal,
-    until the episode ends. Docker has no live shell (it cannot attach: docs/live-shell.md): one exec per command,
-    whose whole tree ends at its timeout."""
+    """The live shell (attached on local, through init's control socket on Docker) interrupts the foreground job
+    only: its background job lives on, as in a terminal, until the episode ends."""
     target = backend_for(kind)
     episode = await start(target, {**TASK, "command_timeout_s": 1})
     slow = await episode.terminal("echo started; sleep 60 & sleep 61")
     assert slow.timed_out and slow.exit_code is None and "started" in slow.output
+    assert slow.note is not None and "interrupted (SIGINT)" in slow.note
     after = await episode.terminal("ps -eo args | grep '[s]leep 6' || true")
-    assert not after.timed_out
-    if kind == "docker":
-        assert episode.report().shell == "per_command" and after.output.split() == []
-    else:
-        assert slow.note is not None and "interrupted (SIGINT)" in slow.note
-        assert episode.report().shell == "live" and after.output.split() == ["sleep", "60"]
+    assert episode.report().shell == "live"
+    assert after.output.split() == ["sleep", "60"] and not after.timed_out
     await episode.close()
     assert episode.report().status is EpisodeStatus.CANCELLED
 

@@ -1,5 +1,5 @@
 """The live shell's channel against the agent's own processes (INTEGRITY 40, issue 42 item 2), on real
-bubblewrap: a background job started by one `terminal` step must not be able to read the commands of later
+bubblewrap and on Docker (attached through the container's init): a background job started by one `terminal` step must not be able to read the commands of later
 steps, answer for them, or end a step early; a shell stopped by its own child still ends the step by its
 deadline, honestly. Every case checks the answers the episode gives, not the machinery.
 
@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from tests.backends.conftest import Target, backend_for  # noqa: F401 (a fixture)
+import pytest
+
+from tests.backends.conftest import Target, backend_for, docker_engine, no_leftover_containers  # noqa: F401
 from tests.episode.test_episode import TASK, Starter, start  # noqa: F401 (a fixture)
 from tests.helpers import poll
 
@@ -115,6 +117,12 @@ while time.monotonic() < deadline:
 LIVE = {**TASK, "command_timeout_s": 3, "files": {**TASK["files"], "attack.py": ATTACK}}
 
 
+@pytest.fixture(params=["local", "docker"])
+def target(request: pytest.FixtureRequest, backend_for: Callable[[str], Target]) -> Target:
+    """Each case on both backends that have a live shell."""
+    return backend_for(request.param)
+
+
 async def _attacker(episode, report: str) -> list[str]:  # type: ignore[no-untyped-def]
     """Start the attacker in the background (one step) and return what it reached."""
     logs = episode.sandbox.paths.logs
@@ -132,11 +140,11 @@ async def _read(episode, path: str) -> str | None:  # type: ignore[no-untyped-de
         return None
 
 
-async def test_a_background_job_cannot_answer_for_later_commands(backend_for: Callable[[str], Target],
+async def test_a_background_job_cannot_answer_for_later_commands(target: Target,
                                                                 start: Starter) -> None:
     """The forgery measured on the old design: later `false` and `pytest; exit 7` must not come back as
     exit 0 with invented output. Each later step ends honestly (its own status, or a timeout)."""
-    episode = await start(backend_for("local"), LIVE)
+    episode = await start(target, LIVE)
     assert episode.report().shell == "live"
     reached = await _attacker(episode, "reached.json")
     honest = []
@@ -150,22 +158,22 @@ async def test_a_background_job_cannot_answer_for_later_commands(backend_for: Ca
     assert (await episode.terminal("echo fine")).output == "fine\n"
 
 
-async def test_a_background_job_cannot_reach_the_shell_or_its_supervisor(backend_for: Callable[[str], Target],
+async def test_a_background_job_cannot_reach_the_shell_or_its_supervisor(target: Target,
                                                                         start: Starter) -> None:
     """No descriptor, memory or ptrace of the shell or its supervisor is open to a process of the sandbox's
     uid; no FIFO lies beside the shell's files."""
-    episode = await start(backend_for("local"), LIVE)
+    episode = await start(target, LIVE)
     reached = await _attacker(episode, "reached.json")
     assert reached == []
     listed = await episode.terminal(f"find {episode.sandbox.paths.logs} \\( -type p -o -type s \\) | wc -l")
     assert listed.output.strip() == "0"
 
 
-async def test_a_command_cannot_end_its_step_early_or_fake_the_marker(backend_for: Callable[[str], Target],
+async def test_a_command_cannot_end_its_step_early_or_fake_the_marker(target: Target,
                                                                      start: Starter) -> None:
     """Whatever a command (or its background job) writes, on its output, on any descriptor, or as signals to
     the supervisor from another process, the step ends when the command does, with its own status."""
-    episode = await start(backend_for("local"), LIVE)
+    episode = await start(target, LIVE)
     fakes = ("printf '\\036- ready 0\\037\\036%s done 0\\037r 0 boot\\nx 0\\n' $RANDOM; "
              "for fd in 3 4 5 6 7 8 9 10 11 12 199; do { echo 'r 0 x' >&$fd; } 2>/dev/null; done; ")
     signals = ("for s in $(seq 34 64); do /bin/kill -s $s $PPID 2>/dev/null; builtin kill -n $s $PPID 2>/dev/null; "
@@ -178,11 +186,11 @@ async def test_a_command_cannot_end_its_step_early_or_fake_the_marker(backend_fo
     assert (await episode.terminal("echo next")).output == "next\n"
 
 
-async def test_a_shell_stopped_by_its_child_ends_the_step_by_its_deadline(backend_for: Callable[[str], Target],
+async def test_a_shell_stopped_by_its_child_ends_the_step_by_its_deadline(target: Target,
                                                                          start: Starter) -> None:
     """A child that SIGSTOPs the shell: the step ends by its deadline as a timeout (never an exit status the
     shell did not give), and the next step runs in a working shell with the saved state."""
-    episode = await start(backend_for("local"), LIVE)
+    episode = await start(target, LIVE)
     await episode.terminal("export KEEP=1")
     stopped = await episode.terminal("python3 -c 'import os, signal; os.kill(os.getppid(), signal.SIGSTOP)'; "
                                      "echo never")
@@ -193,12 +201,12 @@ async def test_a_shell_stopped_by_its_child_ends_the_step_by_its_deadline(backen
 
 
 async def test_a_bash_job_holding_the_shells_input_can_steal_a_line_never_answer_for_it(
-    backend_for: Callable[[str], Target], start: Starter
+    target: Target, start: Starter
 ) -> None:
     """A subshell keeps the descriptors bash saved while its command ran (the shell's stdin among them): it can
     stop the shell and read what comes next, but what it read never runs as the step, and no end it sends is
     taken (the kernel names it, not the shell, as the sender): the step times out, honestly."""
-    episode = await start(backend_for("local"), LIVE)
+    episode = await start(target, LIVE)
     await episode.terminal("export KEEP=1")
     thief = ("( sleep 0.5; kill -STOP $$; echo x >stopped; "
              "for fd in /proc/$BASHPID/fd/*; do n=${fd##*/}; [ $n -gt 2 ] && [ $n -lt 255 ] && "
@@ -213,12 +221,12 @@ async def test_a_bash_job_holding_the_shells_input_can_steal_a_line_never_answer
     assert (after.output, after.exit_code) == ("1\n", 0), after
 
 
-async def test_a_rewritten_state_file_restores_variables_never_code(backend_for: Callable[[str], Target],
+async def test_a_rewritten_state_file_restores_variables_never_code(target: Target,
                                                                     start: Starter) -> None:
     """A background job rewrites the shell's saved state (functions, a trap, a command beside an export) and
     kills the shell: the new shell takes back exported variables and the working directory only, so `false`
     still fails and nothing of the file ran."""
-    episode = await start(backend_for("local"), LIVE)
+    episode = await start(target, LIVE)
     state = f"{episode.sandbox.paths.logs}/agent/live-state.sh"
     poison = ("false() { return 0; }\ntrap 'echo FORGED' DEBUG\n"
               'declare -x POISON="$(echo ran > ran.txt)"\ndeclare -x KEPT="yes"; echo ran > ran2.txt\n'
