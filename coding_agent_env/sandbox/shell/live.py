@@ -39,8 +39,10 @@ The nonce is the server's, random per request, and reaches only the (non-dumpabl
 supervisor says is still the sandbox's: answers are read bounded, under a deadline, and a supervisor that dies
 or stops answering is replaced (`lost`, with the saved state).
 
-Backends that cannot attach (Docker, the remote ones) get no live shell: a channel through FIFOs in the
-sandbox's files would be open to its processes (INTEGRITY 40), so the episode runs one exec per command there.
+The local backend attaches with pipes (bubblewrap's PID 1 holds none of them); Docker through the container's
+init, which passes the supervisor's stdin and stdout as sockets over its control socket. Backends that cannot
+attach (the remote ones, and Docker on its `docker exec` transport) get no live shell: a channel through FIFOs in
+the sandbox's files would be open to its processes (INTEGRITY 40), so the episode runs one exec per command.
 
 Without a terminal device: programs see pipes (`python3 -i` for a REPL; `read` prompts work; a pager or an
 editor does not). Where `python3` (with `ctypes` and memfds) is missing, no live shell either.
