@@ -41,6 +41,8 @@ REAP_S = 5.0
 STATE_MAX = 1 << 20
 REASON_MAX = 200
 CHUNK = 1 << 16
+DRAIN_CHUNKS = 256
+"""Most reads of the output pipe per turn (16 MiB): the rest waits for the next turn or answer."""
 NOT_PREFIXES = ("BASH", "__cae")
 NOT_NAMES = ("SHELLOPTS", "PPID", "UID", "EUID", "SHLVL", "_")
 """Variables a restarted shell does not take from the saved state (the shell's own, or ours)."""
@@ -133,7 +135,7 @@ class Output:
                 self._drain()
 
     def _drain(self):
-        while True:
+        for _ in range(DRAIN_CHUNKS):  # bounded: a job that never stops writing cannot hold the lock forever
             try:
                 chunk = os.read(self.fd, CHUNK)
             except BlockingIOError:
@@ -160,6 +162,8 @@ class Output:
 
 
 class Supervisor:
+    """The shell and its requests (see the module docstring): `start`, `run`, `keys`, `answer`."""
+
     def __init__(self, directory, keep):
         self.state = os.path.join(directory, "live-state.sh")
         self.null = os.path.join(directory, "live-stdin")
@@ -251,10 +255,12 @@ class Supervisor:
         while True:
             try:
                 pid, status = os.waitpid(self.sh, os.WNOHANG)
-            except ChildProcessError:
-                return 0
+            except ChildProcessError:  # already reaped
+                pid, status = self.sh, 0
             if pid:
-                os.close(self.sh_in)
+                if self.sh_in is not None:
+                    os.close(self.sh_in)
+                    self.sh_in = None
                 code = os.waitstatus_to_exitcode(status)
                 return code if code >= 0 else 128 - code
             if time.monotonic() >= deadline:
@@ -263,6 +269,8 @@ class Supervisor:
 
     def _write(self, data, deadline):
         """Write to the shell's stdin until `deadline` (a stopped shell reads nothing): whether all went."""
+        if self.sh_in is None:
+            return False
         view = memoryview(data)
         os.set_blocking(self.sh_in, False)
         while view:
