@@ -240,3 +240,12 @@ async def test_a_rewritten_state_file_restores_variables_never_code(target: Targ
     shown = await episode.terminal("echo \"$POISON|${KEPT-unset}|$PLAIN\"; ls ran*.txt 2>/dev/null | wc -l")
     assert shown.output == "$(echo ran > ran.txt)|unset|a b\n0\n", shown
 
+
+
+async def test_typed_ahead_input_cannot_answer_for_the_next_command(target: Target, start: Starter) -> None:
+    """Keystrokes that call the shell's own end function after a pause (so it runs while the next command waits
+    in the pipe) end nothing: each command's end carries a random tag drawn once its line is written."""
+    episode = await start(target, LIVE)
+    await episode.keystrokes("sleep 0.5; __cae_cmd=; __cae_end 0 1; __cae_cmd=; __cae_end 0 0\n", 0.0)
+    out = await episode.terminal("sleep 1; false")
+    assert (out.exit_code, out.timed_out) == (1, False), out

@@ -9,7 +9,7 @@ of it is read from a file the sandbox could rewrite). Arguments: the shell's dir
   supervisor reads (every process of the shell writes there: the output);
 - learns that a command ended only from real-time signals whose sender the kernel names (`si_pid`, `si_code`
   `SI_USER`): the shell's own `kill` builtin, never another process (a background job, a child): its exit status
-  in eight bits and the request's sequence number in eight more, then an end signal. A process that does not
+  in eight bits and the request's random tag in sixteen more, then an end signal. A process that does not
   die of a signal it has no business sending is ignored;
 - restarts the shell from a *parsed* saved state (exported variables and the working directory, re-quoted: the
   state file is the sandbox's and is never run as code).
@@ -21,6 +21,7 @@ then `\\x1eNONCE STATUS RC\\x1f`).
 import ctypes
 import os
 import re
+import secrets
 import select
 import signal
 import sys
@@ -32,8 +33,10 @@ SI_USER = 0
 UNSEALING_CAPS = (1 << 1) | (1 << 2) | (1 << 19)
 """CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH (an execute-only bash is readable: the shell would be dumpable),
 CAP_SYS_PTRACE (a non-dumpable process can be traced): a user holding one gets no live shell."""
-BITS = 8
-"""Exit status bits, then as many sequence bits, then the end signal: `SIGRTMIN + 2 * BITS`."""
+STATUS_BITS = 8
+TAG_BITS = 16
+"""Signals `SIGRTMIN + i`: the exit status's bits, then the request's tag's, then the end (`END`)."""
+END = STATUS_BITS + TAG_BITS
 START_S = 10.0
 STEP_S = 1.0
 """Each escalation step after a timeout: SIGINT, then SIGKILL to the foreground job, twice."""
@@ -47,7 +50,9 @@ NOT_PREFIXES = ("BASH", "__cae")
 NOT_NAMES = ("SHELLOPTS", "PPID", "UID", "EUID", "SHLVL", "_")
 """Variables a restarted shell does not take from the saved state (the shell's own, or ours)."""
 _DECLARE = re.compile(
-    rb'(?:declare -([a-zA-Z-]+)|export) ([A-Za-z_][A-Za-z0-9_]*)(?:="((?:[^"\\]|\\.)*)"|=\$\'((?:[^\'\\]|\\.)*)\')?\n', re.S
+    rb'(?:declare -([a-zA-Z-]+)|export) ([A-Za-z_][A-Za-z0-9_]*)'
+    rb'(?:="((?:[^"\\]|\\.)*)"|=\$\'((?:[^\'\\]|\\.)*)\')?\n',
+    re.S,
 )
 """One line of `export -p` (`export ...` in POSIX mode): its flags, the name, and the value in double quotes or
 in `$'...'`."""
@@ -63,18 +68,18 @@ __cae_end() {
   if [[ ! -v __cae_cmd ]]; then builtin return "$__rc"; fi
   builtin unset __cae_cmd
   __cae_save 2>/dev/null || :
-  for __b in 0 1 2 3 4 5 6 7; do
-    if (( __rc >> __b & 1 )); then builtin kill -n $(( __cae_sig + __b )) "$PPID"; fi
-    if (( $2 >> __b & 1 )); then builtin kill -n $(( __cae_sig + 8 + __b )) "$PPID"; fi
+  for (( __b = 0; __b < %(tag_bits)d; __b++ )); do
+    if (( __b < %(status_bits)d && __rc >> __b & 1 )); then builtin kill -n $(( __cae_sig + __b )) "$PPID"; fi
+    if (( $2 >> __b & 1 )); then builtin kill -n $(( __cae_sig + %(status_bits)d + __b )) "$PPID"; fi
   done
-  builtin kill -n $(( __cae_sig + 16 )) "$PPID"
+  builtin kill -n $(( __cae_sig + %(end)d )) "$PPID"
   builtin return "$__rc"
 }
 readonly -f __cae_save __cae_end
 trap '__cae_save 2>/dev/null' EXIT
 """
-"""The shell's first input (then the saved state, then its first end, sequence 0). A command runs as
-`__cae_cmd=...; { eval "$__cae_cmd"; } <live-stdin; __cae_end "$?" SEQ` on one line: `__cae_end` reports only
+"""The shell's first input (then the saved state, then its first end, tag 0). A command runs as
+`__cae_cmd=...; { eval "$__cae_cmd"; } <live-stdin; __cae_end "$?" TAG` on one line: `__cae_end` reports only
 when `__cae_cmd` was set by that line (a line read in part by another process reports nothing)."""
 
 
@@ -168,7 +173,7 @@ class Supervisor:
         self.state = os.path.join(directory, "live-state.sh")
         self.null = os.path.join(directory, "live-stdin")
         self.base = int(signal.SIGRTMIN)
-        self.signals = {signal.SIGCHLD, *range(self.base, self.base + 2 * BITS + 1)}
+        self.signals = {signal.SIGCHLD, *range(self.base, self.base + END + 1)}
         signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)  # before the output thread: it inherits the mask
         self.ignored = _ignore_the_rest(self.signals)
         self.carried = b""
@@ -177,7 +182,7 @@ class Supervisor:
         self.output = Output(out_r, keep)
         self.bash = self._sealed_bash()
         self.sh = self.sh_in = None
-        self.seq = 0
+        self.tag = 0
 
     @staticmethod
     def _sealed_bash():
@@ -214,7 +219,8 @@ class Supervisor:
             setpgroup=0, setsigmask=(), setsigdef=defaults,
         )
         os.close(shell_in)
-        boot = BOOT % {"state": quote(self.state.encode()), "null": quote(self.null.encode()), "sig": self.base}
+        boot = BOOT % {"state": quote(self.state.encode()), "null": quote(self.null.encode()), "sig": self.base,
+                       "status_bits": STATUS_BITS, "tag_bits": TAG_BITS, "end": END}
         boot += parse_state(self._saved()) + "__cae_cmd=; __cae_end 0 0\n"
         self._write(boot.encode(), time.monotonic() + START_S)
         if self._wait(time.monotonic() + START_S, 0)[0] != "done":
@@ -285,9 +291,9 @@ class Supervisor:
                 return False
         return True
 
-    def _wait(self, deadline, seq):
-        """("done", rc) when the shell itself reported the end of request `seq`; ("died", rc) when it exited;
-        ("late", None) at `deadline`."""
+    def _wait(self, deadline, tag):
+        """("done", rc) when the shell itself reported the end of the request tagged `tag`; ("died", rc) when it
+        exited; ("late", None) at `deadline`."""
         rc = got = 0
         while True:
             left = deadline - time.monotonic()
@@ -304,11 +310,11 @@ class Supervisor:
             if info.si_pid != self.sh or info.si_code != SI_USER:
                 continue  # not the shell: a background job, a child, a queued forgery
             bit = info.si_signo - self.base
-            if bit < BITS:
+            if bit < STATUS_BITS:
                 rc |= 1 << bit
-            elif bit < 2 * BITS:
-                got |= 1 << (bit - BITS)
-            elif got == seq:
+            elif bit < END:
+                got |= 1 << (bit - STATUS_BITS)
+            elif got == tag:
                 return "done", rc
             else:
                 rc = got = 0  # an earlier request's end, arriving late
@@ -323,26 +329,32 @@ class Supervisor:
 
     def run(self, command, timeout_s):
         self._alive()
-        self.seq = self.seq % 255 + 1
+        self._forget_signals()
+        self.tag = secrets.randbelow(1 << TAG_BITS - 1) * 2 + 1  # odd: never the boot's 0
         since = _last_pid()
         line = '__cae_cmd=%s; { eval "$__cae_cmd"; } <"$__cae_null"; __cae_end "$?" %d\n' % (quote(command),
-                                                                                           self.seq)
+                                                                                           self.tag)
         deadline = time.monotonic() + timeout_s
         if self._write(line.encode(), deadline):
-            how, rc = self._wait(deadline, self.seq)
+            how, rc = self._wait(deadline, self.tag)
             if how != "late":
                 return self._ended(how, rc, "done")
         self._kill_group(signal.SIGINT)
-        how, rc = self._wait(time.monotonic() + STEP_S, self.seq)
+        how, rc = self._wait(time.monotonic() + STEP_S, self.tag)
         if how != "late":
             return self._ended(how, rc, "interrupted")
         for way in ("int", "stdin"):
             self._kill_foreground(way, since)
-            how, rc = self._wait(time.monotonic() + STEP_S, self.seq)
+            how, rc = self._wait(time.monotonic() + STEP_S, self.tag)
             if how != "late":
                 return self._ended(how, rc, "killed")
         self.restart()
         return "restarted", ""
+
+    def _forget_signals(self):
+        """Drop signals already pending: no end sent before this request's line was written is its end."""
+        while signal.sigtimedwait(self.signals - {signal.SIGCHLD}, 0) is not None:
+            pass
 
     def _ended(self, how, rc, status):
         if how == "died":
