@@ -14,7 +14,7 @@ Inside the sandbox, two processes:
   background job's) a pipe only the supervisor reads. Each command runs as `{ eval "$cmd"; } <live-stdin` in the
   shell itself (so state carries over; `live-stdin` is empty, as /dev/null is, but tells the foreground job's
   processes from background jobs, which read /dev/null). Its end is told by the shell's own `kill` builtin:
-  real-time signals to the supervisor carrying the exit status and the request's sequence number, which the
+  real-time signals to the supervisor carrying the exit status and the request's random tag, which the
   supervisor takes only from the shell's pid (`si_pid`, as the kernel sets it) and only as `kill` sends them.
   No FIFO, file or descriptor any other process could use stands for the shell: whatever a command or a
   background job writes, reads or signals, a step ends only when the shell says so, or at its deadline.
