@@ -314,8 +314,9 @@ class Episode:
         await self._start_shell()
 
     async def _start_shell(self) -> None:
-        """The live shell, after setup (so nothing of setup runs in it). Where it cannot start (an image without
-        `mkfifo`, a backend that cannot keep a process), one exec per command: the report's `shell` says so."""
+        """The live shell, after setup (so nothing of setup runs in it). Where it cannot start (no `python3` in the
+        sandbox, a backend that cannot attach to a process, an agent user that could unseal it: docs/live-shell.md),
+        one exec per command: the report's `shell` says so."""
         sandbox = self.workspace.open_sandbox()
         live = LiveShell(sandbox, self._shell_dir, max_output_bytes=self.settings.episode_max_output_bytes,
                          user=self.task.agent_user)

@@ -105,8 +105,8 @@ async def test_setup_failure_ends_the_episode_with_real_results(kind: str, backe
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_command_past_its_timeout_ends_its_foreground_job(kind: str, backend_for: Callable[[str], Target],
                                                                   start: Starter) -> None:
-    """The live shell (attached on local, on FIFOs on Docker) interrupts the foreground job only: its background
-    job lives on, as in a terminal, until the episode ends."""
+    """The live shell (attached on local, through init's control socket on Docker) interrupts the foreground job
+    only: its background job lives on, as in a terminal, until the episode ends."""
     target = backend_for(kind)
     episode = await start(target, {**TASK, "command_timeout_s": 1})
     slow = await episode.terminal("echo started; sleep 60 & sleep 61")

@@ -88,10 +88,11 @@ async def test_a_shell_that_ends_is_replaced_with_its_state(backend_for: Callabl
 
 async def test_a_forged_end_line_does_not_desynchronise_the_shell(backend_for: Callable[[str], Target],
                                                                   start: Starter) -> None:
-    """A command that writes the shell's end-of-command line itself ends its own step early (its own doing);
-    the next command still gets its own output and status."""
+    """A command that writes what the old shell's end-of-command line was, anywhere it can, ends nothing: its
+    step ends with it, and the next command gets its own output and status."""
     episode = await start(backend_for("local"), LIVE)
-    await episode.terminal("echo 'r 0' >&199; sleep 0.5; echo late")
+    forged = await episode.terminal("echo 'r 0' >&199; echo 'r 0'; sleep 0.5; echo late")
+    assert forged.output.endswith("r 0\nlate\n") and forged.exit_code == 0, forged
     out = await episode.terminal("echo mine; exit 4")
     assert out.output.endswith("mine\n") and out.exit_code == 4
     assert (await episode.terminal("echo fine")).output == "fine\n"
@@ -119,12 +120,11 @@ async def test_nothing_is_left_however_the_episode_ends(ending: str, backend_for
         assert episode.report().status is EpisodeStatus.EXPIRED
 
 
-@pytest.mark.parametrize("kind", ["docker", "e2b-fake"])
-async def test_backends_without_pipes_run_the_live_shell_on_fifos(kind: str, backend_for: Callable[[str], Target],
-                                                                 start: Starter) -> None:
-    """Docker and the remote backends cannot attach to a process: the same shell runs behind FIFOs, one exec per
-    request, with the same state, background jobs, timeouts and keystrokes."""
-    episode = await start(backend_for(kind), LIVE)
+async def test_docker_runs_the_live_shell_through_inits_control_socket(backend_for: Callable[[str], Target],
+                                                                      start: Starter) -> None:
+    """Docker attaches through the container's init (its control socket passes the supervisor's stdin and stdout
+    as sockets): the same shell, with its state, background jobs, timeouts and keystrokes."""
+    episode = await start(backend_for("docker"), LIVE)
     assert episode.report().shell == "live"
     await episode.terminal("cd work; greet() { echo hi; }; sleep 300 &")
     slow = await episode.terminal("sleep 60")
@@ -132,7 +132,23 @@ async def test_backends_without_pipes_run_the_live_shell_on_fifos(kind: str, bac
     assert (await episode.terminal("greet; jobs -p | wc -l")).output.split() == ["hi", "1"]
     assert (await episode.keystrokes("printf 'ok? '; read a; echo got $a\n", 0.5)).output == "ok? "
     assert (await episode.keystrokes("y\n", 0.5)).output == "got y\n"
+    listed = await episode.terminal(f"find {episode.sandbox.paths.logs} \\( -type p -o -type s \\) | wc -l")
+    assert listed.output.strip() == "0"  # no FIFO, no socket in the sandbox's files
     await episode.close()  # before the backend's own leftover check (the fixture's close comes after it)
+
+
+async def test_backends_without_pipes_run_one_exec_per_command(backend_for: Callable[[str], Target],
+                                                               start: Starter) -> None:
+    """The remote backends (here the E2B stand-in) cannot attach to a process: a live shell there would need a
+    channel in the sandbox's own files, open to its processes (INTEGRITY 40). One exec per command instead: `cd`
+    and exported variables carry over, and keystrokes are refused saying why."""
+    episode = await start(backend_for("e2b-fake"), LIVE)
+    assert episode.report().shell == "per_command"
+    await episode.terminal("cd work; export KEEP=1")
+    assert (await episode.terminal("echo $KEEP; basename $PWD")).output.split() == ["1", "work"]
+    with pytest.raises(KeystrokesUnsupportedError, match="use terminal"):
+        await episode.keystrokes("ls\n", 0.1)
+    await episode.close()
 
 
 async def test_without_a_live_shell_keystrokes_are_refused(backend_for: Callable[[str], Target],

@@ -159,6 +159,42 @@ class ControlChannel(DockerTransport):
         code, status = parse_reply(bytes(reply.kept))
         return Ran(code, status.encode() if status is not None else None)
 
+    async def attach(self, argv: Sequence[str], *, env: Mapping[str, str],
+                     uid: int | None) -> tuple[asyncio.Future[Ran], socket.socket, socket.socket]:
+        """Start argv with a socket to its stdin and one from its stdout and stderr (control message `a`):
+        (its end, the stdin socket, the output socket). The sockets are the caller's to close."""
+        if self._sender is None:
+            raise SandboxError("the container's init is not connected")
+        loop = asyncio.get_running_loop()
+        chan, stdin, output = (socket.socketpair() for _ in range(3))
+        try:
+            await self._sender.send(b"a", [chan[1].fileno(), stdin[1].fileno(), output[1].fileno(),
+                                           output[1].fileno()])
+            chan[0].setblocking(False)
+            await loop.sock_sendall(chan[0], json.dumps({"argv": list(argv), "env": dict(env),
+                                                         "uid": uid}).encode())
+            chan[0].shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            for ours, _ in (chan, stdin, output):
+                ours.close()
+            raise SandboxError(f"cannot attach in the container: {exc}") from exc
+        finally:
+            for _, theirs in (chan, stdin, output):
+                theirs.close()
+
+        async def ended() -> Ran:
+            reply = OutputCap(64 * 1024)
+            try:
+                await _pump(loop, chan[0], reply)
+            finally:
+                chan[0].close()
+            if not reply.kept:
+                return Ran(None if self._sender is None or self._sender.closed else NO_REPLY_CODE)
+            code, status = parse_reply(bytes(reply.kept))
+            return Ran(code, status.encode() if status is not None else None)
+
+        return asyncio.ensure_future(ended()), stdin[0], output[0]
+
     async def read_file(self, path: str) -> bytes:
         raise SandboxError("the control transport brings launcher statuses with its replies")
 

@@ -24,15 +24,17 @@ from typing import Any
 
 from coding_agent_env.settings.backends import LauncherTimeouts
 from coding_agent_env.errors import SandboxError, SandboxFileError, SandboxFileNotFoundError, SandboxFileNotRegularError
-from coding_agent_env.sandbox.base import ExecResult, Process, SandboxSpec, over_read_cap, read_cap
+from coding_agent_env.sandbox.base import Attached, ExecResult, Process, SandboxSpec, over_read_cap, read_cap
 from coding_agent_env.sandbox.base import scopes as base_scopes
 from coding_agent_env.sandbox.cgroups import limit_hits_of_pid
 from coding_agent_env.sandbox.docker import tar
 from coding_agent_env.sandbox.docker.archive import Archive
+from coding_agent_env.sandbox.docker.control import ControlChannel
 from coding_agent_env.sandbox.docker.engine import call
 from coding_agent_env.sandbox.docker.layout import AGENTS_DIR, GUARD_DIR, LAYOUT, SandboxLayout
 from coding_agent_env.sandbox.docker.transport import DockerTransport
 from coding_agent_env.sandbox.highwater import HIGH_WATER, Mark
+from coding_agent_env.sandbox.launcher import client
 from coding_agent_env.sandbox.launcher.client import SANDBOX_UID
 from coding_agent_env.sandbox.launcher.sandbox import LauncherProcess, LauncherSandbox
 
@@ -152,6 +154,35 @@ class DockerSandbox(LauncherSandbox):
             HIGH_WATER.started(mark)
             process.on_finish(lambda: HIGH_WATER.ended(mark))
         return process
+
+    async def attach(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None,
+                     user: str | None = None) -> Attached:
+        """A launcher `run` started through the control channel with sockets to its stdin and from its output
+        (init's message `a`): nothing of the channel is in the container's files. `SandboxUnsupportedError`
+        on the `docker exec` transport."""
+        if not isinstance(self._transport, ControlChannel):
+            return await super().attach(argv, env=env, cwd=cwd, user=user)
+        self._check_open()
+        self._check_user(user)
+        token = client.new_token()
+        command, run_env = await self._launch_argv(argv, env, cwd, None, token=token, user=user)
+        ended, stdin, output = await self._transport.attach(command, env=run_env, uid=None)
+        process = LauncherProcess(self, token, asyncio.ensure_future(self._gone_if_closed(ended)))
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        try:
+            reading, _ = await loop.create_connection(lambda: asyncio.StreamReaderProtocol(reader), sock=output)
+            try:
+                writer, _ = await loop.create_connection(asyncio.Protocol, sock=stdin)
+            except BaseException:
+                reading.close()
+                raise
+        except BaseException:
+            stdin.close()
+            output.close()
+            await asyncio.shield(process.kill())
+            raise
+        return Attached(process, reader, reading, writer)  # type: ignore[arg-type]
 
     async def _disk_mark(self) -> Mark | None:
         """The workdir's high-water mark (`sandbox.highwater`, sampled while commands run: a workdir filled and

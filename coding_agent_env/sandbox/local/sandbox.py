@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import subprocess
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -54,6 +55,8 @@ _START_PROBE_OUTPUT_BYTES = 4096
 """Output kept of that check (bwrap's message is one line)."""
 _MAX_START_ERROR_CHARS = 300
 """Characters of bwrap's (or a launcher's) own message kept in a `SandboxStartError`."""
+_ATTACH_STDIO = 'exec "$@" <&{stdin} >&{stdout} 2>&{stdout} {stdin}<&- {stdout}>&-'
+"""An attached command's first step inside the sandbox: its pipes, inherited at their own numbers, onto stdio."""
 _INLINE_WRITE = 64 * 1024
 """Writes up to this size run on the event loop (a thread's hand-offs would cost more than the write)."""
 """A tmpfs with less than this free is full (a write of that size would fail)."""
@@ -309,14 +312,17 @@ class LocalSandbox(Sandbox):
     ) -> Attached:
         self._check_open()
         argv, who = self._who(argv, user)
-        command = self._launch.command(self._box, argv, cwd or self.paths.workdir, fresh=False, netns=self._netns,
-                                       who=who)
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
+        # The pipes reach the command at other numbers, which it moves onto its stdio itself: bubblewrap's PID 1
+        # keeps only stdio (here /dev/null), so no process of the sandbox but the command holds them.
+        moved = [self.shell, "-c", _ATTACH_STDIO.format(stdin=stdin_r, stdout=stdout_w), "attach", *argv]
+        command = self._launch.command(self._box, moved, cwd or self.paths.workdir, fresh=False, netns=self._netns,
+                                       who=who)
         try:
             child = await proc.start(command.argv, env=self._env(env, None), cwd=command.cwd, creds=command.creds,
-                                     stdin=stdin_r, stdout=stdout_w, stderr=stdout_w, pass_fds=command.pass_fds,
-                                     track=self._children)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     pass_fds=(*command.pass_fds, stdin_r, stdout_w), track=self._children)
         except BaseException as exc:
             for fd in (stdin_w, stdout_r):
                 os.close(fd)

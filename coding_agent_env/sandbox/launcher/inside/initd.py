@@ -135,7 +135,7 @@ def _serve(ctl_path: str, error: str, dispatch: Dispatch, launcher: str) -> int:
         if conn is None or conn not in ready:
             continue
         try:
-            msg, fds = _recv_fds(conn, 3)
+            msg, fds = _recv_fds(conn, 4)
         except OSError:
             msg, fds = b"", []
         if not msg:  # the host closed the control socket: only reaping is left to do
@@ -143,7 +143,7 @@ def _serve(ctl_path: str, error: str, dispatch: Dispatch, launcher: str) -> int:
             conn = None
         elif len(fds) == 3 and msg == b"k":
             _serve_kill(fds)
-        elif len(fds) == 3:
+        elif (len(fds), msg) in ((3, b"r"), (4, b"a")):
             try:
                 child = os.fork()
             except OSError:  # the pids limit is full: no reply, the host sees EOF and reports it
@@ -221,10 +221,10 @@ def _serve_child(fds: list[int], inherited: list[int], dispatch: Dispatch, launc
         while data := chan.recv(65536):
             chunks.append(data)
         request = json.loads(b"".join(chunks))
-        null = os.open("/dev/null", os.O_RDONLY)
-        for target, fd in ((0, null), (1, fds[1]), (2, fds[2])):
+        stdin = fds.pop(1) if len(fds) == 4 else os.open("/dev/null", os.O_RDONLY)  # `a`: attached, its own
+        for target, fd in ((0, stdin), (1, fds[1]), (2, fds[2])):
             os.dup2(fd, target)
-        for fd in (null, fds[1], fds[2]):
+        for fd in {stdin, fds[1], fds[2]}:
             os.close(fd)
         os.environ.clear()
         os.environ.update(request["env"])

@@ -34,8 +34,10 @@ directory of the sandbox and run it as `python3 launcher.py MODE ...`. Modes:
   `{"code": int, "status": str|null}` (`status`: the run's status file, when a `run` left one). Commands
   thus start without the engine's exec API. A message `k` (rather than `r`) is a `kill` request, which init
   handles itself without forking (`initd._serve_kill`), so an agent that fills the pids limit can still be
-  killed. Commands start with SIGPIPE and SIGXFSZ at their default actions (Python ignores both). A closed
-  control socket leaves init a plain reaper.
+  killed. A message `a` carries four fds (request/reply socket, stdin, stdout, stderr): the same, with the
+  command's stdin on the second (an attached process: the live shell's supervisor, whose channel thus never
+  passes through the sandbox's files). Commands start with SIGPIPE and SIGXFSZ at their default actions
+  (Python ignores both). A closed control socket leaves init a plain reaper.
 - `list PATH MAX`: JSON listing of a tree without following symlinks (one object on stdout).
 - `stat PATH`: JSON `{"real": realpath, "kind": ...}` of PATH (missing: `{"real": null}`).
 - `remove PATH ROOT`: remove PATH below ROOT without following any symlink, ROOT's own path excepted
