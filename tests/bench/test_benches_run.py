@@ -54,6 +54,10 @@ BENCHES: dict[str, list[str]] = {
     # The default concurrency (64) on purpose: above the relay's default per-token cap (16), which the bench
     # must lift for its single token (else 429s).
     "llm.py": ["--calls", "2", "--streams", "128", "--rounds", "1"],
+    # 3 commands per tier (plain, unisolated, bubblewrap, Landlock).
+    "isolation.py": ["3"],
+    # 3 starts each way (with and without verify's path guard).
+    "verify_guard.py": ["3"],
     # 8 WebSocket clients, 1 oracle rollout each, after the idle reference (3 s of probes).
     "load.py": ["--clients", "8", "--rollouts", "1", "--deadline", "120"],
     # Batches have floors (32 and 128 rollouts, 20 clean-room rounds) so their figures mean something: 25-50 s.
