@@ -14,7 +14,9 @@ The container uses `--network host` (the CI dockerd has no bridge) and binds 127
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -129,3 +131,31 @@ def test_natural_verify_shapes_keep_their_reward_on_the_space(space: str) -> Non
     })
     assert result["isolation"] == "landlock", result["isolation"]
     assert result["reward"] == 1.0, [(r["cmd"], r["stderr"][-300:]) for r in result["verify_results"]]
+
+
+def test_a_space_with_persistent_storage_keeps_its_results_under_data(tmp_path: Path) -> None:
+    """A Space with persistent storage mounts it at /data: every rollout the server runs lands in the results store
+    there (and so survives a restart), with no setting of the operator's."""
+    try:
+        tag = app_image()
+    except Unavailable as exc:
+        pytest.skip(str(exc))
+    data = tmp_path / "data"
+    data.mkdir()
+    os.chown(data, 1000, 1000)
+    name, port = f"cae-space-data-{secrets.token_hex(4)}", _free_port()
+    run = docker("run", "-d", "--name", name, "--user", "1000", "--network", "host", "-v", f"{data}:/data",
+                 "-e", "HOST=127.0.0.1", "-e", f"PORT={port}", tag)
+    assert run.returncode == 0, run.stderr.decode()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_healthy(url, name)
+        done = _call(url, {"instruction": "x", "agent": "oracle", "solution": ["true"], "verify": ["true"],
+                           "task_id": "kept"}, token=None)
+        assert done.status_code == 200 and done.json()["result"]["data"]["reward"] == 1.0, done.text
+        kept = docker("exec", name, "python3", "-c", "import sqlite3; print(sqlite3.connect("
+                      "'/data/coding-agent-env/results.sqlite').execute('select count(*) from rollouts').fetchone()[0])")
+        assert kept.returncode == 0 and kept.stdout.decode().strip() == "1", (kept.stdout + kept.stderr).decode()
+    finally:
+        docker("rm", "-f", name, timeout=60)
+        subprocess.run(["rm", "-rf", str(data)], check=False)
