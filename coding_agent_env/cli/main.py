@@ -11,7 +11,8 @@
 
 Invalid input ends with a one-line message on stderr and exit code 2; a rollout that ran exits 0 whatever
 its reward, and one that raised instead of giving a result prints its infra_error result (the error typed),
-never a traceback.
+never a traceback. A reader that closes the pipe early (`runs list | head`) ends the command quietly with
+status 141, as a shell reports a process killed by SIGPIPE.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,8 @@ from coding_agent_env.settings import Settings
 __all__ = ["main"]
 
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 141
+"""128 + SIGPIPE: what a shell reports for `cmd | head` when cmd is killed by the signal, as C tools are."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -160,13 +164,31 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"rollout": _cmd_rollout, "check": _cmd_check, "serve": serve.serve, "agents": agents_cli.run,
                 "run": runs_command.run, "runs": runs_browse.run, "tasks": tasks_cli.run}
     try:
-        return handlers[args.command](args)
+        status = handlers[args.command](args)
+        sys.stdout.flush()  # inside the try: a closed pipe surfaces here, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        return _stdout_closed()
     except CodingAgentEnvError as exc:
         print(f"coding-agent-env: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except ValidationError as exc:
         print(f"coding-agent-env: {exc.errors()[0]['msg']}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away: no traceback, and nothing more written to the closed pipe.
+
+    Python flushes stdout again at exit, which would raise (and print "Exception ignored") a second time, so
+    stdout's descriptor is pointed at /dev/null first, as the Python documentation's note on SIGPIPE advises.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -56,13 +55,8 @@ def run(args: argparse.Namespace) -> int:
                 with args.output.open("w", encoding="utf-8") as out:
                     count = store.export(out, filters)
                 print(f"{count} rollouts written to {args.output}", file=sys.stderr)
-            else:
-                try:
-                    store.export(sys.stdout, filters)
-                except BrokenPipeError:  # `runs export | head`: the reader has what it wanted
-                    # Python's documented remedy: point stdout at /dev/null so the exit-time flush cannot fail.
-                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
+            else:  # `runs export | head`: a closed pipe ends the command quietly (cli.main)
+                store.export(sys.stdout, filters)
         elif args.runs:
             for r in store.runs(args.limit):
                 mean = "-" if r.mean_reward is None else f"{r.mean_reward:.3f}"

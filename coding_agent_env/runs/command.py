@@ -53,9 +53,20 @@ EXIT_NOT_STORED = 3
 """Some finished rollout is not in the results store (the store refused it or could not be reached); it is in
 the JSONL journal. Wins over `EXIT_NOT_RUN`: a loss is the worse news."""
 EXIT_INTERRUPTED = 130
+EXIT_HELP = f"""exit status:
+  0    every task loaded and ran, and the results store acknowledged every rollout (whatever the rewards)
+  {EXIT_NOT_RUN}    some task was refused or failed to load (the others ran); with --server, a server that
+       requires a caller token refuses every task without API_TOKEN (the reason names the 401)
+  2    bad usage, or the results store could not be opened (nothing ran)
+  {EXIT_NOT_STORED}    some finished rollout is not in the results store (it is in --out); wins over {EXIT_NOT_RUN}
+  {EXIT_INTERRUPTED}  interrupted (rerun with the same --out to go on)
+"""
+"""The epilog of `run --help` (and so of the generated command-line reference)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EXIT_HELP
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter  # the epilog's table as written
     parser.add_argument("tasks", nargs="+", help="request files (JSON/YAML), JSONL datasets, Harbor task directories")
     parser.add_argument("--agent", choices=AGENT_NAMES, help="the agent for every task (default: each task's, else "
                         "the server's DEFAULT_AGENT)")

@@ -84,7 +84,8 @@ def test_dockerfile_builds_serves_a_rollout_and_stops_cleanly() -> None:
         reply = httpx.post(url + "/mcp", json=body, timeout=120).json()
         data = reply["result"]["data"]
         assert (data["status"], data["reward"]) == ("completed", 1.0), reply
-        assert data["isolation"] in ("bwrap", "landlock")  # what was really in effect: never none (docs/isolation.md)
+        # What was really in effect: never none (docs/concepts/isolation-tiers.md).
+        assert data["isolation"] in ("bwrap", "landlock")
         agents = docker("exec", name, "coding-agent-env", "agents", "list", timeout=60)
         installed = {a["name"] for a in json.loads(agents.stdout)["agents"] if a["installed"]}
         assert installed == {"opencode", "pi"}, agents.stdout.decode()  # the image's AGENTS default, no more
