@@ -1,17 +1,21 @@
-"""The server's recorder (`RESULTS_FROM_SERVER`): a result the store does not take is kept aside, and a store whose
-run could not be opened is opened anew, never written to under no run. Real SQLite."""
+"""The server's recorder (`RESULTS_FROM_SERVER`): a result the store does not take is kept aside (appended under a
+lock: servers may share the file), and a store whose run could not be opened is opened anew, never written to
+under no run. Real SQLite, real `flock`."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sqlite3
+import threading
 from pathlib import Path
 
 from coding_agent_env.models import RolloutResult, RolloutStatus
-from coding_agent_env.runs.journal import Record, read_records
+from coding_agent_env.runs.journal import Record, append_record, read_records
 from coding_agent_env.runs.recorder import UNSTORED_FILE, ServerRecorder
 from coding_agent_env.runs.store import ResultsStore
 from coding_agent_env.settings import Settings
-from tests.helpers import poll
+from tests.helpers import poll, wait_until
 
 
 def result(rollout_id: str) -> RolloutResult:
@@ -57,3 +61,33 @@ def test_a_run_is_opened_even_when_retention_fails_then(tmp_path: Path) -> None:
     with ResultsStore(db, max_rollouts=0, max_age_days=1e-9) as store:
         run = store.new_run("batch")
         assert run in {row.run_id for row in store.runs()} and len(store.rollouts()) == 1
+
+
+def test_an_append_to_the_unstored_file_waits_for_another_writers_lock(tmp_path: Path) -> None:
+    """Servers sharing a STATE_DIR append to one unstored file; each cuts a torn last line first. Cut and append
+    happen under an exclusive `flock` of the file, so one server's cut never takes a line another is writing: here
+    another writer holds the lock, with half a line written, and the append waits for it (then the line is whole)."""
+    path = tmp_path / UNSTORED_FILE
+    appended = threading.Event()
+    with path.open("a", encoding="utf-8") as other:
+        fcntl.flock(other.fileno(), fcntl.LOCK_EX)
+        other.write('{"task_id": "t", "attem')
+        other.flush()
+        writer = threading.Thread(target=lambda: (append_record(path, Record("t", 2, result("mine"))),
+                                                  appended.set()))
+        writer.start()
+        try:
+            wait_until(lambda: appended.is_set() or _waits_for_lock(path), "the append to wait for the lock, or end")
+            assert not appended.is_set(), "appended (and cut) while another writer held the file"
+            other.write('pt": 1, "source": "", "notes": [], "result": ' + result("theirs").model_dump_json() + "}\n")
+            other.flush()
+        finally:
+            fcntl.flock(other.fileno(), fcntl.LOCK_UN)
+        writer.join(10)
+    assert [r.result.rollout_id for r in read_records(path)] == ["theirs", "mine"]
+
+
+def _waits_for_lock(path: Path) -> bool:
+    """Whether a process waits for a lock of `path`'s file (a `->` line of /proc/locks names its inode)."""
+    inode = f":{os.stat(path).st_ino} "
+    return any("->" in line and inode in line for line in Path("/proc/locks").read_text().splitlines())
