@@ -215,7 +215,7 @@ class Launch(abc.ABC):
 
     def path_guard(self, source: Path, uid: int | None) -> str | None:
         """Where a sandbox's commands see the path guard's host directory `source` (a sandbox of host uid `uid`,
-        None: the server's own), or None where its commands could write it."""
+        None: the server's own), or None where its commands could write it (or it cannot be PYTHONPATH's one entry)."""
         return GUARD_MOUNT
 
     def network(self, relay: RelayEndpoint | None) -> str:
@@ -266,8 +266,10 @@ class Unisolated(Launch):
 
     def path_guard(self, source: Path, uid: int | None) -> str | None:
         # The host directory itself: read-only to a sandbox uid of its own (the server's user owns it); commands
-        # running as the server's own user could rewrite it, so none then (verify keeps the safe path alone).
-        return str(source) if uid is not None and uid != os.geteuid() else None
+        # running as the server's own user could rewrite it, so none then (verify keeps the safe path alone), nor
+        # where it cannot be PYTHONPATH's one entry (a `:` in STATE_DIR).
+        own = uid is None or uid == os.geteuid()
+        return None if own or ":" in str(source) else str(source)
 
     def network(self, relay: RelayEndpoint | None) -> str:
         return "host"  # no network namespace: whatever the policy asked, the host's network is there
