@@ -8,6 +8,7 @@ cut off before appending, so the file stays valid JSONL.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from collections.abc import Iterator
@@ -92,10 +93,12 @@ class Journal:
 
 def append_record(path: Path, record: Record) -> None:
     """Append one record to the journal at `path` (made if missing; a torn last line cut first), on disk when it
-    returns; OSError when it cannot be."""
+    returns; OSError when it cannot be. Under an exclusive `flock` of the file, cut and append together: servers
+    sharing a STATE_DIR append to one file, and one's cut must never take another's line while it is written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    _cut_torn_tail(path)
     with path.open("a", encoding="utf-8") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)  # released as the file closes
+        _cut_torn_tail(path)
         handle.write(record.to_json() + "\n")
         handle.flush()
         os.fsync(handle.fileno())

@@ -42,8 +42,8 @@ class ServerRecorder:
         record = Record(result.task_id or "", 1, result)
         try:
             if self._store is None:
-                self._store = ResultsStore.from_settings(self.settings)
-                self._run_id = self._store.new_run("server", "rollouts served")
+                self._open()
+            assert self._store is not None
             self._store.add(self._run_id, record)
             return
         except ResultsStoreError as exc:  # a full disk or a refused row must not end the server's rollouts
@@ -52,6 +52,17 @@ class ServerRecorder:
             log.exception("results store: rollout %s raised", result.rollout_id)
             reason = f"{type(exc).__name__}: {exc}"
         self._spill(record, reason)
+
+    def _open(self) -> None:
+        """The store, with this server's run in it; kept only once both are (a store that refused the run is
+        closed and opened anew for the next result: no row is ever added under no run)."""
+        store = ResultsStore.from_settings(self.settings)
+        try:
+            self._run_id = store.new_run("server", "rollouts served")
+        except BaseException:
+            store.close()
+            raise
+        self._store = store
 
     def _spill(self, record: Record, reason: str) -> None:
         """Keep a result the store did not take in `UNSTORED_FILE`, and say so (one line)."""

@@ -174,7 +174,7 @@ class ResultsStore:
         with self._lock:
             self._db.execute("INSERT INTO runs (run_id, started, origin, description) VALUES (?, ?, ?, ?)",
                              (run_id, time.time(), escaped(origin), escaped(description)))
-        self.prune()
+        self._retain()
         return run_id
 
     def add(self, run_id: str, record: Record) -> None:
@@ -193,10 +193,15 @@ class ResultsStore:
             self._writes += 1
             due = self._writes % PRUNE_EVERY == 0
         if due:
-            try:
-                self.prune()
-            except ResultsStoreError as exc:  # the row is stored: a retention pass that failed is not its loss
-                log.warning("results store: retention not applied this time: %s", exc)
+            self._retain()
+
+    def _retain(self) -> None:
+        """`prune`, after a write the database acknowledged: a retention pass that fails is not that write's
+        failure (the row or run is stored), only logged."""
+        try:
+            self.prune()
+        except ResultsStoreError as exc:
+            log.warning("results store: retention not applied this time: %s", exc)
 
     def prune(self, now: float | None = None) -> int:
         """Apply retention as of `now` (default: the present); the number of rollouts removed. Runs left empty

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from coding_agent_env.errors import CodingAgentEnvError
 
-__all__ = ["ResultsStoreError", "StoreLocationError", "StoreMissingExtraError", "StoreUnavailableError"]
+__all__ = [
+    "MAX_DB_MESSAGE_CHARS",
+    "ResultsStoreError",
+    "StoreLocationError",
+    "StoreMissingExtraError",
+    "StoreUnavailableError",
+]
+
+MAX_DB_MESSAGE_CHARS = 300
+"""Characters of a database's own message kept in a `ResultsStoreError` (a refused value can be long)."""
 
 
 class ResultsStoreError(CodingAgentEnvError):

@@ -17,6 +17,7 @@ from typing import Any
 
 from coding_agent_env.runs.store_backend import Backend, Dialect, statements
 from coding_agent_env.runs.store_errors import (
+    MAX_DB_MESSAGE_CHARS,
     ResultsStoreError,
     StoreLocationError,
     StoreMissingExtraError,
@@ -30,7 +31,6 @@ CONNECT_TIMEOUT_S = 10
 """How long opening the store waits for the server, unless the URL says (`connect_timeout=`)."""
 _LOCK_KEY = 0x636165_7273  # "cae" "rs": the advisory lock of this schema's exclusive sections
 _APPLICATION = "coding-agent-env results store"
-_MAX_ERROR_CHARS = 300
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, started DOUBLE PRECISION NOT NULL, origin TEXT NOT NULL,
@@ -141,7 +141,7 @@ class PostgresBackend(Backend):
             raise ResultsStoreError(f"results store {self.location}: {self._redacted(exc)}") from None
         except (ValueError, OverflowError) as exc:  # a value the driver could not encode (`store_text` escapes them)
             raise ResultsStoreError(f"results store {self.location}: {type(exc).__name__}: "
-                                    f"{self._redacted(exc)[:_MAX_ERROR_CHARS]}") from None
+                                    f"{self._redacted(exc)[:MAX_DB_MESSAGE_CHARS]}") from None
 
     @staticmethod
     def _sql(sql: str) -> str:

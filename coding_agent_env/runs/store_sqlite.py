@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from coding_agent_env.runs.store_backend import Backend, Dialect, statements
-from coding_agent_env.runs.store_errors import ResultsStoreError, StoreUnavailableError
+from coding_agent_env.runs.store_errors import MAX_DB_MESSAGE_CHARS, ResultsStoreError, StoreUnavailableError
 
 __all__ = ["SCHEMA", "SqliteBackend"]
 
 _BUSY_TIMEOUT_S = 30.0
-_MAX_ERROR_CHARS = 300
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, started REAL NOT NULL, origin TEXT NOT NULL, description TEXT NOT NULL DEFAULT ''
@@ -72,8 +71,8 @@ class SqliteBackend(Backend):
         except sqlite3.OperationalError as exc:  # locked past the busy timeout, disk full, I/O error
             raise StoreUnavailableError(f"results store {self.path}: {exc}") from None
         except (sqlite3.Error, ValueError, OverflowError) as exc:  # refused (a constraint), or a value not bound
-            raise ResultsStoreError(f"results store {self.path}: {type(exc).__name__}: {str(exc)[:_MAX_ERROR_CHARS]}"
-                                    ) from None
+            message = str(exc)[:MAX_DB_MESSAGE_CHARS]
+            raise ResultsStoreError(f"results store {self.path}: {type(exc).__name__}: {message}") from None
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         with self._translated():

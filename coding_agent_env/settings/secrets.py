@@ -112,12 +112,30 @@ def _receive(number: str | None) -> dict[str, str]:
 def reexec_without_secrets(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None = None) -> None:
     """Re-execute this process (`sys.executable` with `argv`, default `sys.orig_argv`) without the secret
     variables in its environment, handing their values over through a memfd; returns only when there is nothing
-    to hide. Call it before the process starts threads, binds sockets or starts children."""
+    to hide (in a process re-executed so, secrets set again after the exec are taken out of `os.environ` and held
+    with the others: at most one exec). Call it before the process starts threads, binds sockets or starts
+    children."""
     env = dict(os.environ if environ is None else environ)
     found = secrets_in(env)
     if not found:
         return
+    if SECRETS_FD_VARIABLE in env:
+        # Re-executed already, and the secrets are back: this process's own start-up put them in `os.environ`
+        # after the exec (a launcher's env file, uvicorn's --env-file), so they are not in its exec-time
+        # environment; taken out of `os.environ`, never re-executed again (that would loop forever).
+        _adopt(found)
+        return
     _exec_handing_over(found, [name for name in env if name not in found], env, argv)
+
+
+def _adopt(found: Mapping[str, str]) -> None:
+    """Hold `found` with what was handed over (theirs win: the newer word) and take them out of `os.environ`."""
+    global _held
+    handed_over()
+    with _lock:
+        _held = {**(_held or {}), **found}
+    for name in found:
+        os.environ.pop(name, None)
 
 
 def _exec_handing_over(found: Mapping[str, str], keep: Iterable[str], env: Mapping[str, str],

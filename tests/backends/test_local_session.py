@@ -324,3 +324,27 @@ async def test_a_root_server_with_only_the_wheels_bubblewrap_is_isolated(
         assert done.exit_code == 0 and done.stdout.decode().strip() == "1000" and box.isolation == "bwrap"
     finally:
         await box.close()
+
+
+@as_root
+async def test_a_spawn_in_a_namespace_of_its_own_that_makes_its_own_start_fail_keeps_its_exit_status(
+    settings: Settings, tmp_path: Path, assert_no_leftovers: None
+) -> None:
+    """A spawn served in a namespace of its own (here: after the first) whose bwrap cannot `--chdir` into the
+    workdir (its agent made it unreadable): the check that the sandbox can start anything runs once the spawn has
+    exited, when that namespace is closed, so it must not run there; the exit status stands (the agent's doing,
+    never an infrastructure error the agent could cause at will)."""
+    backend = await _bwrap_backend(settings)
+    servers: list[asyncio.Server] = []
+    box = await backend.create(_llm_spec(tmp_path, servers))
+    try:
+        first = await box.spawn(["true"])
+        assert await asyncio.wait_for(first.wait(), 30) == 0
+        await box.exec(["chmod", "000", box.paths.workdir], timeout=30, max_output_bytes=OUT)
+        second = await box.spawn(["true"])
+        try:
+            assert await asyncio.wait_for(second.wait(), 30) == 1
+        finally:
+            await second.kill()
+    finally:
+        await box.close()

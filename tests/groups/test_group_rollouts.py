@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from coding_agent_env.models import RolloutRequest, RolloutStatus
 from coding_agent_env.rollout import run_rollout
 from coding_agent_env.sandbox import Backends
 from coding_agent_env.sandbox.base import Sandbox, SandboxSpec
+from coding_agent_env.sandbox.local import backend as local_backend
 from coding_agent_env.settings import Settings
 from tests.helpers import leftovers, poll, sandbox_processes, wait_until
 
@@ -72,6 +74,36 @@ async def test_members_start_from_the_set_up_state_and_score_independently(
         assert all(r.timings.setup_s < 1.0 for r in results)
         await poll(lambda: len(backends.templates) == 0, "the template to expire after the last member")
         await backends.templates.drain()
+
+
+async def test_a_snapshot_cancelled_while_its_template_is_measured_leaves_nothing(
+    group_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The template's bytes are measured in a worker thread once the sandbox is frozen (under a busy pool, for as
+    long as the pool stays busy); a snapshot cancelled then must release the template it made (its tmpfs root, its
+    uid), which nobody else holds. The measurement is held by a stand-in for `fork.used_bytes` (public: the function
+    the backend calls) until the snapshot is cancelled."""
+    measuring, go_on = threading.Event(), threading.Event()
+
+    def held(root: Path) -> int:
+        measuring.set()
+        go_on.wait(10)
+        return 0
+
+    monkeypatch.setattr(local_backend, "used_bytes", held)
+    async with Backends(group_settings) as backends:
+        local = backends.get("local")
+        origin = await local.create(SandboxSpec(rollout_id="template"))
+        snapping = asyncio.ensure_future(local.snapshot(origin))
+        try:
+            await poll(measuring.is_set, "the template to be measured")
+            snapping.cancel()
+        finally:
+            go_on.set()
+        with pytest.raises(asyncio.CancelledError):
+            await snapping
+        # Before the backends close (whose teardown would sweep it): the template is gone already.
+        await poll(lambda: not leftovers(group_settings), lambda: f"left behind: {leftovers(group_settings)}")
 
 
 async def test_members_cannot_see_each_others_writes_or_processes(group_settings: Settings,

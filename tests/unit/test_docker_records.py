@@ -46,3 +46,14 @@ def test_a_dead_or_reused_pid_s_records_are_read_containers_first(tmp_path: Path
 def test_only_engine_ids_and_our_names_are_recorded(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not an engine object id"):
         Made(tmp_path).add("c", "../escape")
+
+
+def test_a_record_whose_start_time_was_unknown_is_the_reapers_only_once_its_pid_is_gone(tmp_path: Path) -> None:
+    """`Made` names its directory `<pid>-0` when /proc could not tell its start time: such a record is taken as
+    alive while its pid is (a live server's containers are never reaped), and is the reaper's once it is gone."""
+    root = tmp_path / RECORD_DIR
+    live, dead = root / f"{os.getpid()}-0", root / f"{DEAD_PID}-0"
+    for server in (live, dead):
+        server.mkdir(parents=True)
+        (server / f"c-{new_name()}").touch()
+    assert [record.dir for record in dead_records(tmp_path)] == [dead]

@@ -163,6 +163,12 @@ def test_where_each_local_mode_shows_the_guard() -> None:
     assert unisolated.path_guard(source, os.geteuid() + 1) == str(source)
 
 
+def test_an_unisolated_guard_under_a_state_dir_with_a_colon_is_none_not_a_failed_verify() -> None:
+    """A host directory with `:` in it cannot be PYTHONPATH's one entry (`hardened_overlay` refuses it, and every
+    verify would end in an infrastructure error): unisolated then shows no guard, and verify keeps the safe path."""
+    assert Unisolated("probe").path_guard(Path("/srv/cae:1/pathguard/abc"), os.geteuid() + 1) is None
+
+
 @pytest.mark.parametrize("hook", ["raise RuntimeError('broken hook')\n", "import no_such_module_anywhere\n"])
 def test_a_failing_system_sitecustomize_is_reported_as_python_would(hook: str, tmp_path: Path, guard: Path,
                                                                     work: Path) -> None:

@@ -93,3 +93,31 @@ def test_a_blank_api_token_is_refused_not_taken_as_open(value: str) -> None:
 
     with pytest.raises(SettingsError, match="API_TOKEN: Value error, is empty"):
         Settings.from_env({"API_TOKEN": value})
+
+
+RESTARTING = r"""
+import json, os, sys
+from coding_agent_env.settings.secrets import reexec_without_secrets
+with open(sys.argv[1], "a") as starts:
+    starts.write("start\n")
+os.environ["OPENAI_API_KEY"] = sys.argv[2]  # what a launcher's env file does at every start (uvicorn --env-file)
+reexec_without_secrets()
+from coding_agent_env.settings import Settings
+settings = Settings.from_env()
+print(json.dumps({"key": settings.openai_api_key.get_secret_value(), "in_os_environ": "OPENAI_API_KEY" in os.environ,
+                  "environ": open("/proc/self/environ", "rb").read().decode("latin-1")}))
+"""
+
+
+def test_secrets_a_launcher_puts_back_at_every_start_are_taken_once_not_reexecuted_forever(tmp_path: Path) -> None:
+    """A launcher that loads an env file into `os.environ` before it imports the app (uvicorn `--env-file`) puts
+    the secrets back at every start: the image that was re-executed takes them out of `os.environ` (they were never
+    in its exec-time environment) instead of re-executing again, which would loop forever."""
+    starts = tmp_path / "starts"
+    base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT), "HOME": "/nonexistent"}
+    done = subprocess.run([sys.executable, "-c", RESTARTING, str(starts), KEY], env=base, capture_output=True,
+                          text=True, timeout=30, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert starts.read_text().count("start") == 2
+    assert out["key"] == KEY and not out["in_os_environ"] and KEY not in out["environ"]

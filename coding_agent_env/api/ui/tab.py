@@ -5,6 +5,8 @@ once built (in the background, so the server answers at once).
 Rollouts go through `UiRuns`, i.e. through the app's one `SessionManager` (shared capacity, INTEGRITY 17).
 A key typed into the api_key box goes into the request as a `SecretStr` and nowhere else: no output of the
 tab carries it, errors about the form never quote values, and the pipeline redacts it from results.
+gradio's run history is off: its routes answer without the tab's login and act on the Hugging Face Hub with the
+host's own token (the operator's HF_TOKEN) for a browser on loopback.
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ def build_web(manager: SessionManager) -> tuple[WebTab, FastAPI, ASGIApp]:
                               manager.metrics)
         gr.mount_gradio_app(
             holder, blocks, path=WEB_PATH, ssr_mode=False, mcp_server=False, footer_links=[], theme=_THEME, css=_CSS,
+            run_history=False,  # its routes skip the login and use the host's HF token (module docstring)
             **login(manager.settings),
         )
 

@@ -30,6 +30,8 @@ _NAME_PREFIX = "cae-"
 _ID = re.compile(r"[0-9a-f]{64}|cae-[0-9a-f]{24}")
 """An engine object's id (a container's, an image's without its `sha256:`) or a container's `new_name`."""
 _SERVER = re.compile(r"(\d+)-(\d+)")
+_UNKNOWN_START = 0
+"""A record directory's start time when /proc could not tell it: alive while its pid is (never reaped early)."""
 _KINDS = ("c", "i")
 """Containers, images: the order the reaper removes them in (an image a container uses cannot go)."""
 
@@ -60,7 +62,7 @@ class Made:
 
     def __init__(self, state_dir: Path) -> None:
         self.root = state_dir / RECORD_DIR
-        self.dir = self.root / f"{os.getpid()}-{_start_ticks(os.getpid()) or 0}"
+        self.dir = self.root / f"{os.getpid()}-{_start_ticks(os.getpid()) or _UNKNOWN_START}"
 
     def add(self, kind: str, object_id: str) -> None:
         """Record a container (`c`: by the name it is about to be made with, or its id) or an image (`i`: its
@@ -107,8 +109,9 @@ def dead_records(state_dir: Path) -> list[Record]:
         match = _SERVER.fullmatch(server.name)
         if match is None or not server.is_dir(follow_symlinks=False):
             continue
-        if _start_ticks(int(match.group(1))) == int(match.group(2)):
-            continue  # alive: its objects are in use
+        ticks, start = _start_ticks(int(match.group(1))), int(match.group(2))
+        if ticks == start or (start == _UNKNOWN_START and ticks is not None):
+            continue  # alive (a start time not known when recorded: its pid alive is taken as it): in use
         objects = []
         with contextlib.suppress(OSError), os.scandir(server.path) as entries:
             for entry in entries:

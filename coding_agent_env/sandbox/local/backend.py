@@ -219,10 +219,11 @@ class LocalBackend(SandboxBackend):
         template = LocalTemplate(sandbox.root, uid, sandbox.subdirs, functools.partial(self._release, uid))
         try:
             await shielded(sandbox.freeze())
+            # In the try: cancelled while measured (a worker thread), the template nobody will hold is released.
+            template.size = await asyncio.to_thread(used_bytes, template.root)
         except BaseException:
             await shielded(template.release())
             raise
-        template.size = await asyncio.to_thread(used_bytes, template.root)
         return template
 
     async def fork(self, spec: SandboxSpec, template: SandboxTemplate) -> Sandbox:

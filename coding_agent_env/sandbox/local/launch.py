@@ -19,6 +19,7 @@ fork of the server on the event loop), and let one namespace per sandbox replace
 from __future__ import annotations
 
 import abc
+import functools
 import os
 import secrets
 import subprocess
@@ -48,6 +49,7 @@ __all__ = [
     "Command",
     "Launch",
     "Unisolated",
+    "bwrap_usage",
     "cgroup_join",
     "host_dirs",
     "namespace_args",
@@ -213,7 +215,7 @@ class Launch(abc.ABC):
 
     def path_guard(self, source: Path, uid: int | None) -> str | None:
         """Where a sandbox's commands see the path guard's host directory `source` (a sandbox of host uid `uid`,
-        None: the server's own), or None where its commands could write it."""
+        None: the server's own), or None where its commands could write it (or it cannot be PYTHONPATH's one entry)."""
         return GUARD_MOUNT
 
     def network(self, relay: RelayEndpoint | None) -> str:
@@ -264,8 +266,10 @@ class Unisolated(Launch):
 
     def path_guard(self, source: Path, uid: int | None) -> str | None:
         # The host directory itself: read-only to a sandbox uid of its own (the server's user owns it); commands
-        # running as the server's own user could rewrite it, so none then (verify keeps the safe path alone).
-        return str(source) if uid is not None and uid != os.geteuid() else None
+        # running as the server's own user could rewrite it, so none then (verify keeps the safe path alone), nor
+        # where it cannot be PYTHONPATH's one entry (a `:` in STATE_DIR).
+        own = uid is None or uid == os.geteuid()
+        return None if own or ":" in str(source) else str(source)
 
     def network(self, relay: RelayEndpoint | None) -> str:
         return "host"  # no network namespace: whatever the policy asked, the host's network is there
@@ -289,6 +293,19 @@ class Unisolated(Launch):
 
 
 _UNASKED = object()
+_USAGE_TIMEOUT_S = 10.0
+"""How long `bwrap --help` may take."""
+
+
+@functools.cache
+def bwrap_usage(bwrap: str) -> str:
+    """What `bwrap --help` prints (its options: what this bubblewrap can do), asked once per binary; empty when it
+    cannot run. Blocking: call it off the event loop."""
+    try:
+        done = subprocess.run([bwrap, "--help"], capture_output=True, timeout=_USAGE_TIMEOUT_S, env={}, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.decode(errors="replace") + done.stderr.decode(errors="replace")
 
 
 class Bwrap(Launch):
@@ -298,13 +315,9 @@ class Bwrap(Launch):
 
     def users_refusal(self) -> str | None:
         """Why this bwrap cannot join a sandbox's user namespace (`--userns`, `--block-fd`: bubblewrap 0.7 and
-        later), or None; asked once (a bwrap run), off the event loop."""
+        later), or None; asked once (`bwrap_usage`), off the event loop."""
         if self._users_refusal is _UNASKED:
-            try:
-                done = subprocess.run([self.bwrap, "--help"], capture_output=True, timeout=10, env={}, check=False)
-                usage = done.stdout.decode(errors="replace") + done.stderr.decode(errors="replace")
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                usage = str(exc)
+            usage = bwrap_usage(self.bwrap)
             missing = [flag for flag in ("--userns ", "--block-fd ") if flag not in usage]
             self._users_refusal = (
                 f"bubblewrap at {self.bwrap} has no {' or '.join(f.strip() for f in missing)} (0.7 or later needed)"

@@ -22,7 +22,15 @@ from coding_agent_env.settings.backends import LocalConfig
 from coding_agent_env.sandbox.base import SandboxLimits, rlimits
 from coding_agent_env.sandbox.local import enter, netns
 from coding_agent_env.sandbox.local.landlocked import landlocked
-from coding_agent_env.sandbox.local.launch import Bwrap, BwrapEnter, BwrapNsenter, Launch, Unisolated, namespace_args
+from coding_agent_env.sandbox.local.launch import (
+    Bwrap,
+    BwrapEnter,
+    BwrapNsenter,
+    Launch,
+    Unisolated,
+    bwrap_usage,
+    namespace_args,
+)
 from coding_agent_env.settings import Settings
 
 __all__ = ["probe"]
@@ -59,11 +67,7 @@ def probe(config: LocalConfig, settings: Settings, *, as_root: bool) -> Launch:
 def _reports_start(bwrap: str) -> bool:
     """Whether this bwrap has `--json-status-fd` (bubblewrap 0.5 and later), which tells its own setup failures
     from the command's exit (`started`); an older one runs commands as before, without that report."""
-    try:
-        done = subprocess.run([bwrap, "--help"], capture_output=True, timeout=_PROBE_TIMEOUT_S, env={}, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    found = b"--json-status-fd" in done.stdout + done.stderr
+    found = "--json-status-fd" in bwrap_usage(bwrap)
     if not found:
         log.warning("bubblewrap at %s has no --json-status-fd (0.5 or later): its own setup failures cannot be "
                     "told from a command's exit status", bwrap)

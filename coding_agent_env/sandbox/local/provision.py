@@ -30,6 +30,7 @@ from coding_agent_env.sandbox.local.disk import mount_tmpfs, unmount
 from coding_agent_env.sandbox.local.fork import LocalTemplate, mount_overlay
 from coding_agent_env.sandbox.launcher.inside.treeops import remove_tree
 from coding_agent_env.sandbox.local.launch import ROOT_SUBDIRS
+from coding_agent_env.sandbox.local.reach import STATE_DIR_MODE
 
 __all__ = ["Bounds", "DirWork", "Made", "Provisioner", "close_namespace", "reap", "remove_root"]
 
@@ -187,7 +188,7 @@ class Provisioner:
     def make_root(self, rollout_id: str, uid: int | None) -> Made:
         """The sandbox's root with its subdirectories, its tmpfs and control group where `Bounds` say."""
         self._state.mkdir(parents=True, exist_ok=True)
-        os.chmod(self._state, 0o711)  # sandbox uids must traverse to their own (0700) root
+        os.chmod(self._state, STATE_DIR_MODE)  # sandbox uids must traverse to their own (0700) root
         safe = "".join(c for c in rollout_id if c.isalnum())[:12] or "rollout"
         # Resolved here, once, so the sandbox's file operations need not resolve it again.
         root = Path(os.path.realpath(self._state)) / f"{os.getpid()}-{safe}-{secrets.token_hex(4)}"

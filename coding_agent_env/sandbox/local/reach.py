@@ -4,9 +4,10 @@ As root, a sandbox's commands (and the bwrap that starts them) run as a pool uid
 but its sandbox root, so every directory above STATE_DIR must let other users through (search permission). A
 STATE_DIR under a private directory (`mktemp -d` makes them 0700) fails every command with `bwrap: Can't find
 source path ...: Permission denied`. The backend asks once, at its probe (server start, or a CLI's first
-sandbox), and refuses to make sandboxes there, naming the directory in the way and the fix; it never changes
-the mode of a directory it did not make. A server that is not root runs its sandboxes as its own user, who can
-reach whatever it could make, and is not asked.
+sandbox), and refuses to make sandboxes there, naming the directory in the way and the fix. It sets STATE_DIR's
+own mode (`STATE_DIR_MODE`, as provisioning does: the state dir is the server's), never that of a directory above
+it. A server that is not root runs its sandboxes as its own user, who can reach whatever it could make, and is not
+asked.
 """
 
 from __future__ import annotations

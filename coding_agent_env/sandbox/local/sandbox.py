@@ -298,8 +298,12 @@ class LocalSandbox(Sandbox):
         process = proc.HostProcess(child, self._children, on_exit=exited)
         if report is None:
             return process
+        # The check runs once the process has exited, when a namespace made for this spawn alone is closed
+        # (`exited`): it runs in the sandbox's own, as `exec` does.
+        apart = served is not None and served.netns is not None
         run = functools.partial(self._run, fresh=False, shm=None, who=who, env=self._env(env, None),
-                                max_output_bytes=_START_PROBE_OUTPUT_BYTES, netns=netns, forwarder=forwarder)
+                                max_output_bytes=_START_PROBE_OUTPUT_BYTES, netns=self._netns if apart else netns,
+                                forwarder=forwarder)
         return StartChecked(process, report, functools.partial(self._confirm_start_failure, run))
 
     async def attach(

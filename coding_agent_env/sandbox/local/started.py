@@ -10,8 +10,9 @@ never started the command.
 
 Not every such failure is the server's: a command can make its own `--chdir` fail (the agent made its workdir
 unreadable), and a sandbox whose process limit is taken by what its agent left cannot fork bwrap's init. So a
-failed start is confirmed (`LocalSandbox`): `true` run in `/` with the same binds and user, and no limit of
-the sandbox hit; only when that cannot start either is it the plumbing's fault (`SandboxStartError`).
+failed start is confirmed (`LocalSandbox`): a shell's `exit 0` run in `/` with the same binds and user (never in
+a network namespace made for one spawn alone: closed by then), and no limit of the sandbox hit; only when that
+cannot start either is it the plumbing's fault (`SandboxStartError`).
 """
 
 from __future__ import annotations
