@@ -247,6 +247,8 @@ async def test_attack(attack: Attack, hostile_server: tuple[str, HostileServer])
         pytest.skip(f"{attack.name}: not a {backend} case")
     if backend == "local-landlock" and attack.request.get("verify_files_root") == "/tests":
         pytest.skip(f"{attack.name}: hidden tests at /tests are refused by the Landlock tier (no bind mounts)")
+    if backend == "local-landlock" and (attack.request.get("agent_user") or attack.request.get("verify_user")):
+        pytest.skip(f"{attack.name}: other users are refused by the Landlock tier (one host user)")
     request = {"task_id": attack.name, "agent": "oracle", "instruction": f"attack: {attack.name}",
                "sandbox": kind, "agent_timeout_s": 60, "command_timeout_s": 60, **attack.request}
     stalls_before = server.loop_stats()["stalls"]

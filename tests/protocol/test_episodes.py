@@ -14,7 +14,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from coding_agent_env.harness import EpisodeSessionFactory, HarnessError
 from coding_agent_env.settings import Settings, WireLimits
-from tests.helpers import leftovers, sandbox_processes, wait_until
+from tests.helpers import leftovers, sandbox_dirs, sandbox_processes, wait_until
 from tests.protocol.live import LiveServer
 from tests.protocol.test_ws import ask
 
@@ -118,7 +118,7 @@ def test_setup_failure_and_a_second_reset(live: LiveServer, settings: Settings) 
         assert not leftovers(settings)
         first = ask(ws, {"type": "reset", "data": TASK})["data"]["observation"]["episode"]["sandbox_id"]
         second = ask(ws, {"type": "reset", "data": TASK})["data"]["observation"]["episode"]["sandbox_id"]
-        assert first != second and len([p for p in settings.state_dir.iterdir() if p.name != "relay"]) == 1
+        assert first != second and len(sandbox_dirs(settings)) == 1  # the first one's sandbox is gone
         ask(ws, {"type": "reset"})  # a bare reset ends it too
         assert tool_names(ws) == ["run_rollout"] and not leftovers(settings)
 
