@@ -1,10 +1,13 @@
-"""Shared bits of the benchmarks: percentiles, a throwaway state dir, and raw bwrap argv for references."""
+"""Shared bits of the benchmarks: percentiles, a throwaway state dir, raw bwrap argv for references, and a server
+subprocess waited for and stopped by its process group."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -78,3 +81,31 @@ def which_bwrap() -> str:
     found = shutil.which("bwrap")
     assert found, "bench needs bubblewrap on PATH"
     return found
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], deadline: float, why: Callable[[], str]) -> None:
+    """Poll `url`/health until it answers 200; SystemExit with `why()` if `proc` ends or `deadline` (monotonic)
+    passes first."""
+    import httpx  # the benches that start servers have it; the others need not import it
+
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(why())
+        time.sleep(0.05)
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM `proc`'s process group, SIGKILL it if it has not ended within `grace_s`."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)

@@ -20,7 +20,6 @@ import asyncio
 import json
 import re
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,7 @@ from websockets.asyncio.client import connect
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import pct  # noqa: E402
+from bench._common import pct, stop_group, wait_healthy  # noqa: E402
 
 START_DEADLINE_S = 60.0
 PROBE_EVERY_S = 0.02
@@ -91,25 +90,11 @@ def server(tmp: Path, clients: int) -> Iterator[str]:
                             start_new_session=True, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_DEADLINE_S
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the server did not start: {(tmp / 'server.log').read_text()[-2000:]}")
-            time.sleep(0.05)
+        wait_healthy(url, proc, time.monotonic() + START_DEADLINE_S,
+                     lambda: f"the server did not start: {(tmp / 'server.log').read_text()[-2000:]}")
         yield url
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        stop_group(proc, 30)
         log.close()
 
 

@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -38,6 +37,8 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere: `bench._common`
+from bench._common import stop_group, wait_healthy  # noqa: E402
 REFERENCE_VENV = ROOT / ".ci" / "venvs" / "openenv-0.10.0"
 CLIENTS = (1, 32)
 START_DEADLINE_S = 60.0
@@ -98,15 +99,7 @@ def running(argv: list[str], port: int, env: dict[str, str], cwd: Path,
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_DEADLINE_S
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"server {argv[:3]} did not start")
-            time.sleep(0.05)
+        wait_healthy(url, proc, deadline, lambda: f"server {argv[:3]} did not start")
         if while_starting is not None:
             while_starting(url)
         while still_starting(httpx.get(f"{url}/web/", timeout=2)):
@@ -115,13 +108,7 @@ def running(argv: list[str], port: int, env: dict[str, str], cwd: Path,
             time.sleep(0.05)
         yield url
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        stop_group(proc, 10)
 
 
 def still_starting(web: httpx.Response) -> bool:
