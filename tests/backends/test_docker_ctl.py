@@ -462,3 +462,18 @@ async def test_a_process_of_the_server_s_uid_cannot_take_init_s_place() -> None:
         assert (ran.code, bytes(out.kept)) == (0, b"from init\n"), (ran, out.kept, err.kept)
         impostor.kill()
         assert "answered" not in impostor.communicate(timeout=10)[0]
+
+
+async def test_an_attach_cancelled_while_init_s_queue_is_full_keeps_no_socket(ctl: _CtlPair) -> None:
+    """Cancelled while its message waits for room in PID 1's queue (or timed out there): the attach's own ends
+    of its three socket pairs are closed, not left open for as long as something holds the cancellation."""
+    _fill_queue(ctl.host, ctl.fd)
+    channel = ControlChannel.over(ctl.host)
+    before = len(os.listdir("/proc/self/fd"))
+    attaching = asyncio.ensure_future(channel.attach(["true"], env={}, uid=None))
+    await asyncio.wait([attaching], timeout=0.2)
+    assert not attaching.done()
+    attaching.cancel()
+    await asyncio.wait([attaching], timeout=10)
+    assert attaching.cancelled()
+    assert len(os.listdir("/proc/self/fd")) == before

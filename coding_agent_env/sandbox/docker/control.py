@@ -203,10 +203,12 @@ class ControlChannel(DockerTransport):
             await loop.sock_sendall(chan[0], json.dumps({"argv": list(argv), "env": dict(env),
                                                          "uid": uid}).encode())
             chan[0].shutdown(socket.SHUT_WR)
-        except OSError as exc:
+        except BaseException as exc:  # cancelled or timed out too: no end of ours outlives the attach
             for ours, _ in (chan, stdin, output):
                 ours.close()
-            raise SandboxError(f"cannot attach in the container: {exc}") from exc
+            if isinstance(exc, OSError):
+                raise SandboxError(f"cannot attach in the container: {exc}") from exc
+            raise
         finally:
             for _, theirs in (chan, stdin, output):
                 theirs.close()
