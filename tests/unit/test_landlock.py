@@ -176,7 +176,9 @@ def test_the_server_s_limits_and_priorities_are_out_of_reach(canary: int) -> Non
             " ('own', lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))),"
             " ('ownnice', lambda: os.setpriority(os.PRIO_PROCESS, 0, 5)),"
             f" ('ownio', lambda: raw(libc.syscall({_IOPRIO_SET}, 1, 0, 3 << 13))),"
-            " ('ownidle', lambda: os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))))\n"
+            " ('ownidle', lambda: os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))),"
+            " ('bypid', lambda: (resource.prlimit(os.getpid(), resource.RLIMIT_NOFILE, (32, 32)),"
+            " os.setpriority(os.PRIO_PROCESS, os.getpid(), 6))))\n"
             "for name, call in calls:\n"
             "    try:\n        call(); out.append(name + ' ok')\n"
             "    except OSError as exc:\n        out.append(name + ' ' + str(exc.errno))\n"
@@ -184,7 +186,7 @@ def test_the_server_s_limits_and_priorities_are_out_of_reach(canary: int) -> Non
     said = _python(code)
     after = _standing(canary)
     assert after == before, said
-    assert said == ("prlimit 1 cpu 1 nice 1 ionice 1 idle 1 read ok own ok ownnice ok ownio ok ownidle ok"), said
+    assert said == ("prlimit 1 cpu 1 nice 1 ionice 1 idle 1 read ok own ok ownnice ok ownio ok ownidle ok bypid ok"), said
 
 
 def _standing(pid: int) -> tuple[str, int, int, str]:

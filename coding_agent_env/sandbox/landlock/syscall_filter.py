@@ -3,11 +3,12 @@
 Refused with EPERM: new namespaces (unshare, setns, clone with a CLONE_NEW* flag), ptrace and reading or
 writing other processes' memory, kernel keyrings, bpf, perf_event_open, io_uring, every mount call, modules,
 kexec, reboot, swap, accounting, quotas, hostname, the tty injection ioctl (TIOCSTI), and leaving the process
-group the server kills (setsid, setpgid). Limits and priorities only of this process (or its own group): another
-process's new rlimits (prlimit64), scheduling policy, nice value or I/O priority, and the whole uid's, are
-refused, as Landlock's scopes leave them to the uid alone (on this tier the server's own: a command could set its
-RLIMIT_CPU to one second, or its RLIMIT_NOFILE to 5). CPU affinity is not (threads pin themselves by tid). Sockets: unix (and socketpair) always, netlink routing information,
-TCP over IPv4/IPv6 only where `inet` (Landlock then says which ports); every other family or protocol (UDP,
+group the server kills (setsid, setpgid). Limits and priorities only of the command itself (pid 0 or its own
+pid, or its own group): another process's new rlimits (prlimit64), scheduling policy, nice value or I/O
+priority, and the whole uid's, are refused, as Landlock's scopes leave them to the uid alone (on this tier the
+server's own: a command could set its RLIMIT_CPU to one second, or its RLIMIT_NOFILE to 5). CPU affinity is not
+(threads pin themselves by tid). Sockets: unix (and socketpair) always, netlink routing information, TCP over
+IPv4/IPv6 only where `inet` (Landlock then says which ports); every other family or protocol (UDP,
 raw, packet, SCTP, ...) is refused. clone3 answers ENOSYS (its flags sit in memory a filter cannot read; libc
 falls back to clone). x32 system calls are refused; another architecture's (32-bit) kill the process.
 """
@@ -55,11 +56,11 @@ _NR: dict[str, dict[str, int]] = {
     },
 }
 _SELF_ONLY = ("sched_setscheduler", "sched_setparam", "sched_setattr")
-"""Calls allowed on the calling thread alone (pid 0): on another process of the server's uid (the server itself
+"""Calls allowed on the calling thread alone (pid 0, or the command's own pid): on another process of the server's uid (the server itself
 on the Landlock tier, which Landlock's scopes do not cover here) they would make it SCHED_IDLE."""
 _WHO_SELF = {"setpriority": 2, "ioprio_set": 3}
-"""Calls (which, who, value) allowed on this process or its own group alone (who 0, which not the user's value
-given): `PRIO_USER` / `IOPRIO_WHO_USER`, or another pid, would renice or idle the server's I/O."""
+"""Calls (which, who, value) allowed on this process or its own group alone (who 0 or the command's pid, which
+not the user's value given): `PRIO_USER` / `IOPRIO_WHO_USER`, or another pid, would renice or idle the server's I/O."""
 _CHECKED = ("clone", "clone3", "socket", "socketpair", "ioctl", "prlimit64", *_SELF_ONLY, *_WHO_SELF)
 """Calls decided on their arguments below; every other name in `_NR` is refused outright."""
 
@@ -109,7 +110,7 @@ class _Asm:
         return out
 
 
-def _program(machine: str, inet: bool) -> bytes:
+def _program(machine: str, inet: bool, pid: int) -> bytes:
     nr = _NR[machine]
     deny, allow = _RET_ERRNO | errno.EPERM, _RET_ALLOW
     a = _Asm()
@@ -136,19 +137,22 @@ def _program(machine: str, inet: bool) -> bytes:
     a.label("prlimit")  # this process's limits, or only reading another's (new limits NULL)
     a.op(_LD_W_ABS, _OFF_ARGS)
     a.op(_JEQ, 0, "allow", 0)
+    a.op(_JEQ, pid, "allow", 0)
     a.op(_LD_W_ABS, _OFF_ARGS + 2 * _ARG)
     a.op(_JEQ, 0, 0, "deny")
     a.op(_LD_W_ABS, _OFF_ARGS + 2 * _ARG + _HIGH_HALF)
     a.op(_JEQ, 0, "allow", "deny")
     a.label("self")
     a.op(_LD_W_ABS, _OFF_ARGS)
-    a.op(_JEQ, 0, "allow", "deny")
+    a.op(_JEQ, 0, "allow", 0)
+    a.op(_JEQ, pid, "allow", "deny")
     for name, user in _WHO_SELF.items():
         a.label(name)
         a.op(_LD_W_ABS, _OFF_ARGS)
         a.op(_JEQ, user, "deny", 0)
         a.op(_LD_W_ABS, _OFF_ARGS + _ARG)
-        a.op(_JEQ, 0, "allow", "deny")
+        a.op(_JEQ, 0, "allow", 0)
+        a.op(_JEQ, pid, "allow", "deny")
     a.label("clone")
     a.op(_LD_W_ABS, _OFF_ARGS)
     a.op(_JSET, _CLONE_NEW_FLAGS, "deny", "allow")
@@ -188,13 +192,15 @@ class _Fprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-def install(*, inet: bool) -> None:
+def install(*, inet: bool, pid: int) -> None:
     """Install the filter on the calling thread (no_new_privs already set); inherited across exec and fork.
-    `inet`: TCP sockets may be made (the `llm` network); `SeccompError` if the kernel refuses."""
+    `inet`: TCP sockets may be made (the `llm` network); `pid`: this process's (the command's, once exec'd:
+    its own limits and priorities may be set by pid too, as by 0; its group's id is its pid, a new session's);
+    `SeccompError` if the kernel refuses."""
     why = supported()
     if why is not None:
         raise SeccompError(0, why)
-    program = _program(os.uname().machine, inet)
+    program = _program(os.uname().machine, inet, pid)
     buffer = ctypes.create_string_buffer(program, len(program))
     prog = _Fprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
     libc = ctypes.CDLL(None, use_errno=True)
