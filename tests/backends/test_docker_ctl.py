@@ -9,9 +9,11 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +27,7 @@ from coding_agent_env.errors import SandboxError, SandboxFileError
 from coding_agent_env.sandbox import SandboxSpec
 from coding_agent_env.sandbox.docker import DockerSandbox
 from coding_agent_env.sandbox.docker.control import NO_REPLY_CODE, ControlChannel, CtlSender, parse_hello, parse_reply
-from coding_agent_env.sandbox.launcher.client import INSIDE_DIR, forwarder_source, launcher_files, parse_status
+from coding_agent_env.sandbox.launcher.client import INSIDE_DIR, OutputCap, forwarder_source, launcher_files, parse_status
 from coding_agent_env.settings import LauncherTimeouts
 from tests.backends.test_contract import OUT, sh
 
@@ -394,3 +396,84 @@ def test_init_reports_a_forwarder_that_cannot_listen(tmp_path: Path) -> None:
         conn.settimeout(30)
         error = json.loads(conn.recv(4096))["error"]
     assert error.startswith("the LLM forwarder did not start"), error
+
+
+# -- 7. only PID 1 takes the control channel -----------------------------------------------------------------
+
+IMPOSTOR = r'''
+import json, socket, sys
+conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+conn.connect(sys.argv[1])
+conn.send(b'{"error": ""}')
+print("connected", flush=True)
+conn.settimeout(30)
+msg, fds, _, _ = socket.recv_fds(conn, 16, 4)
+if fds:
+    chan = socket.socket(fileno=fds[0])
+    while chan.recv(65536):
+        pass
+    socket.socket(fileno=fds[1]).sendall(b"FORGED\n")
+    chan.sendall(b'{"code": 0, "status": null}')
+    print("answered", flush=True)
+'''
+
+
+class _RunningContainer:
+    """The engine API as `ControlChannel.boot` uses it, for a container that runs (no Docker daemon here: its
+    PID 1 is the real launcher's `init`, started by the test on this host)."""
+
+    def start(self, container_id: str) -> None:
+        pass
+
+    def inspect_container(self, container_id: str) -> dict[str, Any]:
+        return {"State": {"Running": True}}
+
+    def logs(self, container_id: str, tail: int) -> bytes:
+        return b""
+
+
+async def test_a_process_of_the_server_s_uid_cannot_take_init_s_place() -> None:
+    """A Landlock-confined process of the server's uid (a sandbox of that tier: it may connect to any unix socket
+    of the uid, and /proc/net/unix names them) connects to the control listener before PID 1 and says it is
+    ready: it is closed unheard, and the command goes to PID 1 (the real launcher's `init --ctl --ctl-key`)."""
+    from coding_agent_env.sandbox.landlock import Policy, confine_argv, system_paths
+
+    with contextlib.ExitStack() as stack:
+        state = Path(tempfile.mkdtemp(prefix="cae-ctl-"))  # short: the socket's path must fit in sun_path
+        stack.callback(shutil.rmtree, state)
+        channel = ControlChannel.prepare(state)
+        [host] = state.glob("*-docker-*")
+        ctl, key = str(host / "ctl.sock"), str(host / "ctl.key")
+        impostor = stack.enter_context(subprocess.Popen(
+            confine_argv(Policy(read=system_paths(), write=()), ["/usr/bin/python3", "-c", IMPOSTOR, ctl]),
+            stdout=subprocess.PIPE, text=True, env={}))
+        stack.callback(impostor.kill)
+        assert impostor.stdout is not None and impostor.stdout.readline() == "connected\n"
+        init = stack.enter_context(subprocess.Popen(
+            [sys.executable, "-I", "-S", str(host / "launcher.py"), "init", "--ctl", ctl, "--ctl-key", key]))
+        stack.callback(init.kill)
+        try:
+            await asyncio.wait_for(channel.boot(_RunningContainer(), "c0ffee", None), 30)
+            out, err = OutputCap(4096), OutputCap(4096)
+            ran = await asyncio.wait_for(channel.run(["/bin/echo", "from init"], env={"PATH": "/usr/bin:/bin"},
+                                                     uid=None, out=out, err=err), 30)
+        finally:
+            await channel.close()
+        assert (ran.code, bytes(out.kept)) == (0, b"from init\n"), (ran, out.kept, err.kept)
+        impostor.kill()
+        assert "answered" not in impostor.communicate(timeout=10)[0]
+
+
+async def test_an_attach_cancelled_while_init_s_queue_is_full_keeps_no_socket(ctl: _CtlPair) -> None:
+    """Cancelled while its message waits for room in PID 1's queue (or timed out there): the attach's own ends
+    of its three socket pairs are closed, not left open for as long as something holds the cancellation."""
+    _fill_queue(ctl.host, ctl.fd)
+    channel = ControlChannel.over(ctl.host)
+    before = len(os.listdir("/proc/self/fd"))
+    attaching = asyncio.ensure_future(channel.attach(["true"], env={}, uid=None))
+    await asyncio.wait([attaching], timeout=0.2)
+    assert not attaching.done()
+    attaching.cancel()
+    await asyncio.wait([attaching], timeout=10)
+    assert attaching.cancelled()
+    assert len(os.listdir("/proc/self/fd")) == before

@@ -348,3 +348,25 @@ async def test_a_spawn_in_a_namespace_of_its_own_that_makes_its_own_start_fail_k
             await second.kill()
     finally:
         await box.close()
+
+
+@as_root
+async def test_a_failed_start_asked_about_after_close_runs_nothing_more(
+    settings: Settings, assert_no_leftovers: None
+) -> None:
+    """A spawn whose bwrap could not start it (its agent made the workdir unreadable), waited for only after the
+    sandbox closed: its exit status stands, and no check runs then (the sandbox's uid, root and namespace are
+    gone: the namespace's descriptor number may be another sandbox's by then, the uid another's)."""
+    backend = await _bwrap_backend(settings)
+    box = await backend.create(SandboxSpec(rollout_id="late-wait"))
+    try:
+        await box.exec(["chmod", "000", box.paths.workdir], timeout=30, max_output_bytes=OUT)
+        spawned = await box.spawn(["true"])
+        await poll(lambda: _ended(spawned), "the spawn's exit", timeout_s=30)
+    finally:
+        await box.close()
+    assert await asyncio.wait_for(spawned.wait(), 30) == 1
+
+
+async def _ended(process: Any) -> bool:
+    return process.returncode is not None

@@ -9,6 +9,7 @@ share one uid, so nothing but Landlock and seccomp stands between them); what it
 from __future__ import annotations
 
 import os
+import platform
 import re
 import shutil
 import signal
@@ -28,6 +29,7 @@ from coding_agent_env.sandbox.local.refusal import no_tier_refusal
 UID = 61_234 if os.geteuid() == 0 else None
 """The uid the canary and the confined commands share (as root); otherwise this user's own."""
 CANARY = "operator-secret-7c0ffee"
+_IOPRIO_SET = {"x86_64": 251, "aarch64": 30}[platform.machine()]
 
 
 @pytest.fixture
@@ -156,3 +158,40 @@ def test_the_refusal_names_each_cause_and_what_really_helps() -> None:
     for text in (inside, host):
         sentences = re.split(r"(?<=[.)])\s+(?=[A-Z])", text)
         assert "unisolated" in sentences[-1] and not any("run unisolated)" in s for s in sentences), text
+
+
+def test_the_server_s_limits_and_priorities_are_out_of_reach(canary: int) -> None:
+    """A process of the same uid (the server, on a Space) keeps its rlimits, nice value, scheduling policy and I/O
+    priority (Landlock's scopes cover signals and ptrace, not these); the command's own still change."""
+    before = _standing(canary)
+    code = ("import ctypes, os, resource\nlibc = ctypes.CDLL(None, use_errno=True)\nout = []\n"
+            f"victim = {canary}\n"
+            "def raw(result):\n    if result != 0:\n        raise OSError(ctypes.get_errno(), 'refused')\n"
+            "calls = (('prlimit', lambda: resource.prlimit(victim, resource.RLIMIT_NOFILE, (5, 5))),"
+            " ('cpu', lambda: resource.prlimit(victim, resource.RLIMIT_CPU, (1, 1))),"
+            " ('nice', lambda: os.setpriority(os.PRIO_PROCESS, victim, 19)),"
+            f" ('ionice', lambda: raw(libc.syscall({_IOPRIO_SET}, 1, victim, 3 << 13))),"
+            " ('idle', lambda: os.sched_setscheduler(victim, os.SCHED_IDLE, os.sched_param(0))),"
+            " ('read', lambda: resource.prlimit(victim, resource.RLIMIT_NOFILE)),"
+            " ('own', lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))),"
+            " ('ownnice', lambda: os.setpriority(os.PRIO_PROCESS, 0, 5)),"
+            f" ('ownio', lambda: raw(libc.syscall({_IOPRIO_SET}, 1, 0, 3 << 13))),"
+            " ('ownidle', lambda: os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))),"
+            " ('bypid', lambda: (resource.prlimit(os.getpid(), resource.RLIMIT_NOFILE, (32, 32)),"
+            " os.setpriority(os.PRIO_PROCESS, os.getpid(), 6))))\n"
+            "for name, call in calls:\n"
+            "    try:\n        call(); out.append(name + ' ok')\n"
+            "    except OSError as exc:\n        out.append(name + ' ' + str(exc.errno))\n"
+            "print(' '.join(out))")
+    said = _python(code)
+    after = _standing(canary)
+    assert after == before, said
+    assert said == ("prlimit 1 cpu 1 nice 1 ionice 1 idle 1 read ok own ok ownnice ok ownio ok ownidle ok bypid ok"), said
+
+
+def _standing(pid: int) -> tuple[str, int, int, str]:
+    """A process's limits, nice value, scheduling policy and I/O priority, as another process of its uid sees them
+    (/proc: prlimit would need CAP_SYS_RESOURCE where the test runs as root and the canary as UID)."""
+    ioprio = subprocess.run(["ionice", "-p", str(pid)], capture_output=True, text=True, timeout=10, check=False)
+    return (Path(f"/proc/{pid}/limits").read_text(), os.getpriority(os.PRIO_PROCESS, pid),
+            os.sched_getscheduler(pid), ioprio.stdout)

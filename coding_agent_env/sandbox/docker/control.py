@@ -4,7 +4,9 @@ For a daemon on this host (a `unix://` DOCKER_HOST, the usual case, and the one 
 A per-container host directory (`HostDir`) holding the launcher, the forwarder and a one-shot SOCK_SEQPACKET
 listener is bind-mounted read-only; the container's PID 1 (`launcher.py init --ctl`) makes the sandbox
 directories, starts the forwarder under `llm`, then connects to that listener (the connection is the readiness
-signal; the listener is then closed and unlinked, before any sandbox command exists). Each command is a
+signal, once its ready message carries the key only root and the server can read, `HostDir.KEY`: another process
+of this host that reaches the listener's path, a Landlock-tier sandbox of the server's uid, is closed unheard;
+the listener is then closed and unlinked, before any sandbox command exists). Each command is a
 message on that connection carrying three socket fds (request/reply, stdout, stderr): PID 1 forks, no new
 interpreter. Sends are serialised and bounded (`CtlSender`). A kill is handled by PID 1 itself, without
 forking, so an agent that fills the pids limit can still be killed; a command PID 1 could not fork for gets no
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import logging
 import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,6 +36,8 @@ from coding_agent_env.sandbox.launcher.transport import Ran
 
 __all__ = ["NO_REPLY_CODE", "ControlChannel", "CtlSender", "parse_hello", "parse_reply"]
 
+log = logging.getLogger(__name__)
+
 NO_REPLY_CODE = 126
 """Exit code of a command PID 1 never answered for: it could not fork (the pids limit is full) or the
 command's runner died; stderr says so."""
@@ -40,6 +45,8 @@ SEND_S = 30.0
 """How long a control message may wait for room in PID 1's queue."""
 _INIT_READY_S = 30.0
 """How long PID 1 may take to report ready (directories, forwarder) before create fails."""
+_HELLO_S = 5.0
+"""How long a connection to the listener may take to say its ready message (PID 1 sends it as it connects)."""
 
 
 class ControlChannel(DockerTransport):
@@ -70,7 +77,7 @@ class ControlChannel(DockerTransport):
         links = layout.links_arg()
         if links is not None:
             command += ["--links", links]
-        command += ["--ctl", f"{LAYOUT.code_dir}/{HostDir.SOCKET}"]
+        command += ["--ctl", f"{LAYOUT.code_dir}/{HostDir.SOCKET}", "--ctl-key", f"{LAYOUT.code_dir}/{HostDir.KEY}"]
         if forward_port is not None:
             command += ["--forward-socket", RELAY_SOCKET, "--forward-port", str(forward_port)]
         # Read-only mounts: the code, and the control listener (connecting needs no writable mount); the path
@@ -81,23 +88,46 @@ class ControlChannel(DockerTransport):
 
     async def boot(self, api: Any, container_id: str, forward_port: int | None) -> None:
         await call("start container", api.start, container_id)
-        conn = await self._accept(api, container_id)
-        conn.setblocking(False)
+        conn, hello = await self._accept(api, container_id)
         self._sender = CtlSender(conn)
-        try:
-            hello = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(conn, 4096), _INIT_READY_S)
-        except (TimeoutError, OSError):
-            hello = b""
         error = parse_hello(hello)
         if error:
             raise SandboxError(f"the container's init failed: {error}")
 
-    async def _accept(self, api: Any, container_id: str) -> socket.socket:
-        """Wait for PID 1 to connect to the listener (checking now and then that it still runs)."""
+    async def _accept(self, api: Any, container_id: str) -> tuple[socket.socket, bytes]:
+        """PID 1's connection to the listener and its ready message: the first connection whose message proves the
+        host directory's key (`HostDir.proves`); any other (a process of this host that reached the listener's
+        path) is closed unheard. The listener is closed once this returns or fails."""
+        assert self._host is not None
+        loop = asyncio.get_running_loop()
+        end = loop.time() + _INIT_READY_S
+        try:
+            while True:
+                conn = await self._connection(api, container_id, end)
+                conn.setblocking(False)
+                try:
+                    hello = await asyncio.wait_for(loop.sock_recv(conn, 4096), _HELLO_S)
+                except (TimeoutError, OSError):
+                    hello = b""
+                except BaseException:
+                    conn.close()
+                    raise
+                if self._host.proves(hello):
+                    return conn, hello
+                conn.close()
+                log.warning("container %s: a connection to its control listener without its key, closed",
+                            container_id[:12])
+                if loop.time() > end:
+                    raise SandboxError(f"the container's init is not ready after {_INIT_READY_S:.0f} s (only "
+                                       "connections without its key reached the control listener)")
+        finally:
+            self._host.close_listener()
+
+    async def _connection(self, api: Any, container_id: str, end: float) -> socket.socket:
+        """The next connection to the listener, by `end` (checking now and then that the container still runs)."""
         assert self._host is not None and self._host.listener is not None
         loop = asyncio.get_running_loop()
         accept = asyncio.ensure_future(loop.sock_accept(self._host.listener))
-        end = loop.time() + _INIT_READY_S
         try:
             while True:
                 done, _ = await asyncio.wait([accept], timeout=0.5)
@@ -116,7 +146,6 @@ class ControlChannel(DockerTransport):
         finally:
             if not accept.done():
                 accept.cancel()
-            self._host.close_listener()
         conn, _ = accept.result()
         return conn
 
@@ -174,10 +203,12 @@ class ControlChannel(DockerTransport):
             await loop.sock_sendall(chan[0], json.dumps({"argv": list(argv), "env": dict(env),
                                                          "uid": uid}).encode())
             chan[0].shutdown(socket.SHUT_WR)
-        except OSError as exc:
+        except BaseException as exc:  # cancelled or timed out too: no end of ours outlives the attach
             for ours, _ in (chan, stdin, output):
                 ours.close()
-            raise SandboxError(f"cannot attach in the container: {exc}") from exc
+            if isinstance(exc, OSError):
+                raise SandboxError(f"cannot attach in the container: {exc}") from exc
+            raise
         finally:
             for _, theirs in (chan, stdin, output):
                 theirs.close()

@@ -9,8 +9,10 @@ crash (the Docker reaper finds it by the container's `LABEL_HOSTDIR`).
 
 from __future__ import annotations
 
-import os
 import contextlib
+import hmac
+import json
+import os
 import secrets
 import socket
 from pathlib import Path
@@ -22,6 +24,8 @@ from coding_agent_env.sandbox.launcher.inside.treeops import remove_tree
 
 __all__ = ["HostDir"]
 
+_KEY_BYTES = 16
+"""Random bytes of the control key (`HostDir.KEY`)."""
 _SOCKET_PATH_MAX = 100
 """`sun_path` holds 108 bytes: a longer control socket path cannot be bound."""
 
@@ -30,10 +34,24 @@ class HostDir:
     """See the module docstring."""
 
     SOCKET = "ctl.sock"
+    KEY = "ctl.key"
+    """PID 1 reads it (`--ctl-key`) and says it in its ready message (`proves`): the listener's path can be reached
+    by other processes of this host (a Landlock-tier sandbox has the server's uid, and /proc/net/unix names every
+    listener), this file only by root and the server."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.listener: socket.socket | None = None
+        self.key = secrets.token_hex(_KEY_BYTES)
+
+    def proves(self, hello: bytes) -> bool:
+        """Whether a ready message carries this directory's key (compared in constant time)."""
+        try:
+            said = json.loads(hello)
+        except ValueError:
+            return False
+        key = said.get("key") if isinstance(said, dict) else None
+        return isinstance(key, str) and hmac.compare_digest(key.encode(), self.key.encode())
 
     @property
     def guard(self) -> Path:
@@ -57,6 +75,7 @@ class HostDir:
             path.mkdir(mode=0o700)
             for name, data in code_files().items():
                 (path / name).write_bytes(data)
+            (path / cls.KEY).write_text(made.key)  # the directory is 0700: root and this server alone read it
             made.guard.mkdir()
             for name, data in pathguard.files().items():
                 (made.guard / name).write_bytes(data)

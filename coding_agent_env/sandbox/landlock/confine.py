@@ -103,7 +103,7 @@ def confine(options: dict[str, list[str]]) -> None:
     read = [*options["read"], *proc_paths(os.getpid())]  # this pid: the command's own, once exec'd
     ports = [int(port) for port in options["connect_ports"]]
     ruleset.restrict(read, options["write"], options["devices"], ports)
-    syscall_filter.install(inet=bool(options["inet"]))
+    syscall_filter.install(inet=bool(options["inet"]), pid=os.getpid())
 
 
 def main(args: list[str]) -> None:

@@ -3,8 +3,12 @@
 Refused with EPERM: new namespaces (unshare, setns, clone with a CLONE_NEW* flag), ptrace and reading or
 writing other processes' memory, kernel keyrings, bpf, perf_event_open, io_uring, every mount call, modules,
 kexec, reboot, swap, accounting, quotas, hostname, the tty injection ioctl (TIOCSTI), and leaving the process
-group the server kills (setsid, setpgid). Sockets: unix (and socketpair) always, netlink routing information,
-TCP over IPv4/IPv6 only where `inet` (Landlock then says which ports); every other family or protocol (UDP,
+group the server kills (setsid, setpgid). Limits and priorities only of the command itself (pid 0 or its own
+pid, or its own group): another process's new rlimits (prlimit64), scheduling policy, nice value or I/O
+priority, and the whole uid's, are refused, as Landlock's scopes leave them to the uid alone (on this tier the
+server's own: a command could set its RLIMIT_CPU to one second, or its RLIMIT_NOFILE to 5). CPU affinity is not
+(threads pin themselves by tid). Sockets: unix (and socketpair) always, netlink routing information, TCP over
+IPv4/IPv6 only where `inet` (Landlock then says which ports); every other family or protocol (UDP,
 raw, packet, SCTP, ...) is refused. clone3 answers ENOSYS (its flags sit in memory a filter cannot read; libc
 falls back to clone). x32 system calls are refused; another architecture's (32-bit) kill the process.
 """
@@ -33,6 +37,8 @@ _NR: dict[str, dict[str, int]] = {
         "io_uring_register": 427, "name_to_handle_at": 303, "open_by_handle_at": 304, "fanotify_init": 300,
         "lookup_dcookie": 212, "syslog": 103, "vhangup": 153, "iopl": 172, "ioperm": 173, "setsid": 112,
         "setpgid": 109, "clone": 56, "clone3": 435, "socket": 41, "socketpair": 53, "ioctl": 16,
+        "prlimit64": 302, "setpriority": 141, "ioprio_set": 251, "sched_setscheduler": 144,
+        "sched_setparam": 142, "sched_setattr": 314,
     },
     "aarch64": {
         "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272, "pidfd_getfd": 438,
@@ -45,9 +51,17 @@ _NR: dict[str, dict[str, int]] = {
         "io_uring_register": 427, "name_to_handle_at": 264, "open_by_handle_at": 265, "fanotify_init": 262,
         "lookup_dcookie": 18, "syslog": 116, "vhangup": 58, "setsid": 157, "setpgid": 154, "clone": 220,
         "clone3": 435, "socket": 198, "socketpair": 199, "ioctl": 29,
+        "prlimit64": 261, "setpriority": 140, "ioprio_set": 30, "sched_setscheduler": 119,
+        "sched_setparam": 118, "sched_setattr": 274,
     },
 }
-_CHECKED = ("clone", "clone3", "socket", "socketpair", "ioctl")
+_SELF_ONLY = ("sched_setscheduler", "sched_setparam", "sched_setattr")
+"""Calls allowed on the calling thread alone (pid 0, or the command's own pid): on another process of the server's uid (the server itself
+on the Landlock tier, which Landlock's scopes do not cover here) they would make it SCHED_IDLE."""
+_WHO_SELF = {"setpriority": 2, "ioprio_set": 3}
+"""Calls (which, who, value) allowed on this process or its own group alone (who 0 or the command's pid, which
+not the user's value given): `PRIO_USER` / `IOPRIO_WHO_USER`, or another pid, would renice or idle the server's I/O."""
+_CHECKED = ("clone", "clone3", "socket", "socketpair", "ioctl", "prlimit64", *_SELF_ONLY, *_WHO_SELF)
 """Calls decided on their arguments below; every other name in `_NR` is refused outright."""
 
 _CLONE_NEW_FLAGS = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
@@ -59,6 +73,7 @@ _TIOCSTI = 0x5412
 _RET_KILL_PROCESS, _RET_ERRNO, _RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
 _LD_W_ABS, _JEQ, _JGE, _JSET, _AND, _RET = 0x20, 0x15, 0x35, 0x45, 0x54, 0x06
 _OFF_NR, _OFF_ARCH, _OFF_ARGS = 0, 4, 16  # struct seccomp_data; an argument's low 32 bits (little-endian)
+_ARG, _HIGH_HALF = 8, 4  # each argument's size in seccomp_data, and where its high 32 bits start
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 
 
@@ -95,7 +110,7 @@ class _Asm:
         return out
 
 
-def _program(machine: str, inet: bool) -> bytes:
+def _program(machine: str, inet: bool, pid: int) -> bytes:
     nr = _NR[machine]
     deny, allow = _RET_ERRNO | errno.EPERM, _RET_ALLOW
     a = _Asm()
@@ -113,7 +128,31 @@ def _program(machine: str, inet: bool) -> bytes:
     a.op(_JEQ, nr["socket"], "socket", 0)
     a.op(_JEQ, nr["socketpair"], "socketpair", 0)
     a.op(_JEQ, nr["ioctl"], "ioctl", 0)
+    a.op(_JEQ, nr["prlimit64"], "prlimit", 0)
+    for name in _SELF_ONLY:
+        a.op(_JEQ, nr[name], "self", 0)
+    for name in _WHO_SELF:
+        a.op(_JEQ, nr[name], name, 0)
     a.op(_RET, allow)
+    a.label("prlimit")  # this process's limits, or only reading another's (new limits NULL)
+    a.op(_LD_W_ABS, _OFF_ARGS)
+    a.op(_JEQ, 0, "allow", 0)
+    a.op(_JEQ, pid, "allow", 0)
+    a.op(_LD_W_ABS, _OFF_ARGS + 2 * _ARG)
+    a.op(_JEQ, 0, 0, "deny")
+    a.op(_LD_W_ABS, _OFF_ARGS + 2 * _ARG + _HIGH_HALF)
+    a.op(_JEQ, 0, "allow", "deny")
+    a.label("self")
+    a.op(_LD_W_ABS, _OFF_ARGS)
+    a.op(_JEQ, 0, "allow", 0)
+    a.op(_JEQ, pid, "allow", "deny")
+    for name, user in _WHO_SELF.items():
+        a.label(name)
+        a.op(_LD_W_ABS, _OFF_ARGS)
+        a.op(_JEQ, user, "deny", 0)
+        a.op(_LD_W_ABS, _OFF_ARGS + _ARG)
+        a.op(_JEQ, 0, "allow", 0)
+        a.op(_JEQ, pid, "allow", "deny")
     a.label("clone")
     a.op(_LD_W_ABS, _OFF_ARGS)
     a.op(_JSET, _CLONE_NEW_FLAGS, "deny", "allow")
@@ -153,13 +192,15 @@ class _Fprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-def install(*, inet: bool) -> None:
+def install(*, inet: bool, pid: int) -> None:
     """Install the filter on the calling thread (no_new_privs already set); inherited across exec and fork.
-    `inet`: TCP sockets may be made (the `llm` network); `SeccompError` if the kernel refuses."""
+    `inet`: TCP sockets may be made (the `llm` network); `pid`: this process's (the command's, once exec'd:
+    its own limits and priorities may be set by pid too, as by 0; its group's id is its pid, a new session's);
+    `SeccompError` if the kernel refuses."""
     why = supported()
     if why is not None:
         raise SeccompError(0, why)
-    program = _program(os.uname().machine, inet)
+    program = _program(os.uname().machine, inet, pid)
     buffer = ctypes.create_string_buffer(program, len(program))
     prog = _Fprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
     libc = ctypes.CDLL(None, use_errno=True)

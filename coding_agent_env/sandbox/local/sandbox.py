@@ -240,8 +240,10 @@ class LocalSandbox(Sandbox):
         own message) when the sandbox's plumbing itself is broken, i.e. a shell's `exit 0` in `/` with the same
         binds (`run`) cannot start either and no limit of the sandbox was hit. Otherwise it was the command's
         own doing (its `--chdir` into a directory its agent made unreadable, a process limit its agent's
-        leftovers hold): its exit status stands (`started`)."""
-        if self._hits():
+        leftovers hold): its exit status stands (`started`). Asked once the sandbox is closing or closed (a spawn
+        waited for late), nothing runs: its uid, root, group and namespaces are gone or going (the descriptor
+        numbers `run` names may be another sandbox's by then), and the exit status stands."""
+        if self.closed or self._hits():
             return
         probe, started = await run([self.shell, "-c", "exit 0"], "/", _START_PROBE_TIMEOUT_S)
         if started is not False or probe.timed_out:

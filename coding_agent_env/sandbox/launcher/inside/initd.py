@@ -18,6 +18,9 @@ _KILL_REQUEST_S = 5.0
 _INIT_KILL_ROUNDS = 50
 """Rounds of SIGKILL init sends through a launcher's tree itself (the launcher then finishes the job)."""
 
+_CTL_KEY_MAX = 256
+"""The most of `--ctl-key`'s file read (the host writes a short hex key)."""
+
 Dispatch = Callable[[list[str]], int]
 """The launcher's `main`: runs one mode in this process, for requests naming the launcher itself."""
 
@@ -42,7 +45,7 @@ def init(argv: list[str], dispatch: Dispatch, launcher: str) -> int:
                 os.wait()
             except ChildProcessError:
                 signal.pause()
-    return _serve(args["ctl"], error, dispatch, launcher)
+    return _serve(args["ctl"], _ctl_key(args.get("ctl-key")), error, dispatch, launcher)
 
 
 def make_dirs(spec: str) -> None:
@@ -104,15 +107,29 @@ def _start_forwarder(socket_path: str, port: str) -> str:
         time.sleep(0.002)  # bounded: the forwarder's start-up (python, listen) is a few ms
 
 
-def _serve(ctl_path: str, error: str, dispatch: Dispatch, launcher: str) -> int:
-    """The control loop of `init --ctl` (see `launcher.py`). Returns only if the host never answered."""
+def _ctl_key(path: str | None) -> str | None:
+    """The key in `--ctl-key`'s file (the host's directory: only root and the server read it), which the ready
+    message carries: what tells this PID 1 from any other process that can reach the listener's path."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(_CTL_KEY_MAX).decode("ascii", "replace")
+    except OSError:
+        return None
+
+
+def _serve(ctl_path: str, key: str | None, error: str, dispatch: Dispatch, launcher: str) -> int:
+    """The control loop of `init --ctl` (see `launcher.py`); the ready message carries `key` where there is one.
+    Returns only if the host never answered."""
     import select
 
     conn: _socket.socket | None = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
     assert conn is not None
     try:
         conn.connect(ctl_path)
-        conn.send(('{"error": %s}' % _json_text(error)).encode())
+        proof = "" if key is None else ', "key": %s' % _json_text(key)
+        conn.send(('{"error": %s%s}' % (_json_text(error), proof)).encode())
     except OSError:
         conn.close()
         conn = None

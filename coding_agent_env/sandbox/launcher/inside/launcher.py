@@ -19,13 +19,14 @@ directory of the sandbox and run it as `python3 launcher.py MODE ...`. Modes:
 - `kill --token T --run-dir D`: SIGTERM that launcher and wait (bounded) until it is gone; a launcher
   that has not started yet exits as soon as it does.
 - `killall --run-dir D`: the same for every launcher that has a pid file in D.
-- `init [--dirs SPEC] [--links LINK=TARGET,...] [--forward-socket SOCKET --forward-port PORT] [--ctl SOCKET]`: a PID 1 for
+- `init [--dirs SPEC] [--links LINK=TARGET,...] [--forward-socket SOCKET --forward-port PORT] [--ctl SOCKET [--ctl-key FILE]]`: a PID 1 for
   containers. It reaps zombies. With `--dirs` (`PATH:UID:OCTAL_MODE,...`) it first makes those
   directories (parents root-owned 0755) and sets their owner and mode. With `--forward-*` it starts the LLM
   forwarder (as root, `python3 -I -S forwarder.py --detach`) on 127.0.0.1:PORT piping to SOCKET and waits
   (bounded) for its exit code (0: it listens). With `--ctl`
   it then connects to the host's SOCK_SEQPACKET control socket and sends one JSON `{"error": str}` (""
-  when ready). After that, each control message carries three fds (request/reply socket, stdout, stderr):
+  when ready; with `--ctl-key`, also `"key"`: FILE's content, which proves to the host that the connection is
+  this PID 1's and not another process's that can reach the socket's path). After that, each control message carries three fds (request/reply socket, stdout, stderr):
   init forks a child (a fork that fails -- the pids limit is full -- leaves the request without a reply:
   its fds are closed and init keeps serving) that reads the request JSON `{"argv", "env", "uid"}` until
   EOF, runs it with exactly that environment, stdin /dev/null, stdout/stderr on the two fds and cwd `/`
