@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from pydantic import SecretStr
 from coding_agent_env.llm import Relay, Upstream
 from coding_agent_env.llm.lease import Lease
 from coding_agent_env.models import Mode, Turn
-from coding_agent_env.settings import Settings
+from coding_agent_env.settings import LocalConfig, Settings
 from tests.fakes.llm import FakeLLM, FakeLLMServer
 from tests.helpers import poll
 
@@ -25,8 +26,11 @@ def fake() -> Iterator[FakeLLMServer]:
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return Settings(state_dir=tmp_path / "state", relay_read_timeout_s=5.0)
+def settings(state_dir: Path) -> Settings:
+    """The suite's settings (a state dir sandbox uids can reach, a uid range of the test's own: see
+    tests/conftest.py) with a short relay read timeout."""
+    local = LocalConfig(uid_base=300_000 + secrets.randbelow(20_000) * 64, uid_count=64)
+    return Settings(state_dir=state_dir, backends=(local,), relay_read_timeout_s=5.0)
 
 
 @pytest.fixture
