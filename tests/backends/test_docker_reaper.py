@@ -101,3 +101,17 @@ async def test_a_task_image_labelled_as_a_dead_servers_template_is_not_reaped(
     finally:
         forged.remove(force=True)
         docker_engine.images.remove(task_image.id, force=True)
+
+
+async def test_a_create_that_fails_leaves_no_record(backend_for: Callable[[str], Target], docker_engine: Any) -> None:
+    """Every container is recorded before it is made; a create the engine refuses (here an image it does not
+    have, and no registry) made nothing, so its record goes with it: a record left would count as a container
+    left (and keep the reaper looking for it), as the soak's random cancellations showed."""
+    from coding_agent_env.errors import SandboxError
+    from coding_agent_env.sandbox.base import SandboxSpec
+
+    name, settings, backends = backend_for("docker")
+    with pytest.raises(SandboxError):
+        await backends.get(name).create(SandboxSpec(rollout_id="record-refused", image="cae-test/absent:none"))
+    records = settings.state_dir / RECORD_DIR
+    assert not [path.name for path in records.glob("*/*")], "a record of a container never made"

@@ -50,7 +50,12 @@ import docker.errors
 import docker.types
 
 from coding_agent_env.settings.backends import DockerConfig
-from coding_agent_env.errors import SandboxError, SandboxUnavailableError, SandboxUnsupportedError
+from coding_agent_env.errors import (
+    SandboxError,
+    SandboxFileNotFoundError,
+    SandboxUnavailableError,
+    SandboxUnsupportedError,
+)
 from coding_agent_env.sandbox.base import (
     BackendStatus,
     Sandbox,
@@ -76,7 +81,7 @@ from coding_agent_env.sandbox.docker.reaper import (
     reap,
 )
 from coding_agent_env.sandbox.docker.records import Made, new_name
-from coding_agent_env.sandbox.docker.sandbox import DockerSandbox, discard
+from coding_agent_env.sandbox.docker.sandbox import DockerSandbox
 from coding_agent_env.sandbox.docker.seed import Seeder
 from coding_agent_env.sandbox.docker.template import STAGE, DockerTemplate, LayerTemplate, fill, freeze
 from coding_agent_env.sandbox.docker.transport import DockerTransport
@@ -229,14 +234,14 @@ class DockerBackend(SandboxBackend):
             container_id = await asyncio.shield(creating)
         except BaseException:
             # Cancelled while the engine creates it: the container still appears, so remove it once it has.
-            await asyncio.shield(self._discard(creating))
+            await asyncio.shield(self._discard(creating, name))
             await transport.close()
             raise
         try:
             if env is None:
                 env = await self._image_env(image)
         except BaseException:
-            await asyncio.shield(self._discard(creating))
+            await asyncio.shield(self._discard(creating, name))
             await transport.close()
             raise
         sized = bool(self._sized)
@@ -378,12 +383,21 @@ class DockerBackend(SandboxBackend):
             self._image_envs[image] = image_env(config.get("Env"))
         return self._image_envs[image]
 
-    async def _discard(self, creating: asyncio.Future[str]) -> None:
+    async def _discard(self, creating: asyncio.Future[str], name: str) -> None:
+        """Remove the container `creating` makes (once it has) and forget its record; a create that failed may
+        have made it all the same, so it is looked for by its name. The record stays only where the container
+        may still exist (its removal failed): the reaper's then."""
         try:
             container_id = await creating
         except BaseException:
-            return  # never created
-        await discard(self.client().api, container_id)
+            container_id = name  # the engine knows a container by its name as well as by its id
+        try:
+            await call("remove container", self.client().api.remove_container, container_id, force=True, v=True)
+        except SandboxFileNotFoundError:
+            pass  # never made, or gone: nothing to reap
+        except SandboxError:
+            return
+        await asyncio.to_thread(self._made.forget, "c", name)
 
     def _spec_limits(self, spec: SandboxSpec) -> SandboxLimits:
         return spec.limits or SandboxLimits.from_settings(self._settings)

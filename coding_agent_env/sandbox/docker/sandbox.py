@@ -279,11 +279,3 @@ class DockerSandbox(LauncherSandbox):
     async def _closed_callbacks(self) -> None:
         for callback in self._after_close:
             await callback()
-
-
-async def discard(api: Any, container_id: str) -> None:
-    """Remove a container that never became a sandbox (gone already, or left to the reaper: fine)."""
-    try:
-        await call("remove container", api.remove_container, container_id, force=True, v=True)
-    except SandboxError:
-        pass
