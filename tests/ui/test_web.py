@@ -16,7 +16,8 @@ import pytest
 from playwright.sync_api import expect
 
 from coding_agent_env.api.ui.presets import PRESETS
-from tests.helpers import wait_until
+from coding_agent_env.settings import Settings
+from tests.helpers import sandbox_dirs, wait_until
 from tests.ui.conftest import UiServer
 
 pytestmark = pytest.mark.ui
@@ -185,7 +186,7 @@ def test_interactive_episode(page, ui_server: UiServer) -> None:  # noqa: ANN001
     page.locator("#ep-cancel").click()
     expect(page.locator("#ep-status")).to_contain_text("cancelled")
     wait_until(lambda: not _processes_with(SLEEP_MARK), "the sleep to be killed", timeout_s=30)
-    wait_until(lambda: not [p for p in ui_server.state_dir.iterdir() if p.name != "relay"], "the sandbox removed",
+    wait_until(lambda: not sandbox_dirs(Settings(state_dir=ui_server.state_dir)), "the sandbox removed",
                timeout_s=30)
 
 
