@@ -83,8 +83,11 @@ def test_bad_entries_are_reported_and_the_rest_run(tmp_path: Path, env: dict[str
 
 def test_interrupted_run_resumes_without_redoing_or_losing(tmp_path: Path, env: dict[str, str]) -> None:
     tasks = tmp_path / "slow.jsonl"
-    tasks.write_text("".join(json.dumps({"instruction": "wait", "task_id": f"t{i}", "solution": ["sleep 0.3"],
-                                         "verify": ["true"]}) + "\n" for i in range(8)))
+    # Two quick tasks, then six that are surely still running when the interrupt comes (however fast the
+    # machine starts sandboxes), so the interrupt always finds work under way.
+    tasks.write_text("".join(json.dumps({"instruction": "wait", "task_id": f"t{i}",
+                                         "solution": ["sleep 0.3" if i < 2 else "sleep 3"], "verify": ["true"]})
+                             + "\n" for i in range(8)))
     out = tmp_path / "out.jsonl"
     argv = [sys.executable, "-m", "coding_agent_env.cli", "run", str(tasks), "--agent", "oracle", "--out", str(out),
             "--no-progress"]
