@@ -91,7 +91,10 @@ def test_interrupted_run_resumes_without_redoing_or_losing(tmp_path: Path, env: 
     out = tmp_path / "out.jsonl"
     argv = [sys.executable, "-m", "coding_agent_env.cli", "run", str(tasks), "--agent", "oracle", "--out", str(out),
             "--no-progress"]
-    proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT at its default in the child whatever this process inherited: a suite started in the background by a
+    # non-interactive shell ignores it, and a Python started with it ignored never raises KeyboardInterrupt.
+    proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
 
         def journalled() -> bool:
