@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-__all__ = ["off_loop", "shielded"]
+__all__ = ["SharedPool", "off_loop", "shielded"]
 
 T = TypeVar("T")
 
@@ -35,3 +37,19 @@ async def off_loop(function: Callable[..., T], *args: object) -> T:
     except asyncio.CancelledError:
         await asyncio.wait([call])
         raise
+
+
+class SharedPool:
+    """A thread pool of its own for one kind of work, made on first use (one per process, shared by every event
+    loop): `pool()` gives it. Threads of their own keep that work from queueing behind `asyncio.to_thread`'s."""
+
+    def __init__(self, workers: int, name: str) -> None:
+        self._workers, self._name = workers, name
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __call__(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix=self._name)
+            return self._pool

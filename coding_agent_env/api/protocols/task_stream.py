@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from starlette.responses import StreamingResponse
 
+from coding_agent_env.aio import SharedPool
 from coding_agent_env.tasks.catalog import CatalogTask
 
 __all__ = ["CHUNK_TASKS", "tasks_response"]
@@ -30,16 +29,8 @@ CHUNK_TASKS = 500
 """Tasks serialised per step on the worker thread (about 130 kB of JSON for tasks of typical instructions)."""
 
 
-_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-
-
-def _encoder() -> ThreadPoolExecutor:
-    global _pool
-    with _lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cae-task-encode")
-        return _pool
+_encoder = SharedPool(1, "cae-task-encode")
+"""The one thread answers are encoded on (one at a time: a flood waits there, never on the loop)."""
 
 
 async def _off_loop(tasks: Sequence[CatalogTask], first: bool) -> bytes:

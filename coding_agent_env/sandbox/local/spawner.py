@@ -19,27 +19,18 @@ from __future__ import annotations
 import asyncio
 import functools
 import subprocess
-import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from coding_agent_env.aio import SharedPool
 
 __all__ = ["SPAWN_THREADS", "popen", "spawn_threads"]
 
 SPAWN_THREADS = 4
 """Process starts under way at once (each holds its thread only until its child has exec'd)."""
 
-_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-
-
-def spawn_threads() -> ThreadPoolExecutor:
-    """The server's spawn threads, made on first use (one pool per process, shared by every event loop)."""
-    global _pool
-    with _lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=SPAWN_THREADS, thread_name_prefix="cae-spawn")
-        return _pool
+spawn_threads = SharedPool(SPAWN_THREADS, "cae-spawn")
+"""The server's spawn threads (`spawn_threads()`), made on first use, shared by every event loop."""
 
 
 async def popen(
