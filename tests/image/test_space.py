@@ -26,8 +26,8 @@ import pytest
 import yaml
 
 from coding_agent_env.api.ui.presets import PRESETS
-from tests.image.build import BuildFailed, Unavailable, app_image, docker
-from tests.image.test_image import _free_port, _wait_healthy
+from tests.image.build import docker
+from tests.image.test_image import _free_port, _wait_healthy, image_or_skip
 
 pytestmark = pytest.mark.image
 
@@ -54,12 +54,7 @@ SNOOP = [
 @pytest.fixture(scope="module")
 def space() -> Iterator[str]:
     """The image, running as a Space runs it; its URL."""
-    try:
-        tag = app_image()
-    except Unavailable as exc:
-        pytest.skip(str(exc))
-    except BuildFailed as exc:
-        pytest.fail(f"the Dockerfile did not build: {exc}")
+    tag = image_or_skip()
     name, port = f"cae-space-test-{secrets.token_hex(4)}", _free_port()
     env = {**FAKE_SECRETS, "API_TOKEN": TOKEN, "HOST": "127.0.0.1", "PORT": str(port)}
     flags = [arg for key, value in env.items() for arg in ("-e", f"{key}={value}")]
@@ -136,10 +131,7 @@ def test_natural_verify_shapes_keep_their_reward_on_the_space(space: str) -> Non
 def test_a_space_with_persistent_storage_keeps_its_results_under_data(tmp_path: Path) -> None:
     """A Space with persistent storage mounts it at /data: every rollout the server runs lands in the results store
     there (and so survives a restart), with no setting of the operator's."""
-    try:
-        tag = app_image()
-    except Unavailable as exc:
-        pytest.skip(str(exc))
+    tag = image_or_skip()
     data = tmp_path / "data"
     data.mkdir()
     os.chown(data, 1000, 1000)
